@@ -1,0 +1,225 @@
+//! The command line: `run`, `setup`, `check`.
+//!
+//! Exit codes: 0 success; 1 the relay or a command failed at run time;
+//! 2 bad usage or configuration; 3 `check` found problems.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::check::{self, Severity};
+use crate::config::{Config, LogFormat, SinkKind};
+use crate::postgres::ConnInfo;
+use crate::replication::ErrorClass;
+use crate::setup;
+use crate::sink::StdoutSink;
+
+/// Exit code for run-time failures.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code for bad usage or configuration.
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit code for `check` finding problems.
+pub const EXIT_CHECK: u8 = 3;
+
+/// Publishes a Postgres outbox table's inserts, read from the write-ahead log.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about)]
+struct Cli {
+    /// The configuration file (TOML); keys can be overridden with OUTBOX_RELAY__SECTION__KEY.
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "OUTBOX_RELAY_CONFIG",
+        value_name = "FILE"
+    )]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Stream the outbox to the sink until SIGINT or SIGTERM.
+    Run,
+    /// Print the SQL that creates the table, publication, slot and role (or apply it).
+    Setup {
+        /// Run the SQL against the database instead of printing it (idempotent).
+        #[arg(long)]
+        apply: bool,
+        /// Name of the least-privilege role to create.
+        #[arg(long, default_value = setup::DEFAULT_ROLE)]
+        role: String,
+    },
+    /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
+    Check,
+}
+
+/// Parse the command line and run it.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let Some(path) = cli.config.as_deref() else {
+        eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG)");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_logging(&config);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run => run(config).await,
+            Command::Setup { apply, role } => setup_cmd(&config, apply, &role).await,
+            Command::Check => check_cmd(&config).await,
+        }
+    })
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log.level);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Pretty => builder.with_ansi(false).try_init(),
+    };
+}
+
+async fn run(config: Config) -> ExitCode {
+    let stop = CancellationToken::new();
+    tokio::spawn(signals(stop.clone()));
+    let sink = match config.sink.kind {
+        SinkKind::Stdout => Arc::new(StdoutSink::new()),
+    };
+    match crate::replication::run(&config, sink, stop).await {
+        Ok(summary) => {
+            tracing::info!(
+                delivered = summary.delivered,
+                rejected = summary.rejected,
+                "stopped"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "relay stopped");
+            match e.class() {
+                ErrorClass::Fatal | ErrorClass::Transient => ExitCode::from(EXIT_FAILURE),
+            }
+        }
+    }
+}
+
+/// Cancel `stop` on the first SIGINT or SIGTERM; exit at once on a second one.
+async fn signals(stop: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    stop.cancel();
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::warn!("second signal: exiting without the final acknowledgement");
+    std::process::exit(130);
+}
+
+async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
+    let conn = ConnInfo::new(&config.postgres).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    conn.connect().await.map_err(|e| {
+        eprintln!("error: cannot connect to {}: {e}", conn.display());
+        ExitCode::from(EXIT_FAILURE)
+    })
+}
+
+async fn setup_cmd(config: &Config, apply: bool, role: &str) -> ExitCode {
+    let files = match setup::render(config, role) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    if !apply {
+        for (file, sql) in &files {
+            println!("-- ==== {file}\n{sql}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let client = match connect(config).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match setup::apply(&client, &files).await {
+        Ok(()) => {
+            eprintln!(
+                "applied {} files: table {}, publication {}, slot {}, role {role}",
+                files.len(),
+                config.table(),
+                config.postgres.publication,
+                config.postgres.slot
+            );
+            ExitCode::SUCCESS
+        }
+        Err((file, e)) => {
+            let detail = e
+                .as_db_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_else(|| e.to_string());
+            eprintln!("error: {file} failed: {detail}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn check_cmd(config: &Config) -> ExitCode {
+    let client = match connect(config).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    match check::run(config, &client).await {
+        Ok(findings) => {
+            for f in &findings {
+                println!("{f}");
+            }
+            if findings.iter().any(|f| f.severity == Severity::Error) {
+                ExitCode::from(EXIT_CHECK)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: check failed: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}

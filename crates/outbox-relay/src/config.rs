@@ -1,0 +1,868 @@
+//! Configuration: one TOML file, every key overridable from the environment.
+//!
+//! A key `[section] key` is overridden by the environment variable
+//! `OUTBOX_RELAY__SECTION__KEY` (upper case, sections joined by `__`). The
+//! variable's value is read as a TOML value when it is one (`true`, `42`,
+//! `["a", "b"]`, `"quoted"`) and as a plain string otherwise, so
+//! `OUTBOX_RELAY__POSTGRES__URL=postgres://…` needs no quotes.
+//!
+//! Loading fails on the first key that is unknown or of the wrong type, naming
+//! the key (and the variable, when it came from the environment);
+//! [`Config::validate`] then reports every remaining problem at once, each with
+//! its key. Secrets (the Postgres URL, passwords) are held in [`Secret`], whose
+//! `Debug` and `Display` print `***`, so a logged config never leaks them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+/// Prefix of the environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+
+/// Default replication slot name.
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+/// Default publication name.
+pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+/// Default outbox table.
+pub const DEFAULT_TABLE: &str = "public.outbox";
+/// Default `application_name` of the relay's connections.
+pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
+/// Default ceiling of events received but not yet finished by the sink.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default time a graceful shutdown waits for in-flight events.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default listen address of the metrics and health endpoint.
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9187";
+/// Default first retry delay.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(100);
+/// Default retry delay ceiling.
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The whole configuration tree.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The source database.
+    #[serde(default)]
+    pub postgres: PostgresConfig,
+    /// Which outbox column holds which part of an event.
+    #[serde(default)]
+    pub columns: ColumnMapping,
+    /// Where envelopes go.
+    #[serde(default)]
+    pub sink: SinkConfig,
+    /// How an event becomes a message.
+    #[serde(default)]
+    pub envelope: EnvelopeConfig,
+    /// Flow control of the replication stream.
+    #[serde(default)]
+    pub stream: StreamConfig,
+    /// Retry policy for transient sink failures.
+    #[serde(default)]
+    pub retry: RetryConfig,
+    /// Metrics and health endpoint.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Logging.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[postgres]`: the database whose outbox is relayed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PostgresConfig {
+    /// Connection URL, `postgres://user[:password]@host[:port]/database[?sslmode=…]`.
+    pub url: Option<Secret>,
+    /// Password, when not in the URL (best from `OUTBOX_RELAY__POSTGRES__PASSWORD`).
+    pub password: Option<Secret>,
+    /// File holding the password (its first line), e.g. a mounted secret.
+    pub password_file: Option<PathBuf>,
+    /// Logical replication slot (plugin pgoutput).
+    pub slot: String,
+    /// Publication that carries the outbox table's inserts.
+    pub publication: String,
+    /// The outbox table, `schema.table` or `table` (schema `public`).
+    pub table: String,
+    /// `application_name` of the relay's sessions.
+    pub application_name: String,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            password: None,
+            password_file: None,
+            slot: DEFAULT_SLOT.to_owned(),
+            publication: DEFAULT_PUBLICATION.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+        }
+    }
+}
+
+/// `[columns]`: the outbox table's column names. The first five are required
+/// in the table; `headers`, `topic` and `created_at` are used when the table
+/// has them, and an empty name switches one off.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ColumnMapping {
+    /// Event id (becomes the envelope id and the deduplication id).
+    pub id: String,
+    /// Aggregate type, e.g. `order`.
+    pub aggregate_type: String,
+    /// Aggregate id; the default ordering group.
+    pub aggregate_id: String,
+    /// Event type, e.g. `OrderCreated`.
+    pub event_type: String,
+    /// Payload: jsonb, json, text or bytea.
+    pub payload: String,
+    /// Headers (jsonb object of strings): trace context, correlation ids.
+    pub headers: String,
+    /// Per-row topic override.
+    pub topic: String,
+    /// When the event happened; the commit time is used without it.
+    pub created_at: String,
+}
+
+impl Default for ColumnMapping {
+    fn default() -> Self {
+        Self {
+            id: "id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            headers: "headers".into(),
+            topic: "topic".into(),
+            created_at: "created_at".into(),
+        }
+    }
+}
+
+impl ColumnMapping {
+    /// The required columns with their keys, in table order of the default schema.
+    pub fn required(&self) -> [(&'static str, &str); 5] {
+        [
+            ("id", &self.id),
+            ("aggregate_type", &self.aggregate_type),
+            ("aggregate_id", &self.aggregate_id),
+            ("event_type", &self.event_type),
+            ("payload", &self.payload),
+        ]
+    }
+
+    /// The optional columns with their keys (an empty name is switched off).
+    pub fn optional(&self) -> [(&'static str, &str); 3] {
+        [
+            ("headers", &self.headers),
+            ("topic", &self.topic),
+            ("created_at", &self.created_at),
+        ]
+    }
+}
+
+/// `[sink]`: where envelopes are delivered.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SinkConfig {
+    /// `stdout` (NDJSON, one envelope a line).
+    pub kind: SinkKind,
+}
+
+/// The sink implementations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// One envelope per line on standard output.
+    #[default]
+    Stdout,
+}
+
+/// `[envelope]`: the message format.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvelopeConfig {
+    /// `cloudevents` (structured JSON, CloudEvents 1.0) or `raw` (the payload as is).
+    pub format: EnvelopeFormat,
+    /// CloudEvents `source`; default `/<database>/<schema>.<table>`.
+    pub source: Option<String>,
+}
+
+/// Envelope formats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvelopeFormat {
+    /// CloudEvents 1.0 structured JSON.
+    #[default]
+    Cloudevents,
+    /// The payload alone.
+    Raw,
+}
+
+/// `[stream]`: flow control of the replication stream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamConfig {
+    /// Events received but not yet finished by the sink, at most. At the
+    /// ceiling the relay stops reading the stream (backpressure).
+    pub max_in_flight: usize,
+    /// How long a graceful shutdown waits for in-flight events before it
+    /// exits without acknowledging them (they are sent again on restart).
+    #[serde(deserialize_with = "de_duration")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// `[retry]`: capped, jittered exponential backoff for transient failures.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// First delay.
+    #[serde(deserialize_with = "de_duration")]
+    pub initial: Duration,
+    /// Ceiling of the delay.
+    #[serde(deserialize_with = "de_duration")]
+    pub max: Duration,
+    /// Growth factor per attempt (≥ 1).
+    pub multiplier: f64,
+    /// Fraction of the delay drawn at random, 0 to 1.
+    pub jitter: f64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            initial: DEFAULT_RETRY_INITIAL,
+            max: DEFAULT_RETRY_MAX,
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+/// `[http]`: the metrics and health listener.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Listen address; empty switches the listener off.
+    pub listen: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_HTTP_LISTEN.to_owned(),
+        }
+    }
+}
+
+/// `[log]`: where and how the relay logs (always to standard error).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `pretty` for people, `json` for machines.
+    pub format: LogFormat,
+    /// A tracing filter, e.g. `info` or `outbox_relay=debug,info`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Pretty,
+            level: "info".to_owned(),
+        }
+    }
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A configuration value that must never be logged.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wrap a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+/// One thing wrong with the configuration, with the key it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The key, `section.key`.
+    pub key: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("config file {path} is not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// One or more keys are unknown, missing or invalid.
+    #[error("invalid configuration:\n{}", list(.0))]
+    Invalid(Vec<Problem>),
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl Config {
+    /// Load `path`, apply the process environment's overrides, and validate.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_parts(&text, path, std::env::vars())
+    }
+
+    /// Parse `text` (read from `path`, named in errors), apply the overrides in
+    /// `env` (only variables starting with [`ENV_PREFIX`] are looked at), and
+    /// validate.
+    pub fn from_parts(
+        text: &str,
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut root: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    path: path.to_owned(),
+                    message: e.to_string().trim_end().to_owned(),
+                })?;
+        let origins = apply_env(&mut root, env)?;
+        let config: Config =
+            serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+                let key = e.path().to_string();
+                let origin = origins
+                    .get(&key)
+                    .map(|var| format!(" (set by environment variable {var})"))
+                    .unwrap_or_default();
+                let message = e.inner().to_string();
+                let message = message.lines().next().unwrap_or_default().to_owned();
+                ConfigError::Invalid(vec![Problem {
+                    key: if key == "." {
+                        "(top level)".into()
+                    } else {
+                        key
+                    },
+                    message: format!("{message}{origin}"),
+                }])
+            })?;
+        config.validate().map_err(ConfigError::Invalid)?;
+        Ok(config)
+    }
+
+    /// Every problem with the values, each naming its key; empty when valid.
+    pub fn validate(&self) -> Result<(), Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut bad = |key: &str, message: String| {
+            problems.push(Problem {
+                key: key.to_owned(),
+                message,
+            })
+        };
+        let pg = &self.postgres;
+        match &pg.url {
+            None => bad(
+                "postgres.url",
+                "missing: set it in [postgres] or with OUTBOX_RELAY__POSTGRES__URL, \
+                 e.g. postgres://outbox_relay@localhost:5432/app"
+                    .into(),
+            ),
+            Some(url) => {
+                if let Err(message) = check_url(url.expose()) {
+                    bad("postgres.url", message);
+                }
+            }
+        }
+        if pg.password.is_some() && pg.password_file.is_some() {
+            bad(
+                "postgres.password_file",
+                "set either postgres.password or postgres.password_file, not both".into(),
+            );
+        }
+        for (key, value) in [
+            ("postgres.slot", &pg.slot),
+            ("postgres.publication", &pg.publication),
+        ] {
+            if let Err(message) = check_identifier(value) {
+                bad(key, message);
+            }
+        }
+        if let Err(message) = TableName::parse(&pg.table) {
+            bad("postgres.table", message);
+        }
+        for (key, name) in self.columns.required() {
+            if name.is_empty() {
+                bad(
+                    &format!("columns.{key}"),
+                    "must name a column of the outbox table".into(),
+                );
+            }
+        }
+        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+        for (key, name) in self
+            .columns
+            .required()
+            .into_iter()
+            .chain(self.columns.optional())
+        {
+            if name.is_empty() {
+                continue;
+            }
+            if let Some(first) = seen.insert(name, key) {
+                bad(
+                    &format!("columns.{key}"),
+                    format!("column {name:?} is already mapped by columns.{first}"),
+                );
+            }
+        }
+        if self.stream.max_in_flight == 0 {
+            bad("stream.max_in_flight", "must be at least 1".into());
+        }
+        let retry = &self.retry;
+        if retry.initial.is_zero() {
+            bad("retry.initial", "must be greater than zero".into());
+        }
+        if retry.max < retry.initial {
+            bad(
+                "retry.max",
+                format!(
+                    "must be at least retry.initial ({:?}), is {:?}",
+                    retry.initial, retry.max
+                ),
+            );
+        }
+        if !(retry.multiplier >= 1.0 && retry.multiplier.is_finite()) {
+            bad("retry.multiplier", "must be a number ≥ 1".into());
+        }
+        if !(0.0..=1.0).contains(&retry.jitter) {
+            bad("retry.jitter", "must be between 0 and 1".into());
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            bad(
+                "http.listen",
+                format!(
+                    "{:?} is not an address with a port, e.g. 127.0.0.1:9187 (empty switches it off)",
+                    self.http.listen
+                ),
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
+            bad("log.level", format!("not a tracing filter: {e}"));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The outbox table's schema and name.
+    pub fn table(&self) -> TableName {
+        TableName::parse(&self.postgres.table).expect("validated")
+    }
+}
+
+/// Check the URL without echoing it (it may hold a password).
+fn check_url(url: &str) -> Result<(), String> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err("must be a URL starting with postgres:// or postgresql://".into());
+    }
+    let parsed = tokio_postgres::Config::from_str(url)
+        .map_err(|e| format!("not a valid Postgres URL: {e}"))?;
+    if parsed.get_user().is_none() {
+        return Err("names no user: postgres://USER@host/database".into());
+    }
+    if parsed.get_hosts().is_empty() {
+        return Err("names no host: postgres://user@HOST/database".into());
+    }
+    if parsed.get_hosts().len() > 1 {
+        return Err("names several hosts; the relay connects to one".into());
+    }
+    if parsed.get_dbname().is_none() {
+        return Err("names no database: postgres://user@host/DATABASE".into());
+    }
+    if parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(
+            "sslmode=require is not supported yet; use sslmode=disable or sslmode=prefer".into(),
+        );
+    }
+    Ok(())
+}
+
+fn check_identifier(value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if value.len() > 63 {
+        return Err(format!(
+            "{value:?} is longer than Postgres's 63-byte identifier limit"
+        ));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        || value.as_bytes()[0].is_ascii_digit()
+    {
+        return Err(format!(
+            "{value:?} must be lower-case letters, digits and _ (replication slot rules), not starting with a digit"
+        ));
+    }
+    Ok(())
+}
+
+/// A schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    /// The schema (default `public`).
+    pub schema: String,
+    /// The table.
+    pub name: String,
+}
+
+impl TableName {
+    /// Parse `schema.table` or `table`.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let (schema, name) = match value.split_once('.') {
+            Some((schema, name)) => (schema, name),
+            None => ("public", value),
+        };
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
+            return Err(format!(
+                "{value:?} must be `table` or `schema.table`, e.g. public.outbox"
+            ));
+        }
+        Ok(Self {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// Merge `OUTBOX_RELAY__A__B` variables into `root`; returns which key came
+/// from which variable.
+fn apply_env(
+    root: &mut toml::Table,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut origins = BTreeMap::new();
+    let mut vars: Vec<_> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    vars.sort();
+    for (var, raw) in vars {
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if path.iter().any(String::is_empty) {
+            return Err(ConfigError::Invalid(vec![Problem {
+                key: var.clone(),
+                message: "malformed variable name: use OUTBOX_RELAY__SECTION__KEY".into(),
+            }]));
+        }
+        let value = env_value(&raw);
+        let mut table = &mut *root;
+        let (last, sections) = path.split_last().expect("split yields one part at least");
+        for section in sections {
+            let entry = table
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            table = match entry {
+                toml::Value::Table(t) => t,
+                _ => {
+                    return Err(ConfigError::Invalid(vec![Problem {
+                        key: section.clone(),
+                        message: format!("is not a section, but {var} treats it as one"),
+                    }]))
+                }
+            };
+        }
+        table.insert(last.clone(), value);
+        origins.insert(path.join("."), var);
+    }
+    Ok(origins)
+}
+
+/// A TOML value when the text is one, the text as a string otherwise.
+fn env_value(raw: &str) -> toml::Value {
+    format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
+}
+
+/// Parse `250ms`, `30s`, `5m`, `1h` (or a bare number of seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 250ms, 30s, 5m or 1h"))?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "" | "s" => number,
+        "m" | "min" => number * 60.0,
+        "h" => number * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use ms, s, m or h"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Text(String),
+        Seconds(u64),
+    }
+    match Raw::deserialize(de)? {
+        Raw::Text(text) => parse_duration(&text).map_err(serde::de::Error::custom),
+        Raw::Seconds(s) => Ok(Duration::from_secs(s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[postgres]
+url = "postgres://relay:secret@localhost:5432/app"
+"#;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_parts(
+            text,
+            Path::new("relay.toml"),
+            env.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
+    fn problems(err: ConfigError) -> Vec<Problem> {
+        match err {
+            ConfigError::Invalid(p) => p,
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn a_minimal_file_gets_the_documented_defaults() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.postgres.slot, DEFAULT_SLOT);
+        assert_eq!(c.postgres.publication, DEFAULT_PUBLICATION);
+        assert_eq!(
+            c.table(),
+            TableName {
+                schema: "public".into(),
+                name: "outbox".into()
+            }
+        );
+        assert_eq!(c.columns, ColumnMapping::default());
+        assert_eq!(c.sink.kind, SinkKind::Stdout);
+        assert_eq!(c.stream.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+    }
+
+    #[test]
+    fn an_unknown_key_is_rejected_with_its_path() {
+        let p = problems(load(&format!("{MINIMAL}slto = \"x\"\n"), &[]).unwrap_err());
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].key, "postgres.slto");
+        assert!(p[0].message.contains("unknown field"), "{}", p[0].message);
+    }
+
+    #[test]
+    fn an_unknown_section_is_rejected() {
+        let p = problems(load(&format!("{MINIMAL}[postgress]\nurl = \"x\"\n"), &[]).unwrap_err());
+        assert_eq!(p[0].key, "postgress");
+    }
+
+    #[test]
+    fn a_missing_url_names_the_key_and_the_variable() {
+        let p = problems(load("", &[]).unwrap_err());
+        assert_eq!(p[0].key, "postgres.url");
+        assert!(p[0].message.contains("OUTBOX_RELAY__POSTGRES__URL"));
+    }
+
+    #[test]
+    fn a_bad_url_names_the_key_without_echoing_the_password() {
+        let p = problems(
+            load(
+                "[postgres]\nurl = \"postgres://u:hunter2@host:notaport/db\"\n",
+                &[],
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(p[0].key, "postgres.url");
+        assert!(!p[0].message.contains("hunter2"), "{}", p[0].message);
+        let p = problems(load("[postgres]\nurl = \"mysql://u@h/db\"\n", &[]).unwrap_err());
+        assert_eq!(p[0].key, "postgres.url");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = r#"
+[postgres]
+slot = "Bad-Slot"
+table = "a.b.c"
+[columns]
+payload = ""
+[stream]
+max_in_flight = 0
+[retry]
+jitter = 3.0
+"#;
+        let keys: Vec<String> = problems(load(text, &[]).unwrap_err())
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        for key in [
+            "postgres.url",
+            "postgres.slot",
+            "postgres.table",
+            "columns.payload",
+            "stream.max_in_flight",
+            "retry.jitter",
+        ] {
+            assert!(
+                keys.contains(&key.to_string()),
+                "{key} missing from {keys:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn environment_variables_override_keys() {
+        let c = load(
+            MINIMAL,
+            &[
+                ("OUTBOX_RELAY__POSTGRES__SLOT", "from_env"),
+                ("OUTBOX_RELAY__STREAM__MAX_IN_FLIGHT", "42"),
+                ("OUTBOX_RELAY__STREAM__SHUTDOWN_TIMEOUT", "1500ms"),
+                ("OUTBOX_RELAY__COLUMNS__HEADERS", "\"\""),
+                ("OUTBOX_RELAY_UNRELATED", "ignored"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.postgres.slot, "from_env");
+        assert_eq!(c.stream.max_in_flight, 42);
+        assert_eq!(c.stream.shutdown_timeout, Duration::from_millis(1500));
+        assert_eq!(c.columns.headers, "");
+        let c = load("", &[("OUTBOX_RELAY__POSTGRES__URL", "postgres://u@h/db")]).unwrap();
+        assert_eq!(c.postgres.url.unwrap().expose(), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn an_unknown_environment_key_names_the_variable() {
+        let p = problems(load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLTO", "x")]).unwrap_err());
+        assert_eq!(p[0].key, "postgres.slto");
+        assert!(p[0].message.contains("OUTBOX_RELAY__POSTGRES__SLTO"));
+    }
+
+    #[test]
+    fn secrets_are_not_printed_by_debug() {
+        let c = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__PASSWORD", "hunter2")]).unwrap();
+        let printed = format!("{c:?}");
+        assert!(
+            !printed.contains("secret") && !printed.contains("hunter2"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn durations_take_units() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("3 fortnights").is_err());
+    }
+}

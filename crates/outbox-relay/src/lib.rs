@@ -1,0 +1,33 @@
+//! outbox-relay: the transactional outbox pattern by log tailing.
+//!
+//! ```text
+//!  app tx: INSERT business rows + INSERT outbox row ── COMMIT
+//!                                  │ WAL
+//!                                  ▼
+//!  replication  (slot, pgoutput, publication WITH (publish = 'insert'))
+//!    → pgoutput decoder            (crate `pgoutput`)
+//!    → row → OutboxEvent           ([`event`], column mapping from config)
+//!    → envelope bytes              ([`envelope`], CloudEvents 1.0 or raw)
+//!    → publisher → sink            ([`publish`], [`sink`]: per-event outcomes, retries)
+//!    → ack tracker                 ([`ack`]: in-order watermark over commits)
+//!    → standby status update (flush LSN) to Postgres
+//! ```
+//!
+//! The module docs of [`ack`] and [`replication`] state the delivery
+//! invariants and why they hold.
+
+pub mod ack;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod envelope;
+pub mod event;
+pub mod postgres;
+pub mod publish;
+pub mod replication;
+pub mod retry;
+pub mod setup;
+pub mod sink;
+
+pub use config::Config;
+pub use replication::{run, RelayError, Summary};

@@ -1,0 +1,558 @@
+//! The replication stream: from the slot to the sink, and acknowledgements back.
+//!
+//! ```text
+//!  Postgres walsender ──pgoutput──► pgwire-replication worker ──ReplicationEvent──► Stream
+//!      ▲                                   (status updates)                          │ decode, map, encode
+//!      │                                                                             ▼
+//!      └──── update_applied_lsn(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
+//! ```
+//!
+//! # Progress tracking
+//!
+//! The only position ever reported to Postgres is [`AckTracker::confirmed`]:
+//! the end of the last commit whose events, and all earlier ones, the sink has
+//! finished, or a keepalive's `wal_end` when nothing is open or unfinished (see
+//! [`crate::ack`] for why that is safe). The worker sends it in standby status
+//! updates every `min(1 s, wal_sender_timeout / 2)` and whenever the server
+//! asks for a reply.
+//!
+//! A session starts at the slot's `confirmed_flush_lsn` and reports that
+//! position until it confirms more, so a restart never moves the slot.
+//!
+//! # Backpressure
+//!
+//! At most `[stream] max_in_flight` events are between receipt and their final
+//! outcome; at the ceiling the loop stops reading the replication channel, the
+//! worker stops reading the socket, and the walsender waits. Memory stays
+//! bounded however large the backlog.
+//!
+//! # Graceful shutdown
+//!
+//! On the stop signal the loop reads on to the end of the open transaction (so
+//! nothing half-emitted is left unconfirmed), stops reading, waits for the
+//! in-flight events (up to `[stream] shutdown_timeout`), reports the final
+//! position and waits until the slot shows it, then closes the stream.
+//! `pgwire-replication`'s own shutdown sends no final status update; without
+//! this step a clean restart would send the last events again.
+//!
+//! # Errors
+//!
+//! [`RelayError::class`] says what to do: transient errors (the connection
+//! broke, the slot is busy) end the session and [`run`] starts another after a
+//! backoff; fatal errors (the slot or table does not fit, the stream cannot be
+//! decoded) stop the relay with a message that says how to fix them. Neither
+//! acknowledges anything: what was in flight is sent again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pgoutput::Message as Pgoutput;
+use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::ack::{AckTracker, FramingError};
+use crate::config::{Config, TableName};
+use crate::envelope::Encoder;
+use crate::event::{MappingError, RowMapping};
+use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
+use crate::publish::{self, Completion};
+use crate::retry::Backoff;
+use crate::sink::{Message, Sink};
+
+/// How long to wait for the server to show the final acknowledgement.
+const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Whether an error ends the relay or only the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Retry with backoff: the cause is outside the data and may go away.
+    Transient,
+    /// Stop: a person must change something first.
+    Fatal,
+}
+
+/// Why a replication session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The connection settings are unusable.
+    #[error(transparent)]
+    ConnInfo(#[from] ConnInfoError),
+    /// The ordinary SQL session failed.
+    #[error("postgres: {context}: {source}")]
+    Sql {
+        /// What was being done.
+        context: &'static str,
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The replication session failed.
+    #[error("replication stream: {0}")]
+    Replication(#[source] PgWireError),
+    /// The slot cannot be streamed from.
+    #[error("{message}")]
+    Slot {
+        /// What is wrong and how to fix it.
+        message: String,
+        /// Whether waiting may help (the slot is busy).
+        transient: bool,
+    },
+    /// The table does not fit the column mapping.
+    #[error("{0}")]
+    Mapping(#[from] MappingError),
+    /// A pgoutput message could not be decoded.
+    #[error("undecodable pgoutput message at {lsn}: {source}; this is a bug or a protocol mismatch, please report it")]
+    Decode {
+        /// Where.
+        lsn: String,
+        /// Why.
+        #[source]
+        source: pgoutput::DecodeError,
+    },
+    /// The stream broke Begin/Commit framing.
+    #[error("replication stream framing: {0}")]
+    Framing(#[from] FramingError),
+    /// An Insert for a relation never described.
+    #[error("Insert for relation oid {0} arrived before its Relation message")]
+    UnknownRelation(u32),
+    /// The server ended the stream.
+    #[error("the server ended the replication stream")]
+    StreamEnded,
+    /// The publisher task stopped.
+    #[error("the publisher stopped unexpectedly")]
+    PublisherStopped,
+}
+
+impl RelayError {
+    /// What to do about it.
+    pub fn class(&self) -> ErrorClass {
+        use ErrorClass::*;
+        match self {
+            RelayError::Sql { source, .. } => {
+                if source.code().is_some_and(|c| {
+                    c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
+                }) {
+                    Fatal // authentication, unknown database, permission
+                } else {
+                    Transient
+                }
+            }
+            RelayError::Replication(e) => {
+                let text = e.to_string();
+                if e.is_auth() || e.is_tls() {
+                    Fatal
+                } else if e.is_transient() || text.contains("is active for PID") {
+                    Transient
+                } else if e.is_server() {
+                    // e.g. a missing publication: wait for an operator? No: say so and stop.
+                    if text.contains("SQLSTATE 55006") || text.contains("SQLSTATE 57P") {
+                        Transient
+                    } else {
+                        Fatal
+                    }
+                } else {
+                    Transient
+                }
+            }
+            RelayError::Slot { transient, .. } => {
+                if *transient {
+                    Transient
+                } else {
+                    Fatal
+                }
+            }
+            RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
+            RelayError::ConnInfo(_)
+            | RelayError::Mapping(_)
+            | RelayError::Decode { .. }
+            | RelayError::Framing(_)
+            | RelayError::UnknownRelation(_) => Fatal,
+        }
+    }
+}
+
+/// Counts over the life of [`run`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Events the sink accepted.
+    pub delivered: u64,
+    /// Events rejected as never publishable.
+    pub rejected: u64,
+    /// Replication sessions started.
+    pub sessions: u64,
+    /// The last position confirmed to the server.
+    pub confirmed_lsn: u64,
+}
+
+/// Relay from the slot to `sink` until `stop` is cancelled (then shut down
+/// gracefully) or a fatal error. Transient errors start a new session after a
+/// backoff.
+pub async fn run<S: Sink>(
+    config: &Config,
+    sink: Arc<S>,
+    stop: CancellationToken,
+) -> Result<Summary, RelayError> {
+    let conn = ConnInfo::new(&config.postgres)?;
+    let backoff = Backoff::new(&config.retry);
+    let mut summary = Summary::default();
+    let mut attempt = 0;
+    loop {
+        let sessions_before = summary.sessions;
+        match session(config, &conn, Arc::clone(&sink), &stop, &mut summary).await {
+            Ok(()) => return Ok(summary),
+            Err(e) if e.class() == ErrorClass::Transient && !stop.is_cancelled() => {
+                if summary.sessions > sessions_before {
+                    attempt = 0; // it streamed: start the backoff over
+                }
+                let delay = backoff.delay(attempt);
+                attempt = attempt.saturating_add(1);
+                tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return Ok(summary),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn sql(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> RelayError {
+    move |source| RelayError::Sql { context, source }
+}
+
+/// Check the slot can be streamed from; its confirmed position.
+async fn check_slot(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    database: &str,
+) -> Result<u64, RelayError> {
+    let fatal = |message: String| RelayError::Slot {
+        message,
+        transient: false,
+    };
+    let state = postgres::slot_state(client, slot)
+        .await
+        .map_err(sql("reading pg_replication_slots"))?
+        .ok_or_else(|| {
+            fatal(format!(
+                "replication slot {slot:?} does not exist: create it with `outbox-relay setup \
+                 --config FILE --apply`, or run SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+            ))
+        })?;
+    if state.plugin.as_deref() != Some("pgoutput") {
+        return Err(fatal(format!(
+            "replication slot {slot:?} uses plugin {:?}; the relay needs a logical slot with plugin \
+             pgoutput: drop it and create it with pg_create_logical_replication_slot('{slot}', 'pgoutput')",
+            state.plugin.as_deref().unwrap_or("none (a physical slot)")
+        )));
+    }
+    if state.database.as_deref() != Some(database) {
+        return Err(fatal(format!(
+            "replication slot {slot:?} belongs to database {:?}, not {database:?}: point postgres.url \
+             at that database or set postgres.slot to a slot of this one",
+            state.database.as_deref().unwrap_or("?")
+        )));
+    }
+    if state.wal_status.as_deref() == Some("lost") {
+        return Err(fatal(format!(
+            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was \
+             removed. Drop and recreate it; rows written meanwhile are still in the table"
+        )));
+    }
+    if let Some(pid) = state.active_pid {
+        return Err(RelayError::Slot {
+            message: format!(
+                "replication slot {slot:?} is in use by backend PID {pid} (another relay?); waiting for it to be free"
+            ),
+            transient: true,
+        });
+    }
+    state.confirmed_flush.ok_or_else(|| {
+        fatal(format!(
+            "replication slot {slot:?} has no confirmed_flush_lsn; recreate it"
+        ))
+    })
+}
+
+async fn session<S: Sink>(
+    config: &Config,
+    conn: &ConnInfo,
+    sink: Arc<S>,
+    stop: &CancellationToken,
+    summary: &mut Summary,
+) -> Result<(), RelayError> {
+    let slot = &config.postgres.slot;
+    let sql_client = conn.connect().await.map_err(sql("connecting"))?;
+    let start = check_slot(&sql_client, slot, &conn.dbname).await?;
+    let interval = postgres::status_interval(
+        postgres::wal_sender_timeout(&sql_client)
+            .await
+            .map_err(sql("reading wal_sender_timeout"))?,
+    );
+    let replication = conn
+        .replication(slot, &config.postgres.publication, Lsn(start))
+        .with_status_interval(interval)
+        .with_wakeup_interval(interval)
+        .with_buffer_size(config.stream.max_in_flight.clamp(64, 4096));
+    let mut client = ReplicationClient::connect(replication)
+        .await
+        .map_err(RelayError::Replication)?;
+    client
+        .wait_started()
+        .await
+        .map_err(RelayError::Replication)?;
+    summary.sessions += 1;
+    tracing::info!(
+        database = %conn.display(),
+        slot = %slot,
+        publication = %config.postgres.publication,
+        start_lsn = %format_lsn(start),
+        status_interval_ms = interval.as_millis() as u64,
+        sink = sink.name(),
+        "streaming"
+    );
+
+    let table = config.table();
+    let source = config
+        .envelope
+        .source
+        .clone()
+        .unwrap_or_else(|| Encoder::default_source(&conn.dbname, &table));
+    let (to_publisher, from_stream) = mpsc::channel(config.stream.max_in_flight);
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let publisher = AbortOnDrop(tokio::spawn(publish::run(
+        sink,
+        from_stream,
+        done_tx,
+        Backoff::new(&config.retry),
+    )));
+    let mut stream = Stream {
+        config,
+        table,
+        encoder: Encoder::new(config.envelope.format, &source),
+        tracker: AckTracker::new(start),
+        relations: HashMap::new(),
+        commit_time: 0,
+        to_publisher,
+        summary,
+    };
+
+    let max_in_flight = config.stream.max_in_flight;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let draining = deadline.is_some();
+        let tracker = &stream.tracker;
+        if draining && !tracker.in_transaction() && tracker.unfinished() == 0 {
+            break;
+        }
+        // Draining: read on only to the end of the open transaction.
+        let read = (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight;
+        tokio::select! {
+            biased;
+            completion = done.recv() => match completion {
+                Some(c) => stream.completed(c),
+                None => return Err(RelayError::PublisherStopped),
+            },
+            _ = stop.cancelled(), if !draining => {
+                tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
+                deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
+            }
+            event = client.recv(), if read => match event {
+                Ok(Some(event)) => stream.received(event).await?,
+                Ok(None) => return Err(RelayError::StreamEnded),
+                Err(e) => return Err(RelayError::Replication(e)),
+            },
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                tracing::warn!(
+                    unfinished = stream.tracker.unfinished(),
+                    "shutdown timeout: stopping with events unfinished; they will be sent again after a restart"
+                );
+                break;
+            }
+        }
+        // Monotonic and cheap: a no-op unless the tracker moved.
+        client.update_applied_lsn(Lsn(stream.tracker.confirmed()));
+    }
+
+    let confirmed = stream.tracker.confirmed();
+    drop(stream);
+    drop(publisher);
+    confirm_final(&mut client, &sql_client, slot, confirmed).await;
+    summary.confirmed_lsn = confirmed;
+    Ok(())
+}
+
+/// Report `lsn`, wait until the slot shows it, then close the stream.
+async fn confirm_final(
+    client: &mut ReplicationClient,
+    sql_client: &tokio_postgres::Client,
+    slot: &str,
+    lsn: u64,
+) {
+    client.update_applied_lsn(Lsn(lsn));
+    let started = Instant::now();
+    let mut shown = None;
+    while started.elapsed() < FINAL_ACK_TIMEOUT {
+        if client.metrics().last_applied_lsn().0 >= lsn {
+            match postgres::slot_state(sql_client, slot).await {
+                Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
+                    shown = state.confirmed_flush;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the slot to check the final acknowledgement");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match shown {
+        Some(at) => tracing::info!(confirmed_lsn = %format_lsn(at), "final position acknowledged"),
+        None => tracing::warn!(
+            lsn = %format_lsn(lsn),
+            "the server did not show the final acknowledgement in time; the last events may be sent again"
+        ),
+    }
+    if let Err(e) = client.shutdown().await {
+        tracing::debug!(error = %e, "closing the replication stream");
+    }
+}
+
+/// Per-session state of the loop.
+struct Stream<'a> {
+    config: &'a Config,
+    table: TableName,
+    encoder: Encoder,
+    tracker: AckTracker,
+    /// Relation oid → mapping for the outbox table, `None` for other tables.
+    relations: HashMap<u32, Option<RowMapping>>,
+    /// Commit time of the open transaction.
+    commit_time: i64,
+    to_publisher: mpsc::Sender<Message>,
+    summary: &'a mut Summary,
+}
+
+impl Stream<'_> {
+    fn completed(&mut self, completion: Completion) {
+        let ticket = match completion {
+            Completion::Delivered(ticket) => {
+                self.summary.delivered += 1;
+                ticket
+            }
+            Completion::Rejected(ticket, message, reason) => {
+                self.summary.rejected += 1;
+                tracing::error!(id = %message.event.id, error = %reason, "event rejected by the sink; skipped");
+                ticket
+            }
+        };
+        self.tracker.finish(ticket);
+    }
+
+    async fn received(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
+        match event {
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => {
+                self.tracker.begin()?;
+                self.commit_time = commit_time_micros;
+            }
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.tracker.commit(end_lsn.0)?;
+            }
+            ReplicationEvent::KeepAlive { wal_end, .. } => {
+                self.tracker.keepalive(wal_end.0);
+            }
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => self.data(wal_start, data).await?,
+            ReplicationEvent::Message { prefix, .. } => {
+                tracing::debug!(prefix = %prefix, "logical decoding message ignored");
+            }
+            ReplicationEvent::StoppedAt { .. } => return Err(RelayError::StreamEnded),
+        }
+        Ok(())
+    }
+
+    async fn data(&mut self, at: Lsn, data: Bytes) -> Result<(), RelayError> {
+        let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
+            lsn: at.to_string(),
+            source,
+        })?;
+        match message {
+            Pgoutput::Relation(relation) => {
+                let ours =
+                    relation.namespace == self.table.schema && relation.name == self.table.name;
+                let mapping = if ours {
+                    let mapping = RowMapping::new(&relation, &self.config.columns)?;
+                    for (key, column) in &mapping.absent_optional {
+                        tracing::warn!(
+                            table = %self.table, column = %column, key = %format!("columns.{key}"),
+                            "optional column not in the table; set the key to \"\" to silence this"
+                        );
+                    }
+                    Some(mapping)
+                } else {
+                    tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
+                    None
+                };
+                self.relations.insert(relation.oid, mapping);
+            }
+            Pgoutput::Insert(insert) => {
+                let mapping = self
+                    .relations
+                    .get(&insert.relation_oid)
+                    .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
+                let Some(mapping) = mapping else {
+                    return Ok(());
+                };
+                let ticket = self.tracker.event()?;
+                match mapping.event(&insert.tuple, self.commit_time) {
+                    Ok(event) => {
+                        let mut body = Vec::new();
+                        self.encoder.encode(&event, &mut body);
+                        let message = Message {
+                            ticket,
+                            event,
+                            body: Bytes::from(body),
+                            commit_time: self.commit_time,
+                        };
+                        self.to_publisher
+                            .send(message)
+                            .await
+                            .map_err(|_| RelayError::PublisherStopped)?;
+                    }
+                    Err(e) => {
+                        let id = mapping.id_of(&insert.tuple).unwrap_or_default();
+                        tracing::error!(lsn = %at, id = %id, error = %e, "outbox row cannot become an event; skipped");
+                        self.summary.rejected += 1;
+                        self.tracker.finish(ticket);
+                    }
+                }
+            }
+            Pgoutput::Begin(_) | Pgoutput::Commit(_) => {
+                // The replication client turns these into Begin/Commit events.
+            }
+            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
+                tracing::debug!(lsn = %at, "update, delete or truncate skipped; the relay publishes inserts");
+            }
+            Pgoutput::Origin(_) | Pgoutput::Type(_) | Pgoutput::Message(_) => {}
+        }
+        Ok(())
+    }
+}
+
+/// Aborts the task when dropped (a session that ends with an error leaves
+/// nothing running; what was in flight is sent again by the next session).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

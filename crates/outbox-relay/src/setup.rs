@@ -1,0 +1,230 @@
+//! `outbox-relay setup`: the SQL the project ships, rendered for the configured names.
+//!
+//! The files in `sql/` are compiled in. In them `{{name}}` stands for a quoted
+//! identifier and `{{'name'}}` for a string literal; [`render`] fills both from
+//! the configuration, so what is printed is exactly what `--apply` runs. Each
+//! file is applied in its own transaction, in order, and each is idempotent
+//! (`IF NOT EXISTS`), so `--apply` can be run again safely.
+
+use crate::config::Config;
+
+/// The shipped files, in order.
+pub const FILES: &[(&str, &str)] = &[
+    (
+        "001_outbox_table.sql",
+        include_str!("../../../sql/001_outbox_table.sql"),
+    ),
+    (
+        "002_publication.sql",
+        include_str!("../../../sql/002_publication.sql"),
+    ),
+    ("003_slot.sql", include_str!("../../../sql/003_slot.sql")),
+    ("004_role.sql", include_str!("../../../sql/004_role.sql")),
+];
+
+/// Default name of the least-privilege role.
+pub const DEFAULT_ROLE: &str = "outbox_relay";
+
+/// A template asked for a name the configuration does not provide.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: unknown placeholder {{{{{name}}}}}")]
+pub struct UnknownPlaceholder {
+    file: &'static str,
+    name: String,
+}
+
+/// The values of the placeholders.
+pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
+    let table = config.table();
+    let mut names = vec![
+        ("schema".to_owned(), table.schema.clone()),
+        ("table".to_owned(), table.name.clone()),
+        (
+            "table_due_index".to_owned(),
+            format!("{}_due_idx", table.name),
+        ),
+        (
+            "table_published_index".to_owned(),
+            format!("{}_published_idx", table.name),
+        ),
+        (
+            "publication".to_owned(),
+            config.postgres.publication.clone(),
+        ),
+        ("slot".to_owned(), config.postgres.slot.clone()),
+        ("role".to_owned(), role.to_owned()),
+    ];
+    let c = &config.columns;
+    for (key, column) in c.required().into_iter().chain(c.optional()) {
+        // A switched-off optional column keeps its default name in the table.
+        let column = if column.is_empty() { key } else { column };
+        names.push((format!("col_{key}"), column.to_owned()));
+    }
+    names
+}
+
+/// Render every file: `(file name, SQL)`.
+pub fn render(
+    config: &Config,
+    role: &str,
+) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
+    let names = names(config, role);
+    FILES
+        .iter()
+        .map(|(file, text)| Ok((*file, render_one(file, text, &names)?)))
+        .collect()
+}
+
+fn render_one(
+    file: &'static str,
+    text: &str,
+    names: &[(String, String)],
+) -> Result<String, UnknownPlaceholder> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            rest = "";
+            break;
+        };
+        let inner = &after[..end];
+        let (name, literal) = match inner.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
+            Some(name) => (name, true),
+            None => (inner, false),
+        };
+        let value = names
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| UnknownPlaceholder {
+                file,
+                name: name.to_owned(),
+            })?;
+        out.push_str(&if literal {
+            quote_literal(value)
+        } else {
+            quote_ident(value)
+        });
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Quote an identifier the way Postgres's `quote_ident` does.
+pub fn quote_ident(name: &str) -> String {
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !name.as_bytes()[0].is_ascii_digit()
+        && !RESERVED.contains(&name);
+    if plain {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// Quote a string literal.
+pub fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// Reserved words that may not stand unquoted as column or table names (the
+/// ones an outbox schema could plausibly use).
+const RESERVED: &[&str] = &[
+    "all",
+    "and",
+    "any",
+    "as",
+    "case",
+    "check",
+    "column",
+    "constraint",
+    "create",
+    "default",
+    "desc",
+    "do",
+    "else",
+    "end",
+    "for",
+    "from",
+    "grant",
+    "group",
+    "in",
+    "limit",
+    "not",
+    "null",
+    "on",
+    "or",
+    "order",
+    "primary",
+    "references",
+    "select",
+    "table",
+    "then",
+    "to",
+    "true",
+    "false",
+    "union",
+    "unique",
+    "user",
+    "using",
+    "when",
+    "where",
+    "with",
+];
+
+/// Apply the rendered files, each in its own transaction.
+pub async fn apply(
+    client: &tokio_postgres::Client,
+    files: &[(&'static str, String)],
+) -> Result<(), (&'static str, tokio_postgres::Error)> {
+    for (file, sql) in files {
+        client
+            .batch_execute(&format!("BEGIN;\n{sql}\nCOMMIT;"))
+            .await
+            .map_err(|e| (*file, e))?;
+        // A failed file leaves the session in an aborted transaction; the
+        // error above returns before another file runs on it.
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_become_quoted_names_and_literals() {
+        let names = vec![
+            ("table".to_owned(), "Out Box".to_owned()),
+            ("slot".to_owned(), "it's".to_owned()),
+        ];
+        assert_eq!(
+            render_one("t", "x {{table}} y {{'slot'}} z", &names).unwrap(),
+            "x \"Out Box\" y 'it''s' z"
+        );
+        assert!(render_one("t", "{{nope}}", &names).is_err());
+    }
+
+    #[test]
+    fn every_shipped_file_renders_with_the_default_names() {
+        let config = Config::default();
+        for (file, sql) in render(&config, DEFAULT_ROLE).unwrap() {
+            assert!(!sql.contains("{{"), "{file} left a placeholder");
+        }
+    }
+
+    #[test]
+    fn identifiers_are_quoted_only_when_needed() {
+        assert_eq!(quote_ident("outbox"), "outbox");
+        assert_eq!(quote_ident("Outbox"), "\"Outbox\"");
+        assert_eq!(quote_ident("user"), "\"user\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+}

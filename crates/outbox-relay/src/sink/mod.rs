@@ -1,0 +1,65 @@
+//! Sinks: where envelopes go, and what they say about each one.
+//!
+//! A sink answers every message of a batch with an [`Outcome`]:
+//!
+//! * [`Outcome::Delivered`]: the destination has *durably accepted* the
+//!   message (for SNS: the publish call answered with a message id). Only
+//!   now may the replication slot move past the message's transaction.
+//! * [`Outcome::Retryable`]: not accepted, for a reason unrelated to the
+//!   message (network, throttling, the destination down, credentials). The
+//!   publisher sends it again, forever, with backoff; the slot waits.
+//! * [`Outcome::Rejected`]: this message can never be accepted (too large,
+//!   invalid, routed nowhere). It is recorded as failed with the reason and
+//!   the stream moves on.
+//!
+//! A sink must answer with exactly one outcome per message, in the batch's
+//! order, and must not report `Delivered` for anything it has not handed
+//! over durably. Ordering across batches is the publisher's job: a sink is
+//! given one batch at a time per ordering group.
+
+use std::future::Future;
+
+use bytes::Bytes;
+
+use crate::ack::Ticket;
+use crate::event::OutboxEvent;
+
+pub mod stdout;
+
+pub use stdout::StdoutSink;
+
+/// One envelope on its way to the sink.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// Reports the outcome back to the ack tracker.
+    pub ticket: Ticket,
+    /// The event (routing, attributes, ordering group).
+    pub event: OutboxEvent,
+    /// The encoded envelope.
+    pub body: Bytes,
+    /// Commit time of the event's transaction, µs since 2000-01-01.
+    pub commit_time: i64,
+}
+
+/// What a sink says about one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Durably accepted by the destination.
+    Delivered,
+    /// Not accepted this time; try again later.
+    Retryable(String),
+    /// Never acceptable; record it as failed.
+    Rejected(String),
+}
+
+/// A destination for envelopes.
+pub trait Sink: Send + Sync + 'static {
+    /// Short name for logs and metrics.
+    fn name(&self) -> &'static str;
+
+    /// Most messages a batch may hold.
+    fn max_batch(&self) -> usize;
+
+    /// Deliver `batch`; one outcome per message, in order.
+    fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
+}

@@ -1,0 +1,136 @@
+//! Row images: [`TupleData`] and its column [`Value`]s.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::reader::{Reader, NEGATIVE_LENGTH};
+use crate::DecodeError;
+
+const KIND_NULL: u8 = b'n';
+const KIND_UNCHANGED_TOAST: u8 = b'u';
+const KIND_TEXT: u8 = b't';
+const KIND_BINARY: u8 = b'b';
+
+/// One column of a row image.
+///
+/// `Text` and `Binary` hold slices of the buffer given to
+/// [`decode`](crate::decode); no bytes are copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Value {
+    /// SQL NULL (`'n'`).
+    Null,
+    /// A TOASTed value that did not change and was not sent (`'u'`).
+    UnchangedToast,
+    /// The value in the type's text output format (`'t'`).
+    Text(Bytes),
+    /// The value in the type's binary send format (`'b'`).
+    Binary(Bytes),
+}
+
+/// A row image of an [`Insert`](crate::Insert), [`Update`](crate::Update)
+/// or [`Delete`](crate::Delete).
+///
+/// [`decode`](crate::decode) has already checked every column's kind byte
+/// and length, so the raw bytes are kept as they came and reading them is
+/// infallible and allocation-free. Two tuples are equal when they hold the
+/// same values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TupleData {
+    /// Number of columns.
+    count: u16,
+    /// The encoded columns (everything after the `Int16` count), a slice of
+    /// the decoded message.
+    columns: Bytes,
+}
+
+impl TupleData {
+    /// Number of columns in the row image.
+    pub fn len(&self) -> usize {
+        usize::from(self.count)
+    }
+
+    /// Whether the row image has no columns.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The column values in order.
+    pub fn iter(&self) -> impl Iterator<Item = Value> + '_ {
+        let mut reader = Reader::new(&self.columns, 0, "TupleData");
+        (0..self.count).map_while(move |_| {
+            let span = read_column(&mut reader).ok()?;
+            Some(span.into_value(&self.columns))
+        })
+    }
+
+    /// The value of column `index` (0-based), or `None` past the last column.
+    /// Walks the columns before it.
+    pub fn get(&self, index: usize) -> Option<Value> {
+        self.iter().nth(index)
+    }
+
+    /// Reads and validates a complete `TupleData` (count and columns) at the
+    /// reader's position; `buf` is the buffer the reader reads.
+    pub(crate) fn read(buf: &Bytes, reader: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let count = reader.u16()?;
+        let start = reader.pos();
+        for _ in 0..count {
+            read_column(reader)?;
+        }
+        Ok(Self {
+            count,
+            columns: buf.slice(start..reader.pos()),
+        })
+    }
+
+    /// Builds a tuple from already-encoded columns (test encoder only).
+    #[cfg(test)]
+    pub(crate) fn from_raw(count: u16, columns: Bytes) -> Self {
+        Self { count, columns }
+    }
+
+    /// The encoded columns after the count (test encoder only).
+    #[cfg(test)]
+    pub(crate) fn raw_columns(&self) -> &Bytes {
+        &self.columns
+    }
+}
+
+/// Where one column's value lies, before it is turned into a [`Value`].
+enum ColumnSpan {
+    Null,
+    UnchangedToast,
+    Text(Range<usize>),
+    Binary(Range<usize>),
+}
+
+impl ColumnSpan {
+    fn into_value(self, buf: &Bytes) -> Value {
+        match self {
+            Self::Null => Value::Null,
+            Self::UnchangedToast => Value::UnchangedToast,
+            Self::Text(range) => Value::Text(buf.slice(range)),
+            Self::Binary(range) => Value::Binary(buf.slice(range)),
+        }
+    }
+}
+
+/// Reads one column: its kind byte and, for text and binary values, the
+/// `Int32` length and the bytes it covers.
+fn read_column(reader: &mut Reader<'_>) -> Result<ColumnSpan, DecodeError> {
+    let offset = reader.pos();
+    match reader.u8()? {
+        KIND_NULL => Ok(ColumnSpan::Null),
+        KIND_UNCHANGED_TOAST => Ok(ColumnSpan::UnchangedToast),
+        KIND_TEXT => {
+            let len = reader.non_negative_i32(NEGATIVE_LENGTH)?;
+            reader.range(len).map(ColumnSpan::Text)
+        }
+        KIND_BINARY => {
+            let len = reader.non_negative_i32(NEGATIVE_LENGTH)?;
+            reader.range(len).map(ColumnSpan::Binary)
+        }
+        _ => Err(reader.invalid(offset, "unknown tuple column kind")),
+    }
+}
