@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Starts or stops an ephemeral PostgreSQL 15 cluster for the test run, with the
+# same settings as the harness's Cluster (tests/pg-test.conf).
+#
+#   scripts/pg-cluster.sh start DIR   # DIR: new or empty; last line printed:
+#                                     # OUTBOX_RELAY_TEST_PG_URL=postgres://…
+#   scripts/pg-cluster.sh env DIR     # prints that line again
+#   scripts/pg-cluster.sh stop DIR    # stops the server (immediate), removes DIR
+#
+# As root, DIR is given to the postgres user and the server tools run as it.
+set -euo pipefail
+
+PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cmd=${1:?usage: pg-cluster.sh start|stop|env DIR}
+dir=${2:?usage: pg-cluster.sh start|stop|env DIR}
+
+# Run a PostgreSQL tool, as postgres when we are root.
+pg() {
+    local tool=$1; shift
+    if [ "$(id -u)" = 0 ]; then
+        (cd "$dir" && runuser -u postgres -- "$PG_BIN/$tool" "$@")
+    else
+        (cd "$dir" && "$PG_BIN/$tool" "$@")
+    fi
+}
+
+url() {
+    echo "OUTBOX_RELAY_TEST_PG_URL=postgres://postgres:postgres@127.0.0.1:$(cat "$dir/port")/postgres"
+}
+
+case $cmd in
+start)
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    [ -z "$(ls -A "$dir")" ] || { echo "pg-cluster.sh: $dir is not empty" >&2; exit 1; }
+    [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+    echo postgres > "$dir/pwfile"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    echo "$port" > "$dir/port"
+    pg initdb -D "$dir/data" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+        --pwfile="$dir/pwfile" -E UTF8 --no-locale --no-sync --no-instructions >"$dir/initdb.log" 2>&1 \
+        || { cat "$dir/initdb.log" >&2; exit 1; }
+    grep -Eq '^host[[:space:]]+replication[[:space:]]+all[[:space:]]+127\.0\.0\.1/32' "$dir/data/pg_hba.conf" \
+        || echo "host    replication     all             127.0.0.1/32            scram-sha-256" >> "$dir/data/pg_hba.conf"
+    {
+        echo
+        echo "# outbox-relay test harness"
+        cat "$repo/tests/pg-test.conf"
+        echo "unix_socket_directories = '$dir'"
+        echo "port = $port"
+    } >> "$dir/data/postgresql.conf"
+    pg pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+        || { echo "pg-cluster.sh: server did not start; tail of $dir/server.log:" >&2; tail -n 40 "$dir/server.log" >&2; exit 1; }
+    echo "pg-cluster.sh: PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, data in $dir"
+    url
+    ;;
+env)
+    url
+    ;;
+stop)
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        pg pg_ctl -D "$dir/data" -m immediate -w -t 60 stop >/dev/null || true
+    fi
+    rm -rf -- "$dir"
+    ;;
+*)
+    echo "usage: pg-cluster.sh start|stop|env DIR" >&2
+    exit 2
+    ;;
+esac

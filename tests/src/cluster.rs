@@ -1,0 +1,400 @@
+//! Ephemeral PostgreSQL 15 clusters, one temp dir each.
+
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+
+/// The settings every test cluster gets (also read by `scripts/pg-cluster.sh`).
+const TEST_CONF: &str = include_str!("../pg-test.conf");
+
+/// Superuser name of every test cluster.
+pub const SUPERUSER: &str = "postgres";
+/// Password of [`SUPERUSER`] (SCRAM-SHA-256 over TCP; the unix socket trusts).
+pub const PASSWORD: &str = "postgres";
+/// Env var naming the directory of the PostgreSQL binaries.
+pub const ENV_PG_BIN: &str = "PG_BIN";
+/// Where the PostgreSQL binaries are when [`ENV_PG_BIN`] is not set.
+pub const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// The directory of the PostgreSQL binaries: `$PG_BIN`, default `/usr/lib/postgresql/15/bin`.
+pub fn pg_bin() -> PathBuf {
+    std::env::var_os(ENV_PG_BIN)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_PG_BIN), PathBuf::from)
+}
+
+/// How [`Cluster::stop`] shuts the server down (`pg_ctl -m …`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Disconnect clients, write a shutdown checkpoint, exit cleanly.
+    Fast,
+    /// Kill everything at once, like a crash: the next start runs crash recovery.
+    /// With `synchronous_commit=off` the last ~600 ms of commits may be lost.
+    Immediate,
+}
+
+impl StopMode {
+    fn as_arg(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
+/// An ephemeral PostgreSQL 15 cluster listening on `127.0.0.1:<free port>`, with
+/// `wal_level=logical`, SCRAM password auth over TCP (normal and replication
+/// connections) and durability switched off for speed.
+///
+/// Everything lives in a fresh temp dir under `/tmp` (data dir, server log, unix
+/// socket). When the process runs as root, the dir is owned by `postgres` and the
+/// server tools run through `runuser -u postgres --`.
+///
+/// Dropping it stops the server (immediate) and removes the dir. A watchdog
+/// process in its own session does the same if this process dies without
+/// dropping it (e.g. killed by a test runner timeout).
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    port: u16,
+    run_as_postgres: bool,
+    watchdog: Mutex<Option<Child>>,
+}
+
+impl Cluster {
+    /// Creates and starts a new cluster; returns once it accepts connections.
+    ///
+    /// Blocking (runs `initdb` and `pg_ctl`); may be called from sync code or from
+    /// inside a tokio runtime. Panics with the tool output and the tail of the
+    /// server log when anything fails.
+    pub fn start() -> Cluster {
+        let run_as_postgres = running_as_root();
+        let dir = tempfile::Builder::new()
+            .prefix("outbox-relay-pg-")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("cannot create a temp dir under /tmp: {e}"));
+        let owner = run_as_postgres.then(postgres_ids);
+        let chown = |path: &Path| {
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("chown {} to postgres: {e}", path.display()));
+            }
+        };
+        chown(dir.path());
+        let pwfile = dir.path().join("pwfile");
+        fs::write(&pwfile, format!("{PASSWORD}\n")).expect("write pwfile");
+        chown(&pwfile);
+
+        let mut cluster = Cluster {
+            data_dir: dir.path().join("data"),
+            log_file: dir.path().join("server.log"),
+            dir,
+            port: 0,
+            run_as_postgres,
+            watchdog: Mutex::new(None),
+        };
+
+        cluster.spawn_watchdog();
+
+        let out = cluster
+            .tool("initdb")
+            .arg("-D")
+            .arg(&cluster.data_dir)
+            .args([
+                "-U",
+                SUPERUSER,
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+            ])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args([
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+                "--no-instructions",
+            ])
+            .output();
+        if let Err(msg) = run_result("initdb", out) {
+            panic!(
+                "PostgreSQL test cluster in {}: {msg}",
+                cluster.dir.path().display()
+            );
+        }
+
+        let hba = cluster.data_dir.join("pg_hba.conf");
+        let hba_text = fs::read_to_string(&hba).expect("read pg_hba.conf");
+        if !hba_text.lines().any(is_tcp_replication_rule) {
+            append(
+                &hba,
+                "host    replication     all             127.0.0.1/32            scram-sha-256\n",
+            );
+        }
+        append(
+            &cluster.data_dir.join("postgresql.conf"),
+            &format!(
+                "\n# outbox-relay test harness\n{TEST_CONF}unix_socket_directories = '{}'\n",
+                cluster.dir.path().display()
+            ),
+        );
+
+        // The port is picked by binding 127.0.0.1:0; another process may grab it
+        // before the server binds, so retry a few times with a new one.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            cluster.port = free_port();
+            append(
+                &cluster.data_dir.join("postgresql.conf"),
+                &format!("port = {}\n", cluster.port),
+            );
+            match cluster.pg_ctl_start() {
+                Ok(()) => break,
+                Err(msg) if attempt < 5 && cluster.log_tail(20).contains("could not bind") => {
+                    eprintln!("harness: port {} was taken, retrying: {msg}", cluster.port);
+                }
+                Err(msg) => cluster.fail(&msg),
+            }
+        }
+        cluster
+    }
+
+    /// `postgres://postgres:postgres@127.0.0.1:PORT/postgres`
+    pub fn admin_url(&self) -> String {
+        self.url_for("postgres")
+    }
+
+    /// Same credentials as [`Cluster::admin_url`], database `dbname`.
+    pub fn url_for(&self, dbname: &str) -> String {
+        format!(
+            "postgres://{SUPERUSER}:{PASSWORD}@127.0.0.1:{}/{dbname}",
+            self.port
+        )
+    }
+
+    /// The TCP port on 127.0.0.1 (kept across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory (`PGDATA`).
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The directory holding the unix socket (`host=` for libpq tools).
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server log file.
+    pub fn log_file(&self) -> &Path {
+        &self.log_file
+    }
+
+    /// The last `n` lines of the server log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = fs::read(&self.log_file)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Stops the server (`pg_ctl stop -m fast|immediate`, waiting). Panics on failure.
+    pub fn stop(&self, mode: StopMode) {
+        let out = self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", mode.as_arg(), "-w", "-t", "60", "stop"])
+            .output();
+        if let Err(msg) = run_result("pg_ctl stop", out) {
+            self.fail(&msg);
+        }
+    }
+
+    /// Starts the server again after [`Cluster::stop`], on the same port; returns
+    /// once it accepts connections. Panics on failure.
+    pub fn start_again(&self) {
+        if let Err(msg) = self.pg_ctl_start() {
+            self.fail(&msg);
+        }
+    }
+
+    /// [`Cluster::stop`] with `mode`, then [`Cluster::start_again`].
+    pub fn restart(&self, mode: StopMode) {
+        self.stop(mode);
+        self.start_again();
+    }
+
+    /// Program and leading arguments that run PostgreSQL tool `name` from
+    /// [`pg_bin`]: through `runuser -u postgres --` when we are root.
+    fn tool_argv(&self, name: &str) -> Vec<OsString> {
+        let bin = pg_bin().join(name).into_os_string();
+        if self.run_as_postgres {
+            vec![
+                "runuser".into(),
+                "-u".into(),
+                "postgres".into(),
+                "--".into(),
+                bin,
+            ]
+        } else {
+            vec![bin]
+        }
+    }
+
+    /// A command running PostgreSQL tool `name` (see [`Cluster::tool_argv`]) with
+    /// the temp dir as working directory and no stdin.
+    fn tool(&self, name: &str) -> Command {
+        let argv = self.tool_argv(name);
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    fn pg_ctl_start(&self) -> Result<(), String> {
+        let out = self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .arg("-l")
+            .arg(&self.log_file)
+            .args(["-w", "-t", "60", "start"])
+            .output();
+        run_result("pg_ctl start", out)
+    }
+
+    fn fail(&self, msg: &str) -> ! {
+        panic!(
+            "PostgreSQL test cluster in {}: {msg}\n--- tail of {} ---\n{}",
+            self.dir.path().display(),
+            self.log_file.display(),
+            self.log_tail(40)
+        )
+    }
+
+    /// Starts `setsid sh -c 'read; pg_ctl stop -m immediate; rm -rf DIR'` with its
+    /// stdin a pipe we hold: if this process dies, the pipe closes and the
+    /// watchdog (in its own session, out of reach of process-group kills) cleans up.
+    fn spawn_watchdog(&self) {
+        const SCRIPT: &str =
+            r#"dir=$1; shift; read -r _ignored; "$@" >/dev/null 2>&1; rm -rf -- "$dir""#;
+        let mut cmd = Command::new("setsid");
+        cmd.args(["sh", "-c", SCRIPT, "watchdog"])
+            .arg(self.dir.path())
+            .args(self.tool_argv("pg_ctl"))
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-m", "immediate", "-w", "stop"])
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match cmd.spawn() {
+            Ok(child) => *self.watchdog.lock().unwrap_or_else(|e| e.into_inner()) = Some(child),
+            Err(e) => eprintln!(
+                "harness: no cleanup watchdog for {} (setsid: {e})",
+                self.dir.path().display()
+            ),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let watchdog = self
+            .watchdog
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut child) = watchdog {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if self.data_dir.join("postmaster.pid").exists() {
+            let out = self
+                .tool("pg_ctl")
+                .arg("-D")
+                .arg(&self.data_dir)
+                .args(["-m", "immediate", "-w", "-t", "30", "stop"])
+                .output();
+            if let Err(msg) = run_result("pg_ctl stop", out) {
+                eprintln!(
+                    "harness: stopping the cluster in {}: {msg}",
+                    self.dir.path().display()
+                );
+            }
+        }
+        // `self.dir` (TempDir) removes the directory when it drops, right after this.
+    }
+}
+
+/// `host replication all 127.0.0.1/32 …` (any method) already present?
+fn is_tcp_replication_rule(line: &str) -> bool {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    f.len() >= 4
+        && f[0] == "host"
+        && f[1] == "replication"
+        && f[2] == "all"
+        && f[3] == "127.0.0.1/32"
+}
+
+fn append(path: &Path, text: &str) {
+    OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .unwrap_or_else(|e| panic!("append to {}: {e}", path.display()));
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to pick a port: {e}"))
+}
+
+fn run_result(what: &str, out: std::io::Result<Output>) -> Result<(), String> {
+    match out {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(format!(
+            "{what} failed ({})\nstdout: {}\nstderr: {}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!(
+            "{what} could not run: {e} (PostgreSQL binaries in {}? run scripts/install-deps.sh)",
+            pg_bin().display()
+        )),
+    }
+}
+
+/// uid and gid of the `postgres` user, from /etc/passwd.
+fn postgres_ids() -> (u32, u32) {
+    let passwd = fs::read_to_string("/etc/passwd").expect("read /etc/passwd");
+    passwd
+        .lines()
+        .find_map(|line| {
+            let f: Vec<&str> = line.split(':').collect();
+            (f.len() > 3 && f[0] == "postgres").then(|| (f[2].parse().ok(), f[3].parse().ok()))
+        })
+        .and_then(|(u, g)| Some((u?, g?)))
+        .expect("running as root but there is no `postgres` user: run scripts/install-deps.sh")
+}
+
+/// Whether the effective uid is 0.
+#[allow(unsafe_code)]
+pub(crate) fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

@@ -1,0 +1,104 @@
+//! Test harness of outbox-relay: ephemeral PostgreSQL 15 clusters with logical
+//! replication, one fresh database per test, the relay binary as a child process,
+//! and a polling helper.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use harness::{wait_until, TestDb};
+//!
+//! # async fn example() {
+//! let db = TestDb::new().await; // on the shared cluster
+//! let client = db.client().await;
+//! client.batch_execute("CREATE TABLE outbox (id bigint)").await.unwrap();
+//! let n: i64 = wait_until(Duration::from_secs(10), "the outbox has a row", || async {
+//!     let row = client.query_one("SELECT count(*) FROM outbox", &[]).await.ok()?;
+//!     Some(row.get::<_, i64>(0)).filter(|n| *n > 0)
+//! })
+//! .await;
+//! # }
+//! ```
+//!
+//! Environment: `OUTBOX_RELAY_TEST_PG_URL` (use that cluster instead of starting
+//! one per test process), `PG_BIN` (PostgreSQL binaries, default
+//! `/usr/lib/postgresql/15/bin`), `OUTBOX_RELAY_BIN` (relay binary override).
+
+mod cluster;
+mod database;
+mod process;
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWORD, SUPERUSER};
+pub use database::{
+    connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
+};
+pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
+
+/// What a [`wait_until`] condition returns: `true`, `Some(v)` or `Ok(v)` means done.
+pub trait Ready {
+    /// The value [`wait_until`] returns once ready.
+    type Value;
+    /// `Ok(value)` when ready; otherwise `Err` with an optional reason
+    /// (shown if the wait times out).
+    fn ready(self) -> Result<Self::Value, Option<String>>;
+}
+
+impl Ready for bool {
+    type Value = ();
+    fn ready(self) -> Result<(), Option<String>> {
+        if self {
+            Ok(())
+        } else {
+            Err(None)
+        }
+    }
+}
+
+impl<T> Ready for Option<T> {
+    type Value = T;
+    fn ready(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: Display> Ready for Result<T, E> {
+    type Value = T;
+    fn ready(self) -> Result<T, Option<String>> {
+        self.map_err(|e| Some(e.to_string()))
+    }
+}
+
+/// Polls the async condition `f` every 50 ms until it is ready (`true`,
+/// `Some(v)`, `Ok(v)`) and returns its value. Panics with
+/// "timed out after … waiting until {what}" (plus the last `Err`, if any) when
+/// `timeout` passes; a single call of `f` that hangs is cut off at the deadline.
+pub async fn wait_until<F, Fut, R>(timeout: Duration, what: &str, mut f: F) -> R::Value
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+    R: Ready,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(remaining, f()).await {
+            Ok(r) => match r.ready() {
+                Ok(value) => return value,
+                Err(reason) => last_err = reason.or(last_err),
+            },
+            Err(_) => last_err = Some("the last check did not finish in time".to_owned()),
+        }
+        if Instant::now() >= deadline {
+            match last_err {
+                Some(e) => {
+                    panic!("timed out after {timeout:?} waiting until {what} (last error: {e})")
+                }
+                None => panic!("timed out after {timeout:?} waiting until {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

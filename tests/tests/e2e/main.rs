@@ -1,0 +1,6 @@
+//! End-to-end tests of outbox-relay, one binary (see `harness` for the helpers).
+
+mod harness_smoke;
+mod outbox;
+mod process;
+mod stream;

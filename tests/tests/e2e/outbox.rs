@@ -1,0 +1,309 @@
+//! The outbox fixture: a fresh database set up with the shipped SQL, and a
+//! witness that tells, independently of the relay, which transaction committed
+//! which events and where its commit record ends.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use harness::TestDb;
+use outbox_relay::config::Config;
+use outbox_relay::sink::{Message, Outcome, Sink};
+use tokio_postgres::Client;
+
+/// A database with the outbox table, publication, slot and a witness slot.
+pub struct Outbox {
+    pub db: TestDb,
+    pub sql: Client,
+    /// The relay's slot (named after the database: slots are cluster-wide).
+    pub slot: String,
+    witness: String,
+    dir: tempfile::TempDir,
+}
+
+/// One committed transaction, as the witness saw it.
+#[derive(Debug, Clone)]
+pub struct Commit {
+    /// End of the commit record: what the relay confirms.
+    pub end_lsn: u64,
+    /// Outbox ids inserted, in order.
+    pub ids: Vec<String>,
+}
+
+impl Outbox {
+    /// A fresh database, set up with `outbox-relay setup` SQL.
+    pub async fn new() -> Outbox {
+        Self::with_schema(None).await
+    }
+
+    /// Like [`Outbox::new`], but `table_sql` creates the outbox table (the
+    /// shipped table file is skipped); it must create `public.outbox`.
+    pub async fn with_schema(table_sql: Option<&str>) -> Outbox {
+        let db = TestDb::new().await;
+        let sql = db.client().await;
+        let slot = db.name().to_owned();
+        let witness = format!("w_{}", db.name());
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outbox = Outbox {
+            db,
+            sql,
+            slot,
+            witness,
+            dir,
+        };
+        let config = outbox.config("");
+        let files = outbox_relay::setup::render(&config, "outbox_relay").expect("render setup SQL");
+        let mut files: Vec<_> = files.into_iter().collect();
+        if let Some(table_sql) = table_sql {
+            outbox
+                .sql
+                .batch_execute(table_sql)
+                .await
+                .expect("custom outbox table");
+            files.retain(|(name, _)| !name.starts_with("001"));
+        }
+        outbox_relay::setup::apply(&outbox.sql, &files)
+            .await
+            .unwrap_or_else(|(file, e)| panic!("setup {file}: {e:?}"));
+        outbox
+            .sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
+                &[&outbox.witness],
+            )
+            .await
+            .expect("witness slot");
+        outbox
+    }
+
+    /// The relay configuration for this database, with `extra` TOML appended
+    /// (sections other than `[postgres]`, or keys after a section header).
+    pub fn config_toml(&self, extra: &str) -> String {
+        format!(
+            "[postgres]\nurl = \"{}\"\nslot = \"{}\"\n{extra}\n[http]\nlisten = \"\"\n",
+            self.db.url(),
+            self.slot
+        )
+    }
+
+    /// Parsed [`Outbox::config_toml`].
+    pub fn config(&self, extra: &str) -> Config {
+        Config::from_parts(
+            &self.config_toml(extra),
+            Path::new("test.toml"),
+            std::iter::empty(),
+        )
+        .unwrap_or_else(|e| panic!("test config: {e}"))
+    }
+
+    /// Write the configuration to a file for the binary.
+    pub fn config_file(&self, extra: &str) -> PathBuf {
+        let path = self
+            .dir
+            .path()
+            .join(format!("relay-{}.toml", fastrand::u32(..)));
+        std::fs::write(&path, self.config_toml(extra)).expect("write config");
+        path
+    }
+
+    /// Insert one transaction of events `(aggregate_id, event_type)`; their ids.
+    pub async fn insert_tx(&self, events: &[(String, String)]) -> Vec<String> {
+        let aggregates: Vec<&str> = events.iter().map(|(a, _)| a.as_str()).collect();
+        let types: Vec<&str> = events.iter().map(|(_, t)| t.as_str()).collect();
+        let rows = self
+            .sql
+            .query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', a, t, jsonb_build_object('n', n, 'aggregate', a) \
+                 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u(a, t, n) \
+                 ORDER BY n RETURNING id::text",
+                &[&aggregates, &types],
+            )
+            .await
+            .expect("insert outbox rows");
+        rows.iter().map(|r| r.get(0)).collect()
+    }
+
+    /// Insert `txs` transactions of `per_tx` events over `aggregates`
+    /// aggregates (round robin); all ids in commit order.
+    pub async fn insert_many(&self, txs: usize, per_tx: usize, aggregates: usize) -> Vec<String> {
+        let mut ids = Vec::with_capacity(txs * per_tx);
+        for t in 0..txs {
+            let events: Vec<(String, String)> = (0..per_tx)
+                .map(|i| {
+                    let n = t * per_tx + i;
+                    (format!("agg-{}", n % aggregates), format!("Event{n}"))
+                })
+                .collect();
+            ids.extend(self.insert_tx(&events).await);
+        }
+        ids
+    }
+
+    /// Every committed transaction that touched the outbox, in commit order.
+    pub async fn commits(&self) -> Vec<Commit> {
+        let rows = self
+            .sql
+            .query(
+                "SELECT lsn::text, data FROM pg_logical_slot_peek_changes($1, NULL, NULL)",
+                &[&self.witness],
+            )
+            .await
+            .expect("peek witness slot");
+        let mut commits = Vec::new();
+        let mut ids = Vec::new();
+        for row in rows {
+            let lsn: &str = row.get(0);
+            let data: &str = row.get(1);
+            if data.starts_with("BEGIN") {
+                ids.clear();
+            } else if let Some(rest) = data.strip_prefix("table public.outbox: INSERT: ") {
+                if let Some(id) = column_value(rest) {
+                    ids.push(id);
+                }
+            } else if data.starts_with("COMMIT") && !ids.is_empty() {
+                commits.push(Commit {
+                    end_lsn: parse_lsn(lsn),
+                    ids: std::mem::take(&mut ids),
+                });
+            }
+        }
+        commits
+    }
+
+    /// The relay slot's `confirmed_flush_lsn`.
+    pub async fn confirmed_flush(&self) -> u64 {
+        let row = self
+            .sql
+            .query_one(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .expect("read slot");
+        parse_lsn(row.get(0))
+    }
+
+    /// Whether a backend is streaming from the relay's slot.
+    pub async fn slot_active(&self) -> bool {
+        let row = self
+            .sql
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .expect("read slot");
+        row.get(0)
+    }
+
+    /// `pg_current_wal_lsn()`.
+    pub async fn current_lsn(&self) -> u64 {
+        let row = self
+            .sql
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("current lsn");
+        parse_lsn(row.get(0))
+    }
+
+    /// Wait until the relay's slot is streaming (or not).
+    pub async fn wait_slot_active(&self, active: bool) {
+        harness::wait_until(
+            Duration::from_secs(30),
+            if active {
+                "the relay streams from its slot"
+            } else {
+                "the slot is released"
+            },
+            || async { self.slot_active().await == active },
+        )
+        .await;
+    }
+}
+
+/// The `id` column's value in a test_decoding row: `id[uuid]:'…' …`.
+fn column_value(row: &str) -> Option<String> {
+    let rest = row.strip_prefix("id[uuid]:'")?;
+    Some(rest[..rest.find('\'')?].to_owned())
+}
+
+/// `X/Y` to a number.
+pub fn parse_lsn(text: &str) -> u64 {
+    let (hi, lo) = text.split_once('/').expect("an LSN");
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+/// The ids in NDJSON envelope lines (lines that do not parse are skipped: a
+/// line cut short by kill -9 was never reported delivered).
+pub fn envelope_ids(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A sink that records what it delivers; messages for which `hold` says yes
+/// wait until [`Collect::release`].
+#[derive(Clone, Default)]
+pub struct Collect {
+    pub delivered: Arc<Mutex<Vec<Message>>>,
+    held: Arc<Mutex<Option<fn(&Message) -> bool>>>,
+    released: Arc<tokio::sync::Notify>,
+    /// Messages currently waiting in [`Collect::publish`].
+    pub waiting: Arc<Mutex<Vec<String>>>,
+}
+
+impl Collect {
+    /// Hold messages matching `hold` until released.
+    pub fn holding(hold: fn(&Message) -> bool) -> Self {
+        let c = Self::default();
+        *c.held.lock().unwrap() = Some(hold);
+        c
+    }
+
+    /// Let held messages through.
+    pub fn release(&self) {
+        *self.held.lock().unwrap() = None;
+        self.released.notify_waiters();
+    }
+
+    /// Ids delivered so far, in order.
+    pub fn ids(&self) -> Vec<String> {
+        self.delivered
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.event.id.to_string())
+            .collect()
+    }
+}
+
+impl Sink for Collect {
+    fn name(&self) -> &'static str {
+        "collect"
+    }
+
+    fn max_batch(&self) -> usize {
+        10
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        for m in batch {
+            loop {
+                let notified = self.released.notified();
+                let hold = *self.held.lock().unwrap();
+                match hold {
+                    Some(hold) if hold(m) => {
+                        self.waiting.lock().unwrap().push(m.event.id.to_string());
+                        notified.await;
+                    }
+                    _ => break,
+                }
+            }
+            self.delivered.lock().unwrap().push(m.clone());
+        }
+        vec![Outcome::Delivered; batch.len()]
+    }
+}

@@ -1,0 +1,263 @@
+//! The replication stream, in process: what comes out, in which order, and
+//! where the slot is confirmed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::wait_until;
+use outbox_relay::replication::{ErrorClass, RelayError, Summary};
+use outbox_relay::sink::Sink;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::{Collect, Outbox};
+
+/// A relay running in this process.
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<Result<Summary, RelayError>>,
+}
+
+fn start<S: Sink>(outbox: &Outbox, extra: &str, sink: S) -> Running {
+    let config = outbox.config(extra);
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { outbox_relay::run(&config, Arc::new(sink), stop).await }
+    });
+    Running { stop, task }
+}
+
+impl Running {
+    async fn stop(self) -> Summary {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the relay stops within 30 s")
+            .expect("the relay task does not panic")
+            .expect("the relay stops cleanly")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_comes_out_once_in_commit_order() {
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE TABLE noise (id bigserial PRIMARY KEY, body text);
+             CREATE TABLE audit (id bigserial PRIMARY KEY, note text);
+             ALTER PUBLICATION outbox_relay ADD TABLE audit;",
+        )
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = start(&outbox, "", sink.clone());
+    outbox.wait_slot_active(true).await;
+
+    let mut expected = Vec::new();
+    for round in 0..10 {
+        expected.extend(outbox.insert_many(50, 10, 50).await);
+        // In between: a table outside the publication, and one inside it that
+        // is not the outbox. Neither may produce anything.
+        outbox
+            .sql
+            .batch_execute(&format!(
+                "INSERT INTO noise (body) SELECT repeat('n', 200) FROM generate_series(1, 100);
+                 INSERT INTO audit (note) VALUES ('round {round}');"
+            ))
+            .await
+            .unwrap();
+    }
+    assert_eq!(expected.len(), 5_000);
+    wait_until(
+        Duration::from_secs(60),
+        "5,000 events are delivered",
+        || async { sink.ids().len() >= expected.len() },
+    )
+    .await;
+
+    let commits = outbox.commits().await;
+    let witness: Vec<String> = commits.iter().flat_map(|c| c.ids.clone()).collect();
+    assert_eq!(
+        witness, expected,
+        "the witness saw the inserts in commit order"
+    );
+    let got = sink.ids();
+    assert_eq!(got.len(), expected.len(), "exactly once each");
+    assert!(got == expected, "delivered in commit order");
+
+    // Per aggregate, too (implied by the above; stated for the reader).
+    let last_commit = commits.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot is confirmed past the last commit",
+        || async { outbox.confirmed_flush().await >= last_commit },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.delivered, 5_000);
+    assert_eq!(summary.rejected, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_is_never_confirmed_past_an_event_the_sink_has_not_finished() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::holding(|m| m.event.aggregate_id.as_str() == "held");
+    let relay = start(&outbox, "", sink.clone());
+    outbox.wait_slot_active(true).await;
+
+    outbox.insert_tx(&[("a".into(), "First".into())]).await;
+    let held = outbox.insert_tx(&[("held".into(), "Second".into())]).await;
+    outbox.insert_tx(&[("c".into(), "Third".into())]).await;
+    let commits = outbox.commits().await;
+    assert_eq!(commits.len(), 3);
+    let (first, second, third) = (commits[0].end_lsn, commits[1].end_lsn, commits[2].end_lsn);
+
+    wait_until(
+        Duration::from_secs(10),
+        "the sink holds the second event",
+        || async { sink.waiting.lock().unwrap().contains(&held[0]) },
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(10),
+        "the first commit is confirmed",
+        || async { outbox.confirmed_flush().await >= first },
+    )
+    .await;
+    // Time passes, status updates and keepalives go back and forth, other
+    // WAL is written: the slot must stay behind the held transaction.
+    outbox
+        .sql
+        .batch_execute("CREATE TABLE noise AS SELECT g FROM generate_series(1, 10000) g")
+        .await
+        .unwrap();
+    for _ in 0..30 {
+        let confirmed = outbox.confirmed_flush().await;
+        assert!(
+            confirmed < second,
+            "confirmed {confirmed:X} passed the held commit ending at {second:X}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    sink.release();
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the third commit",
+        || async { outbox.confirmed_flush().await >= third },
+    )
+    .await;
+    assert_eq!(sink.ids().len(), 3);
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_outbox_does_not_hold_wal_while_other_tables_are_written() {
+    let outbox = Outbox::new().await;
+    let relay = start(&outbox, "", Collect::default());
+    outbox.wait_slot_active(true).await;
+    outbox
+        .sql
+        .batch_execute("CREATE TABLE busy (id bigserial PRIMARY KEY, body text)")
+        .await
+        .unwrap();
+    let before = outbox.current_lsn().await;
+    for _ in 0..10 {
+        outbox
+            .sql
+            .batch_execute("INSERT INTO busy (body) SELECT repeat(md5(g::text), 32) FROM generate_series(1, 5000) g")
+            .await
+            .unwrap();
+    }
+    let after = outbox.current_lsn().await;
+    assert!(
+        after - before >= 50 << 20,
+        "wrote {} MB of WAL",
+        (after - before) >> 20
+    );
+    let lag = wait_until(
+        Duration::from_secs(10),
+        "slot lag falls under 1 MB",
+        || async {
+            let lag = after.saturating_sub(outbox.confirmed_flush().await);
+            (lag < 1 << 20).then_some(lag)
+        },
+    )
+    .await;
+    eprintln!("lag after 50 MB of other writes: {lag} bytes");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_cannot_become_an_event_is_skipped_and_the_stream_moves_on() {
+    // An application-managed table where aggregate_id may be NULL.
+    let outbox = Outbox::with_schema(Some(
+        "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text,
+            aggregate_id text, event_type text, payload jsonb)",
+    ))
+    .await;
+    let sink = Collect::default();
+    let relay = start(
+        &outbox,
+        "[columns]\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"",
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    for aggregate in [None, Some("o-1")] {
+        outbox
+            .sql
+            .execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', $1, 'E', '{}')",
+                &[&aggregate],
+            )
+            .await
+            .unwrap();
+    }
+    let commits = outbox.commits().await;
+    wait_until(
+        Duration::from_secs(10),
+        "the good event is delivered",
+        || async { sink.ids().len() == 1 },
+    )
+    .await;
+    assert_eq!(sink.ids(), commits[1].ids);
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past both",
+        || async { outbox.confirmed_flush().await >= commits[1].end_lsn },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_that_does_not_fit_the_mapping_stops_the_relay_naming_the_key() {
+    let outbox = Outbox::new().await;
+    let relay = start(
+        &outbox,
+        "[columns]\nevent_type = \"kind\"",
+        Collect::default(),
+    );
+    outbox.wait_slot_active(true).await;
+    outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    let before = outbox.confirmed_flush().await;
+    let result = tokio::time::timeout(Duration::from_secs(20), relay.task)
+        .await
+        .expect("the relay stops by itself")
+        .unwrap();
+    let error = result.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    assert!(
+        text.contains("columns.event_type") && text.contains("\"kind\""),
+        "{text}"
+    );
+    assert_eq!(
+        outbox.confirmed_flush().await,
+        before,
+        "nothing acknowledged"
+    );
+}
