@@ -15,7 +15,7 @@ use crate::config::{Config, LogFormat, SinkKind};
 use crate::postgres::ConnInfo;
 use crate::replication::ErrorClass;
 use crate::setup;
-use crate::sink::StdoutSink;
+use crate::sink::{Sink, SnsSink, StdoutSink};
 
 /// Exit code for run-time failures.
 pub const EXIT_FAILURE: u8 = 1;
@@ -106,10 +106,20 @@ fn init_logging(config: &Config) {
 async fn run(config: Config) -> ExitCode {
     let stop = CancellationToken::new();
     tokio::spawn(signals(stop.clone()));
-    let sink = match config.sink.kind {
-        SinkKind::Stdout => Arc::new(StdoutSink::new()),
-    };
-    match crate::replication::run(&config, sink, stop).await {
+    match config.sink.kind {
+        SinkKind::Stdout => relay(&config, StdoutSink::new(), stop).await,
+        SinkKind::Sns => match SnsSink::new(&config.sns).await {
+            Ok(sink) => relay(&config, sink, stop).await,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot set up the SNS sink");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+    }
+}
+
+async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> ExitCode {
+    match crate::replication::run(config, Arc::new(sink), stop).await {
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,

@@ -55,6 +55,9 @@ pub struct Config {
     /// Where envelopes go.
     #[serde(default)]
     pub sink: SinkConfig,
+    /// The SNS sink.
+    #[serde(default)]
+    pub sns: SnsConfig,
     /// How an event becomes a message.
     #[serde(default)]
     pub envelope: EnvelopeConfig,
@@ -128,6 +131,8 @@ pub struct ColumnMapping {
     pub topic: String,
     /// When the event happened; the commit time is used without it.
     pub created_at: String,
+    /// Ordering group (the FIFO MessageGroupId); empty means the aggregate id.
+    pub group: String,
 }
 
 impl Default for ColumnMapping {
@@ -141,6 +146,7 @@ impl Default for ColumnMapping {
             headers: "headers".into(),
             topic: "topic".into(),
             created_at: "created_at".into(),
+            group: String::new(),
         }
     }
 }
@@ -165,13 +171,22 @@ impl ColumnMapping {
             ("created_at", &self.created_at),
         ]
     }
+
+    /// The ordering group column: `group`, or the aggregate id column.
+    pub fn group_column(&self) -> &str {
+        if self.group.is_empty() {
+            &self.aggregate_id
+        } else {
+            &self.group
+        }
+    }
 }
 
 /// `[sink]`: where envelopes are delivered.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SinkConfig {
-    /// `stdout` (NDJSON, one envelope a line).
+    /// `stdout` (NDJSON, one envelope a line) or `sns`.
     pub kind: SinkKind,
 }
 
@@ -182,6 +197,82 @@ pub enum SinkKind {
     /// One envelope per line on standard output.
     #[default]
     Stdout,
+    /// AWS SNS (`[sns]`).
+    Sns,
+}
+
+/// Default number of SNS PublishBatch calls in flight.
+pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 8;
+/// Message attributes always set on SNS messages.
+pub const SNS_FIXED_ATTRIBUTES: [&str; 3] = ["event_type", "aggregate_type", "aggregate_id"];
+/// SNS (and raw SQS delivery) accept at most this many message attributes.
+pub const SNS_MAX_ATTRIBUTES: usize = 10;
+
+/// `[sns]`: the SNS sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnsConfig {
+    /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
+    pub region: String,
+    /// Endpoint override for local or compatible endpoints, e.g. `http://127.0.0.1:5000`.
+    pub endpoint_url: String,
+    /// The default topic.
+    pub topic_arn: String,
+    /// Topic per event: an ARN template with `{region}`, `{account}`,
+    /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
+    pub topic_template: String,
+    /// Account id for `{account}` and for bare topic names in the topic
+    /// column; default: the account of `topic_arn`.
+    pub account_id: String,
+    /// Headers copied into message attributes (besides event_type,
+    /// aggregate_type and aggregate_id), for subscription filter policies.
+    pub attributes: Vec<String>,
+    /// PublishBatch calls in flight at once.
+    pub max_in_flight_batches: usize,
+    /// How long a partial batch waits for more messages.
+    #[serde(deserialize_with = "de_duration")]
+    pub linger: Duration,
+    /// Ceiling of one publish call, retries included.
+    #[serde(deserialize_with = "de_duration")]
+    pub operation_timeout: Duration,
+    /// Ceiling of one attempt of a publish call.
+    #[serde(deserialize_with = "de_duration")]
+    pub attempt_timeout: Duration,
+}
+
+impl Default for SnsConfig {
+    fn default() -> Self {
+        Self {
+            region: String::new(),
+            endpoint_url: String::new(),
+            topic_arn: String::new(),
+            topic_template: String::new(),
+            account_id: String::new(),
+            attributes: vec!["traceparent".to_owned()],
+            max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
+            linger: Duration::from_millis(5),
+            operation_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl SnsConfig {
+    /// The account of `account_id`, or of `topic_arn`.
+    pub fn account(&self) -> Option<&str> {
+        if !self.account_id.is_empty() {
+            return Some(&self.account_id);
+        }
+        self.topic_arn.split(':').nth(4).filter(|a| !a.is_empty())
+    }
+
+    /// The region of `region`, or of `topic_arn`.
+    pub fn region_or_arn(&self) -> Option<&str> {
+        if !self.region.is_empty() {
+            return Some(&self.region);
+        }
+        self.topic_arn.split(':').nth(3).filter(|r| !r.is_empty())
+    }
 }
 
 /// `[envelope]`: the message format.
@@ -489,6 +580,9 @@ impl Config {
                 );
             }
         }
+        if self.sink.kind == SinkKind::Sns {
+            self.validate_sns(&mut bad);
+        }
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
         }
@@ -528,6 +622,101 @@ impl Config {
             Ok(())
         } else {
             Err(problems)
+        }
+    }
+
+    fn validate_sns(&self, bad: &mut impl FnMut(&str, String)) {
+        let sns = &self.sns;
+        if sns.topic_arn.is_empty() && sns.topic_template.is_empty() {
+            bad(
+                "sns.topic_arn",
+                "missing: set sns.topic_arn (the default topic) or sns.topic_template".into(),
+            );
+        }
+        if !sns.topic_arn.is_empty()
+            && (!sns.topic_arn.starts_with("arn:") || sns.topic_arn.split(':').count() != 6)
+        {
+            bad(
+                "sns.topic_arn",
+                format!(
+                    "{:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:orders",
+                    sns.topic_arn
+                ),
+            );
+        }
+        if !sns.topic_template.is_empty() {
+            let mut rest = sns.topic_template.as_str();
+            while let Some(start) = rest.find('{') {
+                let Some(end) = rest[start..].find('}') else {
+                    bad("sns.topic_template", "a `{` is not closed".into());
+                    break;
+                };
+                let name = &rest[start + 1..start + end];
+                if !["region", "account", "aggregate_type", "event_type"].contains(&name) {
+                    bad(
+                        "sns.topic_template",
+                        format!("unknown placeholder {{{name}}}: use {{region}}, {{account}}, {{aggregate_type}} or {{event_type}}"),
+                    );
+                }
+                rest = &rest[start + end + 1..];
+            }
+            if sns.topic_template.contains("{account}") && sns.account().is_none() {
+                bad(
+                    "sns.account_id",
+                    "sns.topic_template uses {account}: set sns.account_id (or sns.topic_arn)"
+                        .into(),
+                );
+            }
+            if sns.topic_template.contains("{region}") && sns.region_or_arn().is_none() {
+                bad(
+                    "sns.region",
+                    "sns.topic_template uses {region}: set sns.region".into(),
+                );
+            }
+        }
+        let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
+        if attributes > SNS_MAX_ATTRIBUTES {
+            bad(
+                "sns.attributes",
+                format!(
+                    "{} headers plus event_type, aggregate_type and aggregate_id make {attributes} \
+                     message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
+                    sns.attributes.len(),
+                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
+                ),
+            );
+        }
+        for name in &sns.attributes {
+            if name.is_empty()
+                || name.len() > 256
+                || SNS_FIXED_ATTRIBUTES.contains(&name.as_str())
+                || name.starts_with("AWS.")
+                || name.starts_with("Amazon.")
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                bad(
+                    "sns.attributes",
+                    format!("{name:?} cannot be a message attribute name (letters, digits, _ - . ; not AWS./Amazon.; not a fixed attribute)"),
+                );
+            }
+        }
+        if sns.max_in_flight_batches == 0 {
+            bad("sns.max_in_flight_batches", "must be at least 1".into());
+        }
+        let url = &sns.endpoint_url;
+        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
+            bad(
+                "sns.endpoint_url",
+                format!("{:?} must start with http:// or https://", sns.endpoint_url),
+            );
+        }
+        if sns.attempt_timeout > sns.operation_timeout {
+            bad(
+                "sns.attempt_timeout",
+                "must not be longer than sns.operation_timeout".into(),
+            );
         }
     }
 
@@ -856,6 +1045,34 @@ jitter = 3.0
             !printed.contains("secret") && !printed.contains("hunter2"),
             "{printed}"
         );
+    }
+
+    #[test]
+    fn the_sns_sink_needs_a_topic_and_at_most_ten_attributes() {
+        let text = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\nattributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\"]\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{nope}}\"\n"
+        );
+        let keys: Vec<String> = problems(load(&text, &[]).unwrap_err())
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        for key in [
+            "sns.attributes",
+            "sns.topic_template",
+            "sns.account_id",
+            "sns.region",
+        ] {
+            assert!(
+                keys.contains(&key.to_string()),
+                "{key} missing from {keys:?}"
+            );
+        }
+        let ok = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:orders.fifo\"\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{aggregate_type}}\"\n"
+        );
+        let c = load(&ok, &[]).unwrap();
+        assert_eq!(c.sns.account(), Some("123456789012"));
+        assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
     }
 
     #[test]

@@ -190,6 +190,7 @@ mod tests {
             payload,
             headers: headers.map(Text::from),
             topic: None,
+            group: "ord-42".into(),
             time: "2026-11-22T05:48:24.123456Z".into(),
         }
     }

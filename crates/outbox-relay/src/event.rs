@@ -109,6 +109,8 @@ pub struct OutboxEvent {
     pub headers: Option<Text>,
     /// Per-row topic override.
     pub topic: Option<Text>,
+    /// Ordering group (FIFO MessageGroupId): `columns.group`, default the aggregate id.
+    pub group: Text,
     /// When the event happened, RFC 3339; the commit time when the table has no such column.
     pub time: Text,
 }
@@ -194,6 +196,8 @@ pub struct RowMapping {
     headers: Option<Slot>,
     topic: Option<Slot>,
     created_at: Option<Slot>,
+    /// `None`: the aggregate id.
+    group: Option<Slot>,
     /// Optional columns configured but absent from the table, for a warning.
     pub absent_optional: Vec<(&'static str, String)>,
 }
@@ -259,6 +263,11 @@ impl RowMapping {
         let headers = optional("headers", &columns.headers);
         let topic = optional("topic", &columns.topic);
         let created_at = optional("created_at", &columns.created_at);
+        let group = if columns.group.is_empty() {
+            None
+        } else {
+            Some(required("group", &columns.group)?)
+        };
         Ok(Self {
             id: required("id", &columns.id)?,
             aggregate_type: required("aggregate_type", &columns.aggregate_type)?,
@@ -269,6 +278,7 @@ impl RowMapping {
             headers,
             topic,
             created_at,
+            group,
             absent_optional,
         })
     }
@@ -296,10 +306,16 @@ impl RowMapping {
             Some(t) => Text::from(rfc3339_from_pg(t.as_str())),
             None => Text::from(rfc3339_from_pg_micros(commit_time)),
         };
+        let aggregate_id = text(tuple, &self.aggregate_id)?;
+        let group = match &self.group {
+            Some(slot) => text(tuple, slot)?,
+            None => aggregate_id.clone(),
+        };
         Ok(OutboxEvent {
             id: text(tuple, &self.id)?,
             aggregate_type: text(tuple, &self.aggregate_type)?,
-            aggregate_id: text(tuple, &self.aggregate_id)?,
+            aggregate_id,
+            group,
             event_type: text(tuple, &self.event_type)?,
             payload,
             headers: optional_text(tuple, self.headers.as_ref())?,

@@ -24,8 +24,10 @@ pub mod envelope;
 pub mod event;
 pub mod postgres;
 pub mod publish;
+pub mod record;
 pub mod replication;
 pub mod retry;
+pub mod route;
 pub mod setup;
 pub mod sink;
 

@@ -54,12 +54,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckTracker, FramingError};
-use crate::config::{Config, TableName};
+use crate::config::{Config, SinkKind, TableName};
 use crate::envelope::Encoder;
 use crate::event::{MappingError, RowMapping};
 use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
-use crate::publish::{self, Completion};
+use crate::publish::{self, Completion, Dispatch};
+use crate::record::Recorder;
 use crate::retry::Backoff;
+use crate::route::Router;
 use crate::sink::{Message, Sink};
 
 /// How long to wait for the server to show the final acknowledgement.
@@ -286,7 +288,7 @@ async fn session<S: Sink>(
     summary: &mut Summary,
 ) -> Result<(), RelayError> {
     let slot = &config.postgres.slot;
-    let sql_client = conn.connect().await.map_err(sql("connecting"))?;
+    let sql_client = Arc::new(conn.connect().await.map_err(sql("connecting"))?);
     let start = check_slot(&sql_client, slot, &conn.dbname).await?;
     let interval = postgres::status_interval(
         postgres::wal_sender_timeout(&sql_client)
@@ -322,10 +324,14 @@ async fn session<S: Sink>(
         .source
         .clone()
         .unwrap_or_else(|| Encoder::default_source(&conn.dbname, &table));
+    let recorder = Recorder::detect(Arc::clone(&sql_client), config)
+        .await
+        .map_err(sql("inspecting the outbox table"))?;
     let (to_publisher, from_stream) = mpsc::channel(config.stream.max_in_flight);
     let (done_tx, mut done) = mpsc::unbounded_channel();
     let publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
+        Some(Arc::new(recorder)),
         from_stream,
         done_tx,
         Backoff::new(&config.retry),
@@ -334,6 +340,10 @@ async fn session<S: Sink>(
         config,
         table,
         encoder: Encoder::new(config.envelope.format, &source),
+        router: match config.sink.kind {
+            SinkKind::Sns => Router::sns(&config.sns),
+            SinkKind::Stdout => Router::single(),
+        },
         tracker: AckTracker::new(start),
         relations: HashMap::new(),
         commit_time: 0,
@@ -429,12 +439,13 @@ struct Stream<'a> {
     config: &'a Config,
     table: TableName,
     encoder: Encoder,
+    router: Router,
     tracker: AckTracker,
     /// Relation oid → mapping for the outbox table, `None` for other tables.
     relations: HashMap<u32, Option<RowMapping>>,
     /// Commit time of the open transaction.
     commit_time: i64,
-    to_publisher: mpsc::Sender<Message>,
+    to_publisher: mpsc::Sender<Dispatch>,
     summary: &'a mut Summary,
 }
 
@@ -445,13 +456,20 @@ impl Stream<'_> {
                 self.summary.delivered += 1;
                 ticket
             }
-            Completion::Rejected(ticket, message, reason) => {
+            Completion::Rejected { ticket, id, reason } => {
                 self.summary.rejected += 1;
-                tracing::error!(id = %message.event.id, error = %reason, "event rejected by the sink; skipped");
+                tracing::error!(id = %id, error = %reason, "event rejected and recorded as failed; the stream moves on");
                 ticket
             }
         };
         self.tracker.finish(ticket);
+    }
+
+    async fn dispatch(&mut self, dispatch: Dispatch) -> Result<(), RelayError> {
+        self.to_publisher
+            .send(dispatch)
+            .await
+            .map_err(|_| RelayError::PublisherStopped)
     }
 
     async fn received(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
@@ -512,28 +530,36 @@ impl Stream<'_> {
                     return Ok(());
                 };
                 let ticket = self.tracker.event()?;
-                match mapping.event(&insert.tuple, self.commit_time) {
-                    Ok(event) => {
-                        let mut body = Vec::new();
-                        self.encoder.encode(&event, &mut body);
-                        let message = Message {
+                let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
+                    Ok(event) => match self.router.route(&event) {
+                        Ok(destination) => {
+                            let mut body = Vec::new();
+                            self.encoder.encode(&event, &mut body);
+                            Dispatch::Publish(Message {
+                                ticket,
+                                event,
+                                body: Bytes::from(body),
+                                destination,
+                                commit_time: self.commit_time,
+                            })
+                        }
+                        Err(reason) => Dispatch::Reject {
                             ticket,
-                            event,
-                            body: Bytes::from(body),
-                            commit_time: self.commit_time,
-                        };
-                        self.to_publisher
-                            .send(message)
-                            .await
-                            .map_err(|_| RelayError::PublisherStopped)?;
-                    }
+                            id: event.id.to_string(),
+                            reason,
+                        },
+                    },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %at, id = %id, error = %e, "outbox row cannot become an event; skipped");
-                        self.summary.rejected += 1;
-                        self.tracker.finish(ticket);
+                        tracing::error!(lsn = %at, id = %id, error = %e, "outbox row cannot become an event");
+                        Dispatch::Reject {
+                            ticket,
+                            id,
+                            reason: e.to_string(),
+                        }
                     }
-                }
+                };
+                self.dispatch(dispatch).await?;
             }
             Pgoutput::Begin(_) | Pgoutput::Commit(_) => {
                 // The replication client turns these into Begin/Commit events.

@@ -20,6 +20,10 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("003_slot.sql", include_str!("../../../sql/003_slot.sql")),
     ("004_role.sql", include_str!("../../../sql/004_role.sql")),
+    (
+        "005_dead_letter.sql",
+        include_str!("../../../sql/005_dead_letter.sql"),
+    ),
 ];
 
 /// Default name of the least-privilege role.
@@ -36,6 +40,7 @@ pub struct UnknownPlaceholder {
 /// The values of the placeholders.
 pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
     let table = config.table();
+    let dead_letter = crate::record::dead_letter_table(&table.name);
     let mut names = vec![
         ("schema".to_owned(), table.schema.clone()),
         ("table".to_owned(), table.name.clone()),
@@ -53,6 +58,11 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
         ),
         ("slot".to_owned(), config.postgres.slot.clone()),
         ("role".to_owned(), role.to_owned()),
+        ("dead_letter".to_owned(), dead_letter.clone()),
+        (
+            "dead_letter_index".to_owned(),
+            format!("{dead_letter}_failed_idx"),
+        ),
     ];
     let c = &config.columns;
     for (key, column) in c.required().into_iter().chain(c.optional()) {

@@ -14,18 +14,23 @@
 //!
 //! A sink must answer with exactly one outcome per message, in the batch's
 //! order, and must not report `Delivered` for anything it has not handed
-//! over durably. Ordering across batches is the publisher's job: a sink is
-//! given one batch at a time per ordering group.
+//! over durably. Ordering across batches is the publisher's job: a batch
+//! holds messages for one destination, and no two batches in flight hold
+//! messages of the same ordering group.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::ack::Ticket;
 use crate::event::OutboxEvent;
 
+pub mod sns;
 pub mod stdout;
 
+pub use sns::SnsSink;
 pub use stdout::StdoutSink;
 
 /// One envelope on its way to the sink.
@@ -37,6 +42,9 @@ pub struct Message {
     pub event: OutboxEvent,
     /// The encoded envelope.
     pub body: Bytes,
+    /// Where it goes (a topic ARN; empty for single-destination sinks).
+    /// A batch holds messages of one destination.
+    pub destination: Arc<str>,
     /// Commit time of the event's transaction, µs since 2000-01-01.
     pub commit_time: i64,
 }
@@ -59,6 +67,16 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Most messages a batch may hold.
     fn max_batch(&self) -> usize;
+
+    /// Batches in flight at once (per-group order is kept regardless).
+    fn max_in_flight_batches(&self) -> usize {
+        1
+    }
+
+    /// How long a partial batch waits for more messages.
+    fn linger(&self) -> Duration {
+        Duration::ZERO
+    }
 
     /// Deliver `batch`; one outcome per message, in order.
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
