@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The README's "run it locally" command: an ephemeral PostgreSQL 15, the
-# shipped setup SQL, the relay streaming to stdout, and a few sample outbox
-# inserts. Everything is removed when it ends.
+# The README's "run it locally" command: an ephemeral PostgreSQL 15 and a
+# local SNS/SQS endpoint (moto), the shipped setup SQL, a FIFO topic with a
+# subscribed SQS queue, the relay publishing to it, a few sample outbox
+# inserts, and what arrived in the queue. Everything is removed when it ends.
 #
-#   bash scripts/demo.sh
+#   bash scripts/demo.sh            # SNS (moto) -> SQS
+#   bash scripts/demo.sh --stdout   # the stdout sink instead
 set -euo pipefail
+sink=sns
+[ "${1:-}" = "--stdout" ] && sink=stdout
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 [ -x "$(command -v cargo)" ] || . "$HOME/.cargo/env"
@@ -17,8 +21,10 @@ relay="$repo/target/debug/outbox-relay"
 work=$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)
 chmod 755 "$work"   # the postgres user must reach the cluster dir inside
 relay_pid=""
+moto_pid=""
 cleanup() {
     [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+    [ -n "$moto_pid" ] && kill "$moto_pid" 2>/dev/null || true
     bash scripts/pg-cluster.sh stop "$work/pg" >/dev/null 2>&1 || true
     rm -rf "$work"
 }
@@ -27,7 +33,47 @@ trap cleanup EXIT
 echo "== starting PostgreSQL (wal_level=logical)"
 url=$(bash scripts/pg-cluster.sh start "$work/pg" | tail -n 1 | cut -d= -f2-)
 app_url=${url%/postgres}/postgres
-cat > "$work/relay.toml" <<TOML
+if [ "$sink" = sns ]; then
+    echo "== starting a local SNS/SQS endpoint (moto)"
+    moto_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    python3 -m moto.server -H 127.0.0.1 -p "$moto_port" > "$work/moto.log" 2>&1 &
+    moto_pid=$!
+    export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test AWS_REGION=us-east-1
+    export MOTO_URL="http://127.0.0.1:$moto_port"
+    python3 - <<'PY'
+import os, time, urllib.request
+for _ in range(200):
+    try:
+        urllib.request.urlopen(os.environ["MOTO_URL"], timeout=1); break
+    except Exception:
+        time.sleep(0.1)
+PY
+    echo "== creating FIFO topic orders.fifo and FIFO queue orders.fifo subscribed to it"
+    python3 - <<'PY'
+import os, boto3
+kw = dict(endpoint_url=os.environ["MOTO_URL"], region_name="us-east-1")
+sns, sqs = boto3.client("sns", **kw), boto3.client("sqs", **kw)
+topic = sns.create_topic(Name="orders.fifo", Attributes={"FifoTopic": "true"})["TopicArn"]
+queue = sqs.create_queue(QueueName="orders.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
+PY
+    cat > "$work/relay.toml" <<TOML
+[postgres]
+url = "$app_url"
+
+[sink]
+kind = "sns"
+
+[sns]
+endpoint_url = "$MOTO_URL"
+topic_arn = "arn:aws:sns:us-east-1:123456789012:orders.fifo"
+
+[http]
+listen = ""
+TOML
+else
+    cat > "$work/relay.toml" <<TOML
 [postgres]
 url = "$app_url"
 
@@ -37,6 +83,7 @@ kind = "stdout"
 [http]
 listen = ""
 TOML
+fi
 echo "== config: $work/relay.toml"
 sed 's/^/   /' "$work/relay.toml"
 
@@ -45,7 +92,7 @@ echo "== outbox-relay setup --apply (table, publication, slot, role)"
 echo "== outbox-relay check"
 "$relay" --config "$work/relay.toml" check
 
-echo "== outbox-relay run (envelopes on stdout, logs on stderr)"
+echo "== outbox-relay run (sink: $sink; logs on stderr)"
 "$relay" --config "$work/relay.toml" run > "$work/envelopes.ndjson" 2> "$work/relay.log" &
 relay_pid=$!
 psql_() { PGPASSWORD=postgres psql "$app_url" -X -q -v ON_ERROR_STOP=1 "$@"; }
@@ -68,12 +115,32 @@ VALUES ('order', 'ord-1', 'OrderPaid', '{"order_id": "ord-1", "method": "card"}'
        ('order', 'ord-2', 'OrderCreated', '{"order_id": "ord-2", "total": 7}');
 SQL
 
-for _ in $(seq 50); do
-    [ "$(wc -l < "$work/envelopes.ndjson")" -ge 3 ] && break
-    sleep 0.2
-done
-echo "== what the relay published:"
-cat "$work/envelopes.ndjson"
+if [ "$sink" = sns ]; then
+    echo "== what arrived in the SQS queue (group id, attributes, body):"
+    python3 - <<'PY'
+import json, os, time, boto3
+sqs = boto3.client("sqs", endpoint_url=os.environ["MOTO_URL"], region_name="us-east-1")
+queue = sqs.get_queue_url(QueueName="orders.fifo")["QueueUrl"]
+got, deadline = 0, time.time() + 15
+while got < 3 and time.time() < deadline:
+    for m in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+                                 AttributeNames=["All"], MessageAttributeNames=["All"]).get("Messages", []):
+        attrs = {k: v["StringValue"] for k, v in sorted(m.get("MessageAttributes", {}).items())}
+        print(f"-- group {m['Attributes']['MessageGroupId']}  attributes {attrs}")
+        print(json.dumps(json.loads(m["Body"])))
+        sqs.delete_message(QueueUrl=queue, ReceiptHandle=m["ReceiptHandle"])
+        got += 1
+if got < 3:
+    raise SystemExit(f"only {got} of 3 messages arrived; see the relay log below")
+PY
+else
+    for _ in $(seq 50); do
+        [ "$(wc -l < "$work/envelopes.ndjson")" -ge 3 ] && break
+        sleep 0.2
+    done
+    echo "== what the relay published:"
+    cat "$work/envelopes.ndjson"
+fi
 kill -TERM "$relay_pid"; wait "$relay_pid" || true; relay_pid=""
 echo "== relay log:"
 sed 's/^/   /' "$work/relay.log"
