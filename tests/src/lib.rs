@@ -1,6 +1,8 @@
 //! Test harness of outbox-relay: ephemeral PostgreSQL 15 clusters with logical
 //! replication, one fresh database per test, the relay binary as a child process,
-//! and a polling helper.
+//! a polling helper, a local SNS/SQS endpoint (moto) with topic/queue helpers
+//! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
+//! ([`FaultProxy`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -20,11 +22,15 @@
 //!
 //! Environment: `OUTBOX_RELAY_TEST_PG_URL` (use that cluster instead of starting
 //! one per test process), `PG_BIN` (PostgreSQL binaries, default
-//! `/usr/lib/postgresql/15/bin`), `OUTBOX_RELAY_BIN` (relay binary override).
+//! `/usr/lib/postgresql/15/bin`), `OUTBOX_RELAY_BIN` (relay binary override),
+//! `OUTBOX_RELAY_TEST_SNS_URL` (use that moto server instead of starting one per
+//! test process).
 
 mod cluster;
 mod database;
 mod process;
+pub mod proxy;
+pub mod sns;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -35,6 +41,12 @@ pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
+pub use proxy::{FaultProxy, Mode};
+pub use sns::{
+    aws_env, error_text, moto_endpoint, queue_depth, receive_all, sdk_config, shared_moto_endpoint,
+    sns_client, sqs_client, topic_with_queue, unique_name, Moto, Received, SharedEndpoint, Topic,
+    ENV_SNS_URL, MOTO_ACCOUNT_ID, TEST_REGION,
+};
 
 /// What a [`wait_until`] condition returns: `true`, `Some(v)` or `Ok(v)` means done.
 pub trait Ready {

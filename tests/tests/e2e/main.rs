@@ -3,4 +3,6 @@
 mod harness_smoke;
 mod outbox;
 mod process;
+mod sns;
+mod sns_fixture;
 mod stream;

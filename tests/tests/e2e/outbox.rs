@@ -244,12 +244,15 @@ pub fn envelope_ids(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Which messages a [`Collect`] sink holds back.
+type Hold = fn(&Message) -> bool;
+
 /// A sink that records what it delivers; messages for which `hold` says yes
 /// wait until [`Collect::release`].
 #[derive(Clone, Default)]
 pub struct Collect {
     pub delivered: Arc<Mutex<Vec<Message>>>,
-    held: Arc<Mutex<Option<fn(&Message) -> bool>>>,
+    held: Arc<Mutex<Option<Hold>>>,
     released: Arc<tokio::sync::Notify>,
     /// Messages currently waiting in [`Collect::publish`].
     pub waiting: Arc<Mutex<Vec<String>>>,
@@ -257,7 +260,7 @@ pub struct Collect {
 
 impl Collect {
     /// Hold messages matching `hold` until released.
-    pub fn holding(hold: fn(&Message) -> bool) -> Self {
+    pub fn holding(hold: Hold) -> Self {
         let c = Self::default();
         *c.held.lock().unwrap() = Some(hold);
         c

@@ -1,0 +1,497 @@
+//! Publishing to SNS (moto), read back through an SQS subscription.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::proxy::{FaultProxy, Mode};
+use harness::sns::{self, Received, Topic};
+use harness::{wait_until, RelayProcess};
+use outbox_relay::replication::{RelayError, Summary};
+use outbox_relay::sink::SnsSink;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::Outbox;
+
+/// Static test credentials for the in-process SNS client (the standard chain
+/// reads them from the environment, as in production).
+fn test_credentials() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ] {
+            std::env::set_var(k, v);
+        }
+    });
+}
+
+fn sns_toml(endpoint: &str, topic_arn: &str, extra: &str) -> String {
+    format!(
+        "[sink]\nkind = \"sns\"\n[sns]\nregion = \"us-east-1\"\nendpoint_url = \"{endpoint}\"\n\
+         topic_arn = \"{topic_arn}\"\n{extra}\n[retry]\nmax = \"1s\"\n"
+    )
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: JoinHandle<Result<Summary, RelayError>>,
+}
+
+async fn start(outbox: &Outbox, toml: &str) -> Running {
+    test_credentials();
+    let config = outbox.config(toml);
+    let sink = SnsSink::new(&config.sns).await.expect("sns sink");
+    let stop = CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { outbox_relay::run(&config, Arc::new(sink), stop).await }
+    });
+    outbox.wait_slot_active(true).await;
+    Running { stop, task }
+}
+
+impl Running {
+    async fn stop(self) -> Summary {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("stops within 30 s")
+            .expect("no panic")
+            .expect("stops cleanly")
+    }
+}
+
+/// `(id, subject)` of each received envelope.
+fn envelopes(received: &[Received]) -> Vec<(String, String)> {
+    received
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(&r.body).expect("a CloudEvent");
+            (
+                v["id"].as_str().unwrap().to_owned(),
+                v["subject"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Per aggregate, the ids in first-arrival order must be the commit order.
+fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, String)]) {
+    let mut want: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, agg) in expected {
+        want.entry(agg).or_default().push(id);
+    }
+    let mut seen = HashSet::new();
+    let mut have: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, agg) in got {
+        if seen.insert(id.as_str()) {
+            have.entry(agg).or_default().push(id);
+        }
+    }
+    for (agg, ids) in &want {
+        assert_eq!(
+            have.get(agg),
+            Some(ids),
+            "aggregate {agg}: not all there, or out of commit order"
+        );
+    }
+}
+
+async fn insert(
+    outbox: &Outbox,
+    txs: usize,
+    per_tx: usize,
+    aggregates: usize,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for t in 0..txs {
+        let events: Vec<(String, String)> = (0..per_tx)
+            .map(|i| {
+                (
+                    format!("agg-{}", (t * per_tx + i) % aggregates),
+                    "E".to_owned(),
+                )
+            })
+            .collect();
+        let ids = outbox.insert_tx(&events).await;
+        out.extend(ids.into_iter().zip(events.into_iter().map(|(a, _)| a)));
+    }
+    out
+}
+
+async fn fifo(outbox: &Outbox, endpoint: &str) -> Topic {
+    sns::topic_with_queue(endpoint, &format!("{}.fifo", outbox.db.name()), true, true).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_events_of_twenty_aggregates_reach_a_fifo_queue_each_aggregate_in_commit_order(
+) {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    // moto's FIFO queues slow down with their length (about 180 messages/s
+    // when drained as they fill, far less once thousands wait): read while
+    // the relay publishes, and keep the relay to one batch in flight so it
+    // does not outrun the reader. Real SNS needs neither.
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let reader = tokio::spawn({
+        let queue = topic.queue_url.clone();
+        async move { sns::receive_all(&sqs, &queue, 2_000, Duration::from_secs(240)).await }
+    });
+    let relay = start(
+        &outbox,
+        &sns_toml(moto.as_str(), &topic.arn, "max_in_flight_batches = 1"),
+    )
+    .await;
+    let expected = insert(&outbox, 200, 10, 20).await;
+    let started = std::time::Instant::now();
+    let received = reader.await.unwrap();
+    eprintln!("received {} in {:?}", received.len(), started.elapsed());
+    let got = envelopes(&received);
+    assert_per_aggregate_order(&expected, &got);
+    assert!(received
+        .iter()
+        .all(|r| r.group_id.is_some() && r.dedup_id.is_some()));
+    for (r, (id, agg)) in received.iter().zip(&got) {
+        assert_eq!(
+            r.group_id.as_deref(),
+            Some(agg.as_str()),
+            "MessageGroupId is the aggregate id"
+        );
+        assert_eq!(
+            r.dedup_id.as_deref(),
+            Some(id.as_str()),
+            "MessageDeduplicationId is the event id"
+        );
+        assert_eq!(r.attributes.get("aggregate_id"), Some(agg));
+        assert_eq!(
+            r.attributes.get("event_type").map(String::as_str),
+            Some("E")
+        );
+    }
+    let summary = relay.stop().await;
+    assert_eq!(summary.delivered, 2_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(&outbox, &sns_toml(&proxy.endpoint(), &topic.arn, "")).await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+
+    let mut expected = insert(&outbox, 10, 5, 4).await;
+    let before = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(before.len(), expected.len());
+    let confirmed_before_cut = outbox.confirmed_flush().await;
+    let commits_before = outbox.commits().await.len();
+
+    proxy.set_mode(Mode::Cut);
+    expected.extend(insert(&outbox, 20, 5, 4).await);
+    let first_unpublished = outbox.commits().await[commits_before].end_lsn;
+    assert!(confirmed_before_cut < first_unpublished);
+    // Ten seconds without SNS: the slot must not pass the first unpublished commit.
+    for _ in 0..100 {
+        let confirmed = outbox.confirmed_flush().await;
+        assert!(
+            confirmed < first_unpublished,
+            "confirmed {confirmed:X} passed unpublished commit {first_unpublished:X} during the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        proxy.faults_injected() > 0,
+        "the relay kept trying during the outage"
+    );
+    proxy.set_mode(Mode::Pass);
+
+    let after = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len() - before.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut got = envelopes(&before);
+    got.extend(envelopes(&after));
+    assert_per_aggregate_order(&expected, &got);
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot catches up after the outage",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_answers_are_retried_and_nothing_is_lost() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(&outbox, &sns_toml(&proxy.endpoint(), &topic.arn, "")).await;
+    proxy.set_mode(Mode::Throttle);
+    let expected = insert(&outbox, 30, 5, 6).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let throttled = proxy.faults_injected();
+    assert!(throttled > 0, "SNS answered Throttling");
+    proxy.set_mode(Mode::Pass);
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_per_aggregate_order(&expected, &envelopes(&received));
+    let summary = relay.stop().await;
+    assert_eq!(summary.rejected, 0, "throttling is never a rejection");
+    eprintln!(
+        "{throttled} throttled requests, then {} events delivered",
+        summary.delivered
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves_on() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(&outbox, &sns_toml(moto.as_str(), &topic.arn, "")).await;
+    outbox
+        .sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('order', 'a', 'Huge', jsonb_build_object('blob', repeat('x', 300 * 1024)));
+             INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, topic) \
+               VALUES ('order', 'a', 'Lost', '{}', 'no-such-topic.fifo');",
+        )
+        .await
+        .unwrap();
+    let after = insert(&outbox, 3, 2, 2).await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received =
+        sns::receive_all(&sqs, &topic.queue_url, after.len(), Duration::from_secs(30)).await;
+    assert_per_aggregate_order(&after, &envelopes(&received));
+
+    let rows = outbox
+        .sql
+        .query(
+            "SELECT event_type, publish_state, attempts, last_error FROM outbox WHERE event_type IN ('Huge', 'Lost') ORDER BY event_type",
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows: Vec<(String, String, i32, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(rows.len(), 2);
+    let (huge, lost) = (&rows[0], &rows[1]);
+    assert_eq!((huge.1.as_str(), huge.2), ("FAILED", 1));
+    assert!(
+        huge.3.contains("too large") && huge.3.contains("262144"),
+        "{}",
+        huge.3
+    );
+    assert_eq!((lost.1.as_str(), lost.2), ("FAILED", 1));
+    assert!(
+        lost.3.contains("no-such-topic.fifo") && lost.3.contains("does not exist"),
+        "{}",
+        lost.3
+    );
+
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the failed rows",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(
+        (summary.delivered, summary.rejected),
+        (after.len() as u64, 2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_table() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::with_schema(Some(
+        "CREATE TABLE outbox (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregatetype text NOT NULL,
+            aggregateid text NOT NULL, type text NOT NULL, payload jsonb, topic text)",
+    ))
+    .await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let columns = "[columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\n\
+                   event_type = \"type\"\nheaders = \"\"\ncreated_at = \"\"";
+    let relay = start(
+        &outbox,
+        &format!("{}\n{columns}", sns_toml(moto.as_str(), &topic.arn, "")),
+    )
+    .await;
+    outbox
+        .sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregatetype, aggregateid, type, payload, topic) VALUES ('order', 'a', 'Lost', '{}', 'nowhere.fifo');
+             INSERT INTO outbox (aggregatetype, aggregateid, type, payload) VALUES ('order', 'a', 'Fine', '{\"x\": 1}');",
+        )
+        .await
+        .unwrap();
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = sns::receive_all(&sqs, &topic.queue_url, 1, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 1);
+    let row = outbox
+        .sql
+        .query_one(
+            "SELECT event_type, aggregate_id, reason, envelope IS NOT NULL FROM outbox_dead_letter",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "Lost");
+    assert_eq!(row.get::<_, String>(1), "a");
+    assert!(row.get::<_, String>(2).contains("does not exist"));
+    assert!(row.get::<_, bool>(3));
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_during_a_backlog_loses_nothing_and_repeats_nothing() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    // A standard topic and queue: repeats would show (FIFO would hide them).
+    let topic = sns::topic_with_queue(moto.as_str(), outbox.db.name(), false, true).await;
+    let expected = insert(&outbox, 50, 10, 10).await;
+    let config = outbox.config_file(&sns_toml(moto.as_str(), &topic.arn, ""));
+    let env = sns::aws_env(moto.as_str());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = || RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env);
+
+    let mut first = run();
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let early = sns::receive_all(&sqs, &topic.queue_url, 30, Duration::from_secs(30)).await;
+    assert!(!early.is_empty());
+    first.sigterm();
+    let status = first.wait_exit_async(Duration::from_secs(30)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        first.stderr_text()
+    );
+
+    let mut second = run();
+    let rest = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len() - early.len(),
+        Duration::from_secs(120),
+    )
+    .await;
+    // Anything beyond the expected count would be a repeat: give it a moment.
+    let extra = sns::receive_all(&sqs, &topic.queue_url, 0, Duration::from_secs(2)).await;
+    second.sigterm();
+    second.wait_exit_async(Duration::from_secs(30)).await;
+    let mut ids: Vec<String> = envelopes(&early).into_iter().map(|(id, _)| id).collect();
+    ids.extend(envelopes(&rest).into_iter().map(|(id, _)| id));
+    ids.extend(envelopes(&extra).into_iter().map(|(id, _)| id));
+    let unique: HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), expected.len(), "nothing lost");
+    assert_eq!(
+        ids.len(),
+        expected.len(),
+        "nothing repeated after a graceful stop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_between_publish_and_acknowledgement_republishes_with_the_same_ids() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let outbox = Outbox::new().await;
+    // A standard queue keeps the repeats visible (a FIFO queue would drop them).
+    let topic = sns::topic_with_queue(moto.as_str(), outbox.db.name(), false, true).await;
+    let config = outbox.config_file(&sns_toml(&proxy.endpoint(), &topic.arn, ""));
+    let env = sns::aws_env(moto.as_str());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = || RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env);
+
+    let mut first = run();
+    outbox.wait_slot_active(true).await;
+    // SNS takes every publish, but its answers are lost: the relay cannot
+    // know, so it must not acknowledge.
+    proxy.set_mode(Mode::LoseAnswers);
+    let expected = insert(&outbox, 5, 4, 4).await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    // Retries of lost answers publish again: read until every id was seen.
+    let mut published: HashSet<String> = HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while published.len() < expected.len() && std::time::Instant::now() < deadline {
+        let got = sns::receive_all(&sqs, &topic.queue_url, 1, Duration::from_secs(2)).await;
+        published.extend(envelopes(&got).into_iter().map(|(id, _)| id));
+    }
+    assert_eq!(
+        published.len(),
+        expected.len(),
+        "every event reached SNS once at least"
+    );
+    first.kill9();
+    outbox.wait_slot_active(false).await;
+    let first_commit = outbox.commits().await[0].end_lsn;
+    assert!(
+        outbox.confirmed_flush().await < first_commit,
+        "nothing confirmed: no answer ever came back"
+    );
+
+    proxy.set_mode(Mode::Pass);
+    let mut second = run();
+    // The restart publishes everything again (and answers now come back).
+    // Copies sent by the first run's retries may still be in the queue.
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(30),
+        "the restarted relay confirms every commit",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    second.sigterm();
+    second.wait_exit_async(Duration::from_secs(30)).await;
+    let again = sns::receive_all(&sqs, &topic.queue_url, 0, Duration::from_secs(3)).await;
+    let again: HashSet<String> = envelopes(&again).into_iter().map(|(id, _)| id).collect();
+    let expected_ids: HashSet<String> = expected.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(
+        again, expected_ids,
+        "the restart re-published every event, with the same ids"
+    );
+    let log = second.stderr_text();
+    assert!(
+        log.contains(&format!("delivered={}", expected.len())),
+        "the restarted relay published all {} again:\n{log}",
+        expected.len()
+    );
+    assert!(
+        proxy
+            .actions()
+            .iter()
+            .filter(|a| a.as_str() == "PublishBatch")
+            .count()
+            >= 2,
+        "published before the kill and after the restart"
+    );
+}
