@@ -41,6 +41,9 @@ pub enum Mode {
     /// without its answer: the publish happened, the client never learns it
     /// (the window between publish and acknowledgement).
     LoseAnswers,
+    /// Answer every request with HTTP 403 `AuthorizationError`, as SNS does
+    /// when the credentials may not publish; nothing is forwarded.
+    Deny,
 }
 
 impl Mode {
@@ -51,6 +54,7 @@ impl Mode {
             Mode::Throttle => 2,
             Mode::ServerError => 3,
             Mode::LoseAnswers => 4,
+            Mode::Deny => 5,
         }
     }
 
@@ -60,6 +64,7 @@ impl Mode {
             2 => Mode::Throttle,
             3 => Mode::ServerError,
             4 => Mode::LoseAnswers,
+            5 => Mode::Deny,
             _ => Mode::Pass,
         }
     }
@@ -326,6 +331,16 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
                     "Request could not be completed",
                 )
             }
+            Mode::Deny => {
+                shared.faults.fetch_add(1, Ordering::SeqCst);
+                error_response(
+                    &head,
+                    403,
+                    "Sender",
+                    "AuthorizationError",
+                    "User is not authorized to perform: SNS:Publish",
+                )
+            }
             Mode::LoseAnswers => {
                 shared.faults.fetch_add(1, Ordering::SeqCst);
                 let _ = forward(shared.upstream, &head, &body);
@@ -450,10 +465,10 @@ fn is_hop_by_hop(name: &str) -> bool {
 
 /// An AWS error answer in the protocol of the request.
 fn error_response(request: &Head, status: u16, kind: &str, code: &str, message: &str) -> Vec<u8> {
-    let reason = if status == 400 {
-        "Bad Request"
-    } else {
-        "Internal Server Error"
+    let reason = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        _ => "Internal Server Error",
     };
     let request_id = request_id();
     if request.get("x-amz-target").is_some() {

@@ -268,6 +268,29 @@ async fn throttling_answers_are_retried_and_nothing_is_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_errors_are_retried_until_fixed_and_never_drop_an_event() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(&outbox, &sns_toml(&proxy.endpoint(), &topic.arn, "")).await;
+    proxy.set_mode(Mode::Deny);
+    let expected = insert(&outbox, 4, 5, 3).await;
+    wait_until(Duration::from_secs(10), "several denied attempts", || async {
+        proxy.faults_injected() >= 3
+    })
+    .await;
+    let first = outbox.commits().await[0].end_lsn;
+    assert!(outbox.confirmed_flush().await < first, "nothing acknowledged while denied");
+    proxy.set_mode(Mode::Pass); // the operator fixed the policy
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = sns::receive_all(&sqs, &topic.queue_url, expected.len(), Duration::from_secs(30)).await;
+    assert_per_aggregate_order(&expected, &envelopes(&received));
+    let summary = relay.stop().await;
+    assert_eq!(summary.rejected, 0, "an authorization error never drops an event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves_on() {
     let moto = sns::moto_endpoint().await;
     let outbox = Outbox::new().await;
