@@ -41,6 +41,14 @@ pub struct Ticket {
     tx: u64,
 }
 
+impl Ticket {
+    /// A ticket no tracker knows, for messages published outside the stream
+    /// (the poller, replays): finishing it changes nothing.
+    pub fn detached() -> Self {
+        Self { tx: u64::MAX }
+    }
+}
+
 /// The stream broke the Begin/Commit framing: a bug or a protocol mismatch.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FramingError {
@@ -57,9 +65,8 @@ struct Tx {
     /// Commit end LSN; `None` while the transaction is still being received.
     end_lsn: Option<Lsn>,
     unfinished: usize,
-    /// Given up on (the stream broke before its Commit): never confirmed,
-    /// never blocks; its events will be received again.
-    abandoned: bool,
+    /// Events received in it (finished or not).
+    events: usize,
 }
 
 /// Tracks transactions in commit order and computes the confirmable LSN.
@@ -114,7 +121,7 @@ impl AckTracker {
         self.txs.push_back(Tx {
             end_lsn: None,
             unfinished: 0,
-            abandoned: false,
+            events: 0,
         });
         Ok(())
     }
@@ -126,6 +133,7 @@ impl AckTracker {
         }
         let tx = self.txs.back_mut().expect("an open transaction is queued");
         tx.unfinished += 1;
+        tx.events += 1;
         self.unfinished += 1;
         Ok(Ticket {
             tx: self.first + self.txs.len() as u64 - 1,
@@ -139,10 +147,18 @@ impl AckTracker {
             return Err(FramingError::OutsideTransaction("Commit"));
         }
         self.open = false;
-        self.txs
-            .back_mut()
-            .expect("an open transaction is queued")
-            .end_lsn = Some(end_lsn);
+        let tx = self.txs.pop_back().expect("an open transaction is queued");
+        match self.txs.back_mut() {
+            // A transaction without events (other tables, logical messages)
+            // behind unfinished work: fold it into the one before, so the
+            // queue stays bounded by events, not by transactions. Confirming
+            // that one later confirms this one too, which holds nothing.
+            Some(previous) if tx.events == 0 => previous.end_lsn = Some(end_lsn),
+            _ => self.txs.push_back(Tx {
+                end_lsn: Some(end_lsn),
+                ..tx
+            }),
+        }
         Ok(self.advance())
     }
 
@@ -170,30 +186,13 @@ impl AckTracker {
         None
     }
 
-    /// The stream broke: the open transaction, if any, will be received again
-    /// from its start, so it is given up. Its events may still finish; they no
-    /// longer hold anything back.
-    pub fn abandon_open(&mut self) {
-        if self.open {
-            self.open = false;
-            let tx = self.txs.back_mut().expect("an open transaction is queued");
-            tx.abandoned = true;
-            self.unfinished -= tx.unfinished;
-            tx.unfinished = 0;
-            self.advance();
-        }
-    }
-
     fn advance(&mut self) -> Option<Lsn> {
         let before = self.confirmed;
         while let Some(front) = self.txs.front() {
-            let done = front.unfinished == 0 && (front.end_lsn.is_some() || front.abandoned);
-            if !done {
+            let Some(end) = front.end_lsn.filter(|_| front.unfinished == 0) else {
                 break;
-            }
-            if let Some(end) = front.end_lsn {
-                self.confirmed = self.confirmed.max(end);
-            }
+            };
+            self.confirmed = self.confirmed.max(end);
             self.txs.pop_front();
             self.first += 1;
         }
@@ -251,21 +250,18 @@ mod tests {
     }
 
     #[test]
-    fn an_abandoned_transaction_does_not_block_and_is_not_confirmed() {
+    fn transactions_without_events_do_not_grow_the_queue() {
         let mut t = AckTracker::new(0);
         t.begin().unwrap();
         let a = t.event().unwrap();
         t.commit(10).unwrap();
-        t.begin().unwrap();
-        let stale = t.event().unwrap();
-        t.abandon_open();
-        assert_eq!(t.unfinished(), 1);
-        t.begin().unwrap();
-        let b = t.event().unwrap();
-        t.commit(30).unwrap();
-        assert_eq!(t.finish(stale), None);
-        assert_eq!(t.finish(b), None);
-        assert_eq!(t.finish(a), Some(30));
+        for end in 11..10_000 {
+            t.begin().unwrap();
+            t.commit(end).unwrap();
+        }
+        assert_eq!(t.txs.len(), 1, "folded into the unfinished one");
+        assert_eq!(t.confirmed(), 0);
+        assert_eq!(t.finish(a), Some(9_999));
     }
 
     #[test]
@@ -282,8 +278,6 @@ mod tests {
     enum Op {
         /// A whole transaction with this many events arrives.
         Tx(usize),
-        /// A transaction is opened with events and the stream breaks.
-        Broken(usize),
         /// Finish the k-th (mod len) outstanding event.
         Finish(usize),
         /// A keepalive arrives.
@@ -293,7 +287,6 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             3 => (0usize..4).prop_map(Op::Tx),
-            1 => (0usize..3).prop_map(Op::Broken),
             4 => any::<usize>().prop_map(Op::Finish),
             1 => Just(Op::Keepalive),
         ]
@@ -313,21 +306,15 @@ mod tests {
             let mut last = 0;
             for op in ops {
                 match op {
-                    Op::Tx(n) | Op::Broken(n) => {
+                    Op::Tx(n) => {
                         t.begin().unwrap();
                         let index = model.len();
                         for _ in 0..n {
                             outstanding.push((t.event().unwrap(), index));
                         }
-                        if matches!(op, Op::Tx(_)) {
-                            lsn += 10;
-                            t.commit(lsn).unwrap();
-                            model.push((Some(lsn), n));
-                        } else {
-                            t.abandon_open();
-                            model.push((None, 0));
-                            outstanding.retain(|(_, i)| *i != index);
-                        }
+                        lsn += 10;
+                        t.commit(lsn).unwrap();
+                        model.push((Some(lsn), n));
                     }
                     Op::Finish(k) => {
                         if !outstanding.is_empty() {

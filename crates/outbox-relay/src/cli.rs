@@ -53,9 +53,55 @@ enum Command {
         /// Name of the least-privilege role to create.
         #[arg(long, default_value = setup::DEFAULT_ROLE)]
         role: String,
+        /// Create the outbox table partitioned by range of created_at.
+        #[arg(long)]
+        partitioned: bool,
     },
     /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
     Check,
+    /// Publish selected rows again (by time range, ids, aggregate, event type or state).
+    Replay {
+        /// Rows created at or after this time (e.g. 2026-11-22T06:00:00Z).
+        #[arg(long)]
+        from: Option<String>,
+        /// Rows created before this time.
+        #[arg(long)]
+        to: Option<String>,
+        /// These ids (repeat the flag or separate with commas).
+        #[arg(long = "id", value_delimiter = ',')]
+        ids: Vec<String>,
+        /// This aggregate type.
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// This aggregate id.
+        #[arg(long)]
+        aggregate_id: Option<String>,
+        /// This event type.
+        #[arg(long)]
+        event_type: Option<String>,
+        /// Rows in these publish states, e.g. FAILED,DEAD.
+        #[arg(long = "state", value_delimiter = ',')]
+        states: Vec<String>,
+        /// At most this many rows.
+        #[arg(long)]
+        limit: Option<i64>,
+        /// At most this many events per second.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Print the count and a sample; publish nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete PUBLISHED rows older than the given age now (retention, once).
+    Purge {
+        /// Age, e.g. 7d, 12h, 30m.
+        #[arg(long, value_parser = parse_age)]
+        older_than: std::time::Duration,
+    },
+}
+
+fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
 }
 
 /// Parse the command line and run it.
@@ -86,8 +132,37 @@ pub fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Run => run(config).await,
-            Command::Setup { apply, role } => setup_cmd(&config, apply, &role).await,
+            Command::Setup {
+                apply,
+                role,
+                partitioned,
+            } => setup_cmd(&config, apply, &role, partitioned).await,
             Command::Check => check_cmd(&config).await,
+            Command::Replay {
+                from,
+                to,
+                ids,
+                aggregate_type,
+                aggregate_id,
+                event_type,
+                states,
+                limit,
+                rate,
+                dry_run,
+            } => {
+                let selection = crate::replay::Selection {
+                    from,
+                    to,
+                    ids,
+                    aggregate_type,
+                    aggregate_id,
+                    event_type,
+                    states,
+                    limit,
+                };
+                replay_cmd(&config, &selection, rate, dry_run).await
+            }
+            Command::Purge { older_than } => purge_cmd(&config, older_than).await,
         }
     })
 }
@@ -119,7 +194,7 @@ async fn run(config: Config) -> ExitCode {
 }
 
 async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> ExitCode {
-    match crate::replication::run(config, Arc::new(sink), stop).await {
+    match crate::relay::run(config, Arc::new(sink), stop).await {
         Ok(summary) => {
             tracing::info!(
                 delivered = summary.delivered,
@@ -171,8 +246,8 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
     })
 }
 
-async fn setup_cmd(config: &Config, apply: bool, role: &str) -> ExitCode {
-    let files = match setup::render(config, role) {
+async fn setup_cmd(config: &Config, apply: bool, role: &str, partitioned: bool) -> ExitCode {
+    let files = match setup::render(config, role, partitioned) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
@@ -229,6 +304,146 @@ async fn check_cmd(config: &Config) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: check failed: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn table_of(
+    config: &Config,
+    client: &tokio_postgres::Client,
+) -> Result<crate::table::Table, ExitCode> {
+    match crate::table::Table::inspect(client, config).await {
+        Ok(Some(table)) => Ok(table),
+        Ok(None) => {
+            eprintln!(
+                "error: table {} does not exist (postgres.table)",
+                config.table()
+            );
+            Err(ExitCode::from(EXIT_FAILURE))
+        }
+        Err(e) => {
+            eprintln!("error: cannot inspect table {}: {e}", config.table());
+            Err(ExitCode::from(EXIT_FAILURE))
+        }
+    }
+}
+
+async fn replay_cmd(
+    config: &Config,
+    selection: &crate::replay::Selection,
+    rate: Option<f64>,
+    dry_run: bool,
+) -> ExitCode {
+    let mut client = match connect(config).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let table = match table_of(config, &client).await {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    if dry_run {
+        return match crate::replay::dry_run(&client, config, &table, selection).await {
+            Ok((count, sample)) => {
+                println!("{count} rows would be replayed");
+                for line in sample {
+                    println!("  {line}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(EXIT_FAILURE)
+            }
+        };
+    }
+    let database = ConnInfo::new(&config.postgres)
+        .map(|c| c.dbname)
+        .unwrap_or_default();
+    let result = match config.sink.kind {
+        SinkKind::Stdout => {
+            let sink = StdoutSink::new();
+            crate::replay::run(
+                &mut client,
+                config,
+                &table,
+                &database,
+                selection,
+                &sink,
+                rate,
+            )
+            .await
+        }
+        SinkKind::Sns => match SnsSink::new(&config.sns).await {
+            Ok(sink) => {
+                crate::replay::run(
+                    &mut client,
+                    config,
+                    &table,
+                    &database,
+                    selection,
+                    &sink,
+                    rate,
+                )
+                .await
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        },
+    };
+    match result {
+        Ok(done) => {
+            eprintln!(
+                "replayed {} of {} selected rows ({} rejected, {} filtered out)",
+                done.published, done.selected, done.rejected, done.skipped
+            );
+            if done.rejected > 0 {
+                ExitCode::from(EXIT_FAILURE)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_FAILURE)
+        }
+    }
+}
+
+async fn purge_cmd(config: &Config, older_than: std::time::Duration) -> ExitCode {
+    let client = match connect(config).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let table = match table_of(config, &client).await {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
+    if !table.managed {
+        eprintln!(
+            "error: table {} has no publish_state/published_at columns: nothing to purge",
+            config.table()
+        );
+        return ExitCode::from(EXIT_FAILURE);
+    }
+    let r = &config.retention;
+    match crate::retention::purge(&client, &table, older_than, r.batch_size, r.drop_partitions)
+        .await
+    {
+        Ok(p) => {
+            eprintln!(
+                "deleted {} published rows in {} batches; dropped {} partitions",
+                p.rows,
+                p.batches,
+                p.partitions.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: purge failed: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
     }

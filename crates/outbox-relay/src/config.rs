@@ -67,6 +67,18 @@ pub struct Config {
     /// Retry policy for transient sink failures.
     #[serde(default)]
     pub retry: RetryConfig,
+    /// What happens to rows after publishing; slot recovery.
+    #[serde(default)]
+    pub lifecycle: LifecycleConfig,
+    /// The fallback poller.
+    #[serde(default)]
+    pub poller: PollerConfig,
+    /// The retention worker.
+    #[serde(default)]
+    pub retention: RetentionConfig,
+    /// Events not to publish.
+    #[serde(default)]
+    pub filter: FilterConfig,
     /// Metrics and health endpoint.
     #[serde(default)]
     pub http: HttpConfig,
@@ -204,7 +216,8 @@ pub enum SinkKind {
 /// Default number of SNS PublishBatch calls in flight.
 pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 8;
 /// Message attributes always set on SNS messages.
-pub const SNS_FIXED_ATTRIBUTES: [&str; 3] = ["event_type", "aggregate_type", "aggregate_id"];
+pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
+    ["event_id", "event_type", "aggregate_type", "aggregate_id"];
 /// SNS (and raw SQS delivery) accept at most this many message attributes.
 pub const SNS_MAX_ATTRIBUTES: usize = 10;
 
@@ -300,6 +313,8 @@ pub enum EnvelopeFormat {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamConfig {
+    /// Run the replication stream on this instance.
+    pub enabled: bool,
     /// Events received but not yet finished by the sink, at most. At the
     /// ceiling the relay stops reading the stream (backpressure).
     pub max_in_flight: usize,
@@ -312,9 +327,137 @@ pub struct StreamConfig {
 impl Default for StreamConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
+    }
+}
+
+/// What to do with a row once it is published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnPublished {
+    /// `publish_state = 'PUBLISHED'`, `published_at = now()`.
+    #[default]
+    Mark,
+    /// Delete the row.
+    Delete,
+    /// Leave the table alone (application-managed, Debezium style).
+    None,
+}
+
+/// `[lifecycle]`: rows after publishing, and slot recovery.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LifecycleConfig {
+    /// `mark`, `delete` or `none`.
+    pub on_published: OnPublished,
+    /// Create the slot when it is missing, or drop and create it when it is
+    /// invalidated; the poller then sweeps the rows the old slot held.
+    pub recreate_slot: bool,
+}
+
+/// `[poller]`: the fallback poller (mark and delete modes).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollerConfig {
+    /// Run the poller on this instance.
+    pub enabled: bool,
+    /// Time between rounds.
+    #[serde(deserialize_with = "de_duration")]
+    pub interval: Duration,
+    /// A PENDING row older than this is taken as missed by the stream.
+    #[serde(deserialize_with = "de_duration")]
+    pub grace: Duration,
+    /// Rows claimed per round.
+    pub batch_size: usize,
+    /// Failed attempts after which a row is DEAD.
+    pub max_attempts: i32,
+    /// Age after which a failing row is DEAD; 0 = no limit.
+    #[serde(deserialize_with = "de_duration")]
+    pub max_age: Duration,
+    /// Delay before the first retry of a FAILED row; grows by `retry.multiplier`.
+    #[serde(deserialize_with = "de_duration")]
+    pub backoff_initial: Duration,
+    /// Ceiling of that delay.
+    #[serde(deserialize_with = "de_duration")]
+    pub backoff_max: Duration,
+    /// Topic that receives a notice for each row that goes DEAD; empty = none.
+    pub dead_letter_topic: String,
+}
+
+impl Default for PollerConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(5),
+            grace: Duration::from_secs(300),
+            batch_size: 100,
+            max_attempts: 10,
+            max_age: Duration::ZERO,
+            backoff_initial: Duration::from_secs(10),
+            backoff_max: Duration::from_secs(3600),
+            dead_letter_topic: String::new(),
+        }
+    }
+}
+
+/// `[retention]`: deleting published rows.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Run retention on this instance (mark mode only).
+    pub enabled: bool,
+    /// Keep PUBLISHED rows this long after publishing.
+    #[serde(deserialize_with = "de_duration")]
+    pub keep: Duration,
+    /// Time between runs.
+    #[serde(deserialize_with = "de_duration")]
+    pub interval: Duration,
+    /// Rows deleted per transaction.
+    pub batch_size: usize,
+    /// On a partitioned table, detach and drop partitions that hold only
+    /// expired PUBLISHED (or SKIPPED) rows instead of deleting rows.
+    pub drop_partitions: bool,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            keep: Duration::from_secs(7 * 86_400),
+            interval: Duration::from_secs(15),
+            batch_size: 1000,
+            drop_partitions: false,
+        }
+    }
+}
+
+/// `[filter]`: events that are not published (counted, acknowledged, and
+/// marked SKIPPED in mark mode). An empty include list includes everything.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterConfig {
+    /// Publish only these event types.
+    pub include_event_types: Vec<String>,
+    /// Never publish these event types.
+    pub exclude_event_types: Vec<String>,
+    /// Publish only these aggregate types.
+    pub include_aggregate_types: Vec<String>,
+    /// Never publish these aggregate types.
+    pub exclude_aggregate_types: Vec<String>,
+}
+
+impl FilterConfig {
+    /// Whether an event of these types is published.
+    pub fn admits(&self, event_type: &str, aggregate_type: &str) -> bool {
+        let listed = |list: &[String], v: &str| list.iter().any(|x| x == v);
+        (self.include_event_types.is_empty() || listed(&self.include_event_types, event_type))
+            && !listed(&self.exclude_event_types, event_type)
+            && (self.include_aggregate_types.is_empty()
+                || listed(&self.include_aggregate_types, aggregate_type))
+            && !listed(&self.exclude_aggregate_types, aggregate_type)
     }
 }
 
@@ -486,12 +629,20 @@ impl Config {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let mut root: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Syntax {
-                    path: path.to_owned(),
-                    message: e.to_string().trim_end().to_owned(),
-                })?;
+        let mut root: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            // The parser's own text quotes the offending line, which may hold
+            // a password: say where, and what, but not the line.
+            let at = e.span().map_or(String::new(), |span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!("line {line}, column {column}: ")
+            });
+            ConfigError::Syntax {
+                path: path.to_owned(),
+                message: format!("{at}{}", e.message()),
+            }
+        })?;
         let origins = apply_env(&mut root, env)?;
         let config: Config =
             serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
@@ -583,12 +734,42 @@ impl Config {
         if self.sink.kind == SinkKind::Sns {
             self.validate_sns(&mut bad);
         }
+        if self.poller.batch_size == 0 {
+            bad("poller.batch_size", "must be at least 1".into());
+        }
+        if self.poller.max_attempts < 1 {
+            bad("poller.max_attempts", "must be at least 1".into());
+        }
+        if self.poller.interval.is_zero() {
+            bad("poller.interval", "must be greater than zero".into());
+        }
+        if self.poller.backoff_max < self.poller.backoff_initial {
+            bad(
+                "poller.backoff_max",
+                "must be at least poller.backoff_initial".into(),
+            );
+        }
+        if self.retention.batch_size == 0 {
+            bad("retention.batch_size", "must be at least 1".into());
+        }
+        if self.retention.interval.is_zero() {
+            bad("retention.interval", "must be greater than zero".into());
+        }
+        if !self.poller.dead_letter_topic.is_empty() && self.sink.kind != SinkKind::Sns {
+            bad(
+                "poller.dead_letter_topic",
+                "a dead-letter topic needs sink.kind = \"sns\"".into(),
+            );
+        }
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
         }
         let retry = &self.retry;
         if retry.initial.is_zero() {
             bad("retry.initial", "must be greater than zero".into());
+        }
+        if retry.max > Duration::from_secs(86_400) {
+            bad("retry.max", "must be at most 1d".into());
         }
         if retry.max < retry.initial {
             bad(
@@ -679,7 +860,7 @@ impl Config {
             bad(
                 "sns.attributes",
                 format!(
-                    "{} headers plus event_type, aggregate_type and aggregate_id make {attributes} \
+                    "{} headers plus event_id, event_type, aggregate_type and aggregate_id make {attributes} \
                      message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
                     sns.attributes.len(),
                     SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
@@ -701,6 +882,27 @@ impl Config {
                     format!("{name:?} cannot be a message attribute name (letters, digits, _ - . ; not AWS./Amazon.; not a fixed attribute)"),
                 );
             }
+        }
+        let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
+        if let (false, Some(arn_region)) = (sns.region.is_empty(), arn_region) {
+            if arn_region != sns.region {
+                bad(
+                    "sns.region",
+                    format!(
+                        "{:?} differs from the region of sns.topic_arn ({arn_region:?}); SNS publishes only to topics of the client's region",
+                        sns.region
+                    ),
+                );
+            }
+        }
+        if sns.operation_timeout.is_zero() || sns.attempt_timeout.is_zero() {
+            bad(
+                "sns.operation_timeout",
+                "sns.operation_timeout and sns.attempt_timeout must be greater than zero".into(),
+            );
+        }
+        if sns.linger > Duration::from_secs(1) {
+            bad("sns.linger", "must be at most 1s".into());
         }
         if sns.max_in_flight_batches == 0 {
             bad("sns.max_in_flight_batches", "must be at least 1".into());
@@ -808,6 +1010,9 @@ impl fmt::Display for TableName {
     }
 }
 
+/// Keys whose values are secrets.
+const SECRET_KEYS: [&str; 2] = ["postgres.url", "postgres.password"];
+
 /// Merge `OUTBOX_RELAY__A__B` variables into `root`; returns which key came
 /// from which variable.
 fn apply_env(
@@ -831,7 +1036,13 @@ fn apply_env(
                 message: "malformed variable name: use OUTBOX_RELAY__SECTION__KEY".into(),
             }]));
         }
-        let value = env_value(&raw);
+        // Secrets are taken as they are: never parsed (a password of digits
+        // would otherwise become a number, and an error would print it).
+        let value = if SECRET_KEYS.contains(&path.join(".").as_str()) {
+            toml::Value::String(raw)
+        } else {
+            env_value(&raw)
+        };
         let mut table = &mut *root;
         let (last, sections) = path.split_last().expect("split yields one part at least");
         for section in sections {
@@ -872,15 +1083,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(split);
     let number: f64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 250ms, 30s, 5m or 1h"))?;
+        .map_err(|_| format!("{text:?} is not a duration like 250ms, 30s, 5m, 1h or 7d"))?;
     let seconds = match unit.trim() {
         "ms" => number / 1000.0,
         "" | "s" => number,
         "m" | "min" => number * 60.0,
         "h" => number * 3600.0,
+        "d" => number * 86_400.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {text:?}: use ms, s, m or h"
+                "unknown unit {other:?} in {text:?}: use ms, s, m, h or d"
             ))
         }
     };
@@ -1035,6 +1247,24 @@ jitter = 3.0
         let p = problems(load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__SLTO", "x")]).unwrap_err());
         assert_eq!(p[0].key, "postgres.slto");
         assert!(p[0].message.contains("OUTBOX_RELAY__POSTGRES__SLTO"));
+    }
+
+    #[test]
+    fn secrets_never_appear_in_errors() {
+        let err = load("[postgres]\nurl = \"postgres://u:hunter2@h/db\n", &[]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("line 2") && !text.contains("hunter2"),
+            "{text}"
+        );
+        let c = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__PASSWORD", "12345")]).unwrap();
+        assert_eq!(c.postgres.password.unwrap().expose(), "12345");
+        let c = load(
+            MINIMAL,
+            &[("OUTBOX_RELAY__POSTGRES__PASSWORD", "\"quoted\"")],
+        )
+        .unwrap();
+        assert_eq!(c.postgres.password.unwrap().expose(), "\"quoted\"");
     }
 
     #[test]

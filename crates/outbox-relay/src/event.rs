@@ -20,6 +20,41 @@ use std::fmt;
 use bytes::Bytes;
 use pgoutput::{Relation, TupleData, Value};
 
+/// A row's column values by position, in Postgres's text format: a pgoutput
+/// tuple, or a row read with SQL (`column::text` under the same session
+/// settings, so both print values identically).
+pub trait Columns {
+    /// The value at `index`, `None` past the end.
+    fn value(&self, index: usize) -> Option<Value>;
+    /// How many columns.
+    fn count(&self) -> usize;
+}
+
+impl Columns for TupleData {
+    fn value(&self, index: usize) -> Option<Value> {
+        self.get(index)
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+}
+
+/// A row read with SQL, each column as text (`None` for NULL).
+#[derive(Debug, Clone, Default)]
+pub struct TextRow(pub Vec<Option<Bytes>>);
+
+impl Columns for TextRow {
+    fn value(&self, index: usize) -> Option<Value> {
+        self.0.get(index).map(|v| match v {
+            Some(b) => Value::Text(b.clone()),
+            None => Value::Null,
+        })
+    }
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+}
+
 use crate::config::ColumnMapping;
 
 /// Type OIDs the payload column may have.
@@ -213,11 +248,25 @@ impl RowMapping {
     /// Resolve `columns` against `relation`.
     pub fn new(relation: &Relation, columns: &ColumnMapping) -> Result<Self, MappingError> {
         let table = format!("{}.{}", relation.namespace, relation.name);
+        let described: Vec<(&str, u32)> = relation
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.type_oid))
+            .collect();
+        Self::from_columns(&table, &described, columns)
+    }
+
+    /// Resolve `columns` against a table's `(name, type oid)` columns, in order.
+    pub fn from_columns(
+        table: &str,
+        described: &[(&str, u32)],
+        columns: &ColumnMapping,
+    ) -> Result<Self, MappingError> {
+        let table = table.to_owned();
         let find = |name: &str| {
-            relation
-                .columns
+            described
                 .iter()
-                .position(|c| c.name == name)
+                .position(|(n, _)| *n == name)
                 .map(|index| Slot {
                     index,
                     name: name.to_owned(),
@@ -228,16 +277,15 @@ impl RowMapping {
                 table: table.clone(),
                 key,
                 column: name.to_owned(),
-                available: relation
-                    .columns
+                available: described
                     .iter()
-                    .map(|c| c.name.as_str())
+                    .map(|(n, _)| *n)
                     .collect::<Vec<_>>()
                     .join(", "),
             })
         };
         let payload = required("payload", &columns.payload)?;
-        let payload_kind = match relation.columns[payload.index].type_oid {
+        let payload_kind = match described[payload.index].1 {
             oid::JSONB | oid::JSON => PayloadKind::Json,
             oid::TEXT | oid::VARCHAR | oid::BPCHAR => PayloadKind::Text,
             oid::BYTEA => PayloadKind::Binary,
@@ -284,8 +332,8 @@ impl RowMapping {
     }
 
     /// The event id alone, for naming a row that failed to map.
-    pub fn id_of(&self, tuple: &TupleData) -> Option<String> {
-        match tuple.get(self.id.index) {
+    pub fn id_of(&self, tuple: &impl Columns) -> Option<String> {
+        match tuple.value(self.id.index) {
             Some(Value::Text(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
             _ => None,
         }
@@ -293,7 +341,7 @@ impl RowMapping {
 
     /// Build the event from an inserted row; `commit_time` (µs since
     /// 2000-01-01) stands in for a missing `created_at`.
-    pub fn event(&self, tuple: &TupleData, commit_time: i64) -> Result<OutboxEvent, RowError> {
+    pub fn event(&self, tuple: &impl Columns, commit_time: i64) -> Result<OutboxEvent, RowError> {
         let payload = match self.payload_kind {
             PayloadKind::Json => Payload::Json(text(tuple, &self.payload)?),
             PayloadKind::Text => Payload::Text(text(tuple, &self.payload)?),
@@ -325,14 +373,14 @@ impl RowMapping {
     }
 }
 
-fn value(tuple: &TupleData, slot: &Slot) -> Result<Value, RowError> {
-    tuple.get(slot.index).ok_or_else(|| RowError::ShortRow {
-        got: tuple.len(),
+fn value(tuple: &impl Columns, slot: &Slot) -> Result<Value, RowError> {
+    tuple.value(slot.index).ok_or_else(|| RowError::ShortRow {
+        got: tuple.count(),
         column: slot.name.clone(),
     })
 }
 
-fn raw(tuple: &TupleData, slot: &Slot) -> Result<Bytes, RowError> {
+fn raw(tuple: &impl Columns, slot: &Slot) -> Result<Bytes, RowError> {
     match value(tuple, slot)? {
         Value::Text(b) => Ok(b),
         Value::Null => Err(RowError::Null(slot.name.clone())),
@@ -347,11 +395,11 @@ fn raw(tuple: &TupleData, slot: &Slot) -> Result<Bytes, RowError> {
     }
 }
 
-fn text(tuple: &TupleData, slot: &Slot) -> Result<Text, RowError> {
+fn text(tuple: &impl Columns, slot: &Slot) -> Result<Text, RowError> {
     Text::new(raw(tuple, slot)?).map_err(|_| RowError::NotUtf8(slot.name.clone()))
 }
 
-fn optional_text(tuple: &TupleData, slot: Option<&Slot>) -> Result<Option<Text>, RowError> {
+fn optional_text(tuple: &impl Columns, slot: Option<&Slot>) -> Result<Option<Text>, RowError> {
     let Some(slot) = slot else { return Ok(None) };
     match text(tuple, slot) {
         Ok(t) => Ok(Some(t)),

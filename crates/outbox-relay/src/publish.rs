@@ -36,7 +36,8 @@ use tokio::time::Instant;
 
 use crate::ack::Ticket;
 use crate::event::Text;
-use crate::record::Recorder;
+use crate::marking::{Mark, Marker};
+use crate::record::{RecordError, Recorder};
 use crate::retry::Backoff;
 use crate::sink::{Message, Outcome, Sink};
 
@@ -81,6 +82,18 @@ enum Verdict {
     Retry(String),
 }
 
+/// What a publish task hands back.
+enum Done {
+    /// A batch, each message with its verdict (rejections already recorded).
+    Batch(Vec<(Message, Verdict)>),
+    /// A row that could not be published, recorded.
+    Rejected {
+        ticket: Ticket,
+        id: String,
+        reason: String,
+    },
+}
+
 struct Queued {
     arrived: Instant,
     message: Message,
@@ -96,23 +109,26 @@ enum Block {
 struct Publisher<S> {
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
+    marker: Option<Marker>,
     backoff: Backoff,
     done: mpsc::UnboundedSender<Completion>,
     queue: VecDeque<Queued>,
     blocked: HashMap<Text, Block>,
     /// Consecutive failed attempts per group.
     failures: HashMap<Text, u32>,
-    tasks: JoinSet<Vec<(Message, Verdict)>>,
+    tasks: JoinSet<Result<Done, RecordError>>,
     max_batch: usize,
     max_in_flight: usize,
     linger: Duration,
 }
 
 /// Drive `sink` until `input` closes and everything is settled; report every
-/// message's final outcome on `done`. Rejections are recorded with `recorder`.
+/// message's final outcome on `done`. Rejections are recorded with
+/// `recorder`; deliveries are marked with `marker`.
 pub async fn run<S: Sink>(
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
+    marker: Option<Marker>,
     mut input: mpsc::Receiver<Dispatch>,
     done: mpsc::UnboundedSender<Completion>,
     backoff: Backoff,
@@ -123,6 +139,7 @@ pub async fn run<S: Sink>(
         linger: sink.linger(),
         sink,
         recorder,
+        marker,
         backoff,
         done,
         queue: VecDeque::new(),
@@ -140,20 +157,32 @@ pub async fn run<S: Sink>(
             received = input.recv(), if open => match received {
                 Some(Dispatch::Publish(message)) => p.queue.push_back(Queued { arrived: Instant::now(), message }),
                 Some(Dispatch::Reject { ticket, id, reason }) => {
-                    if let Some(recorder) = &p.recorder {
-                        recorder.record(&id, None, None, &reason).await;
-                    }
-                    if p.done.send(Completion::Rejected { ticket, id, reason }).is_err() {
-                        return;
-                    }
+                    let recorder = p.recorder.clone();
+                    p.tasks.spawn(async move {
+                        if let Some(recorder) = recorder {
+                            recorder.record(&id, None, None, &reason).await?;
+                        }
+                        Ok(Done::Rejected { ticket, id, reason })
+                    });
                 }
                 None => open = false,
             },
             Some(finished) = p.tasks.join_next() => match finished {
-                Ok(settled) => {
+                Ok(Ok(Done::Batch(settled))) => {
                     if !p.settle(settled) {
                         return;
                     }
+                }
+                Ok(Ok(Done::Rejected { ticket, id, reason })) => {
+                    if p.done.send(Completion::Rejected { ticket, id, reason }).is_err() {
+                        return;
+                    }
+                }
+                Ok(Err(e)) => {
+                    // Nothing is reported for what could not be recorded: the
+                    // session ends and starts over on a fresh connection.
+                    tracing::error!(error = %e, "cannot record a rejected event; restarting the session");
+                    return;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "a publish task failed");
@@ -202,15 +231,30 @@ impl<S: Sink> Publisher<S> {
                 let outcomes = sink.publish(&batch).await;
                 let verdicts = verdicts(&batch, outcomes);
                 if let Some(recorder) = recorder {
+                    // Record only what `settle` will report: a rejection behind a
+                    // failed entry of its group is sent again, not reported.
+                    let mut failed: HashSet<&Text> = HashSet::new();
                     for (m, v) in batch.iter().zip(&verdicts) {
-                        if let Verdict::Rejected(reason) = v {
-                            recorder
-                                .record(m.event.id.as_str(), Some(&m.event), Some(&m.body), reason)
-                                .await;
+                        match v {
+                            _ if failed.contains(&m.event.group) => {}
+                            Verdict::Retry(_) => {
+                                failed.insert(&m.event.group);
+                            }
+                            Verdict::Rejected(reason) => {
+                                recorder
+                                    .record(
+                                        m.event.id.as_str(),
+                                        Some(&m.event),
+                                        Some(&m.body),
+                                        reason,
+                                    )
+                                    .await?;
+                            }
+                            Verdict::Delivered => {}
                         }
                     }
                 }
-                batch.into_iter().zip(verdicts).collect()
+                Ok(Done::Batch(batch.into_iter().zip(verdicts).collect()))
             });
         }
     }
@@ -273,7 +317,12 @@ impl<S: Sink> Publisher<S> {
                 continue;
             }
             let completion = match verdict {
-                Verdict::Delivered => Completion::Delivered(message.ticket),
+                Verdict::Delivered => {
+                    if let Some(marker) = &self.marker {
+                        marker.send(Mark::Published(message.event.id.clone()));
+                    }
+                    Completion::Delivered(message.ticket)
+                }
                 Verdict::Rejected(reason) => Completion::Rejected {
                     ticket: message.ticket,
                     id: message.event.id.to_string(),
@@ -429,7 +478,7 @@ mod tests {
                 max: Duration::from_millis(5),
                 ..Default::default()
             });
-            let task = tokio::spawn(run(Arc::clone(&sink), None, rx, done_tx, backoff));
+            let task = tokio::spawn(run(Arc::clone(&sink), None, None, rx, done_tx, backoff));
             let mut expected: HashMap<String, Vec<String>> = HashMap::new();
             for n in 0..400 {
                 let group = format!("g{}", fastrand::usize(0..7));

@@ -4,9 +4,10 @@
 //! that does not exist) or a row that cannot become an event is recorded
 //! before its position is acknowledged:
 //!
-//! * when the outbox table has the relay-managed columns (`publish_state`,
-//!   `last_error`, `attempts`), the row itself is marked `FAILED` with the
-//!   reason and its attempt count raised;
+//! * when the outbox table has the relay-managed columns, the row itself is
+//!   marked `FAILED` with the reason, its attempt count raised and its next
+//!   attempt due after `poller.backoff_initial` (the poller retries it), or
+//!   `DEAD` once it reached `poller.max_attempts`;
 //! * otherwise, into `<table>_dead_letter` (created by `outbox-relay setup`),
 //!   with the envelope and the reason;
 //! * with neither, the relay logs the event id and reason at error level and
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::retry::Backoff;
 use crate::setup::{quote_ident, quote_literal};
+use crate::table::Table;
 
 /// Name of the dead-letter table for outbox table `table`.
 pub fn dead_letter_table(table: &str) -> String {
@@ -28,9 +30,39 @@ pub fn dead_letter_table(table: &str) -> String {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Mode {
-    InTable(String),
+    /// Mark the row; when it is gone (deleted in its own transaction), the
+    /// dead-letter insert if there is a dead-letter table.
+    InTable(String, Option<String>),
     DeadLetter(String),
-    Nowhere,
+}
+
+/// Rejected events would have nowhere to go.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Neither the relay-managed columns nor a dead-letter table.
+    #[error(
+        "table {table} has no publish_state/attempts/last_error columns and there is no {dead_letter} table: \
+         a rejected event would have nowhere to be recorded. Create the dead-letter table with \
+         `outbox-relay setup --config FILE --apply` (or add the columns)"
+    )]
+    Nowhere {
+        /// The outbox table.
+        table: String,
+        /// The dead-letter table looked for.
+        dead_letter: String,
+    },
+    /// A database error while looking.
+    #[error("postgres: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+    /// Recording kept failing.
+    #[error("cannot record rejected event {id}: {source}")]
+    Failed {
+        /// The event.
+        id: String,
+        /// The last error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
 }
 
 /// Records rejected events in the database.
@@ -41,71 +73,51 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Find out where rejections can be recorded for the configured table.
+    /// Find out where rejections can be recorded for `table`; an error when
+    /// there is nowhere (the relay must not acknowledge what it cannot record).
     pub async fn detect(
         client: Arc<tokio_postgres::Client>,
         config: &Config,
-    ) -> Result<Self, tokio_postgres::Error> {
-        let table = config.table();
+        table: &Table,
+    ) -> Result<Self, RecordError> {
+        let name = config.table();
+        let dead_letter = dead_letter_table(&name.name);
         let qualified = format!(
             "{}.{}",
-            quote_ident(&table.schema),
-            quote_ident(&table.name)
+            quote_ident(&name.schema),
+            quote_ident(&dead_letter)
         );
-        let columns = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) \
-                 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&table.schema, &table.name],
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+            .await?
+            .get(0);
+        let insert = exists.then(|| {
+            format!(
+                "INSERT INTO {qualified} (event_id, event_type, aggregate_type, aggregate_id, envelope, reason) \
+                 VALUES ($1, $3, $4, $5, $6, $2)"
             )
-            .await?;
-        let type_of = |name: &str| {
-            columns
-                .iter()
-                .find(|r| r.get::<_, &str>(0) == name)
-                .map(|r| r.get::<_, String>(1))
-        };
-        let managed = ["publish_state", "last_error", "attempts"]
-            .iter()
-            .all(|c| type_of(c).is_some());
-        let id_type = type_of(&config.columns.id).unwrap_or_else(|| "text".to_owned());
-        let mode = if managed {
-            Mode::InTable(format!(
-                "UPDATE {qualified} SET publish_state = 'FAILED', last_error = $2, attempts = attempts + 1 \
-                 WHERE {} = $1::text::{id_type}",
-                quote_ident(&config.columns.id)
-            ))
+        });
+        let mode = if table.managed {
+            Mode::InTable(
+                format!(
+                    "UPDATE {} SET publish_state = CASE WHEN attempts + 1 >= {max} THEN 'DEAD' ELSE 'FAILED' END, \
+                     last_error = $2, attempts = attempts + 1, \
+                     next_attempt_at = now() + make_interval(secs => {delay}) WHERE {} = $1::text::{}",
+                    table.qualified,
+                    table.id,
+                    table.id_type,
+                    max = config.poller.max_attempts,
+                    delay = config.poller.backoff_initial.as_secs_f64(),
+                ),
+                insert,
+            )
+        } else if let Some(insert) = insert {
+            Mode::DeadLetter(insert)
         } else {
-            let dead_letter = dead_letter_table(&table.name);
-            let exists: bool = client
-                .query_one(
-                    "SELECT to_regclass($1) IS NOT NULL",
-                    &[&format!(
-                        "{}.{}",
-                        quote_ident(&table.schema),
-                        quote_ident(&dead_letter)
-                    )],
-                )
-                .await?
-                .get(0);
-            if exists {
-                Mode::DeadLetter(format!(
-                    "INSERT INTO {}.{} (event_id, event_type, aggregate_type, aggregate_id, envelope, reason) \
-                     VALUES ($1, $3, $4, $5, $6, $2)",
-                    quote_ident(&table.schema),
-                    quote_ident(&dead_letter)
-                ))
-            } else {
-                tracing::warn!(
-                    table = %table,
-                    "the outbox table has no publish_state/last_error/attempts columns and there is no {} table: \
-                     rejected events will only be logged; create it with `outbox-relay setup`",
-                    quote_literal(&dead_letter)
-                );
-                Mode::Nowhere
-            }
+            return Err(RecordError::Nowhere {
+                table: name.to_string(),
+                dead_letter: quote_literal(&dead_letter),
+            });
         };
         Ok(Self {
             client,
@@ -115,38 +127,27 @@ impl Recorder {
     }
 
     /// Record that event `id` was rejected for `reason`; `event` and
-    /// `envelope` when there is one. Returns once it is recorded.
+    /// `envelope` when there is one. Retries a few times, then gives up with
+    /// an error (the session then restarts on a fresh connection, and nothing
+    /// is acknowledged meanwhile).
     pub async fn record(
         &self,
         id: &str,
         event: Option<&crate::event::OutboxEvent>,
         envelope: Option<&[u8]>,
         reason: &str,
-    ) {
+    ) -> Result<(), RecordError> {
+        const ATTEMPTS: u32 = 5;
         let mut attempt = 0;
         loop {
-            let result = match &self.mode {
-                Mode::InTable(sql) => self.client.execute(sql.as_str(), &[&id, &reason]).await,
-                Mode::DeadLetter(sql) => {
-                    let envelope = envelope.map(String::from_utf8_lossy);
-                    self.client
-                        .execute(
-                            sql.as_str(),
-                            &[
-                                &id,
-                                &reason,
-                                &event.map(|e| e.event_type.as_str()),
-                                &event.map(|e| e.aggregate_type.as_str()),
-                                &event.map(|e| e.aggregate_id.as_str()),
-                                &envelope.as_deref(),
-                            ],
-                        )
-                        .await
+            match self.try_record(id, event, envelope, reason).await {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt + 1 >= ATTEMPTS || self.client.is_closed() => {
+                    return Err(RecordError::Failed {
+                        id: id.to_owned(),
+                        source: e,
+                    })
                 }
-                Mode::Nowhere => return,
-            };
-            match result {
-                Ok(_) => return,
                 Err(e) => {
                     let delay = self.backoff.delay(attempt);
                     attempt += 1;
@@ -154,6 +155,59 @@ impl Recorder {
                     tokio::time::sleep(delay).await;
                 }
             }
+        }
+    }
+
+    async fn try_record(
+        &self,
+        id: &str,
+        event: Option<&crate::event::OutboxEvent>,
+        envelope: Option<&[u8]>,
+        reason: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let dead_letter = |sql: &str| {
+            let envelope = envelope.map(|e| String::from_utf8_lossy(e).into_owned());
+            let sql = sql.to_owned();
+            async move {
+                self.client
+                    .execute(
+                        sql.as_str(),
+                        &[
+                            &id,
+                            &reason,
+                            &event.map(|e| e.event_type.as_str()),
+                            &event.map(|e| e.aggregate_type.as_str()),
+                            &event.map(|e| e.aggregate_id.as_str()),
+                            &envelope.as_deref(),
+                        ],
+                    )
+                    .await
+            }
+        };
+        match &self.mode {
+            Mode::InTable(update, insert) => {
+                // An unreadable id cannot name its row: only the dead-letter table can take it.
+                let updated = if id.is_empty() {
+                    0
+                } else {
+                    self.client
+                        .execute(update.as_str(), &[&id, &reason])
+                        .await?
+                };
+                if updated == 0 {
+                    match insert {
+                        Some(insert) => {
+                            dead_letter(insert).await?;
+                        }
+                        None => tracing::error!(
+                            id = %id, error = %reason,
+                            "rejected event's row is gone (deleted in its own transaction?) and there is no dead-letter table; only this log records it"
+                        ),
+                    }
+                }
+                Ok(())
+            }
+            Mode::DeadLetter(insert) => dead_letter(insert).await.map(|_| ()),
         }
     }
 }

@@ -50,19 +50,24 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pgoutput::Message as Pgoutput;
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckTracker, FramingError};
-use crate::config::{Config, SinkKind, TableName};
+use crate::config::{Config, OnPublished, SinkKind, TableName};
 use crate::envelope::Encoder;
 use crate::event::{MappingError, RowMapping};
+use crate::marking::{self, Mark, Marker};
 use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
 use crate::publish::{self, Completion, Dispatch};
 use crate::record::Recorder;
 use crate::retry::Backoff;
 use crate::route::Router;
 use crate::sink::{Message, Sink};
+use crate::table::Table;
+
+/// How long connecting and START_REPLICATION may take.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long to wait for the server to show the final acknowledgement.
 const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,10 +106,15 @@ pub enum RelayError {
         message: String,
         /// Whether waiting may help (the slot is busy).
         transient: bool,
+        /// The slot is missing or invalidated (`lifecycle.recreate_slot` can recover).
+        lost: bool,
     },
     /// The table does not fit the column mapping.
     #[error("{0}")]
     Mapping(#[from] MappingError),
+    /// Rejected events cannot be recorded.
+    #[error("{0}")]
+    Record(#[from] crate::record::RecordError),
     /// A pgoutput message could not be decoded.
     #[error("undecodable pgoutput message at {lsn}: {source}; this is a bug or a protocol mismatch, please report it")]
     Decode {
@@ -135,6 +145,7 @@ impl RelayError {
         match self {
             RelayError::Sql { source, .. } => {
                 if source.code().is_some_and(|c| {
+                    // 53xxx (too many connections, out of resources) passes.
                     c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
                 }) {
                     Fatal // authentication, unknown database, permission
@@ -167,6 +178,8 @@ impl RelayError {
                 }
             }
             RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
+            RelayError::Record(crate::record::RecordError::Nowhere { .. }) => Fatal,
+            RelayError::Record(_) => Transient,
             RelayError::ConnInfo(_)
             | RelayError::Mapping(_)
             | RelayError::Decode { .. }
@@ -183,6 +196,8 @@ pub struct Summary {
     pub delivered: u64,
     /// Events rejected as never publishable.
     pub rejected: u64,
+    /// Events filtered out (`[filter]`).
+    pub skipped: u64,
     /// Replication sessions started.
     pub sessions: u64,
     /// The last position confirmed to the server.
@@ -196,6 +211,7 @@ pub async fn run<S: Sink>(
     config: &Config,
     sink: Arc<S>,
     stop: CancellationToken,
+    sweep: watch::Sender<Option<String>>,
 ) -> Result<Summary, RelayError> {
     let conn = ConnInfo::new(&config.postgres)?;
     let backoff = Backoff::new(&config.retry);
@@ -203,7 +219,16 @@ pub async fn run<S: Sink>(
     let mut attempt = 0;
     loop {
         let sessions_before = summary.sessions;
-        match session(config, &conn, Arc::clone(&sink), &stop, &mut summary).await {
+        match session(
+            config,
+            &conn,
+            Arc::clone(&sink),
+            &stop,
+            &mut summary,
+            &sweep,
+        )
+        .await
+        {
             Ok(()) => return Ok(summary),
             Err(e) if e.class() == ErrorClass::Transient && !stop.is_cancelled() => {
                 if summary.sessions > sessions_before {
@@ -235,14 +260,21 @@ async fn check_slot(
     let fatal = |message: String| RelayError::Slot {
         message,
         transient: false,
+        lost: false,
+    };
+    let lost = |message: String| RelayError::Slot {
+        message,
+        transient: false,
+        lost: true,
     };
     let state = postgres::slot_state(client, slot)
         .await
         .map_err(sql("reading pg_replication_slots"))?
         .ok_or_else(|| {
-            fatal(format!(
+            lost(format!(
                 "replication slot {slot:?} does not exist: create it with `outbox-relay setup \
-                 --config FILE --apply`, or run SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+                 --config FILE --apply`, or run SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), \
+                 or set lifecycle.recreate_slot = true; rows written meanwhile are in the table for the poller"
             ))
         })?;
     if state.plugin.as_deref() != Some("pgoutput") {
@@ -260,9 +292,10 @@ async fn check_slot(
         )));
     }
     if state.wal_status.as_deref() == Some("lost") {
-        return Err(fatal(format!(
+        return Err(lost(format!(
             "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was \
-             removed. Drop and recreate it; rows written meanwhile are still in the table"
+             removed. Drop and recreate it (or set lifecycle.recreate_slot = true); rows written \
+             meanwhile are still in the table for the poller"
         )));
     }
     if let Some(pid) = state.active_pid {
@@ -271,6 +304,7 @@ async fn check_slot(
                 "replication slot {slot:?} is in use by backend PID {pid} (another relay?); waiting for it to be free"
             ),
             transient: true,
+            lost: false,
         });
     }
     state.confirmed_flush.ok_or_else(|| {
@@ -280,16 +314,106 @@ async fn check_slot(
     })
 }
 
+/// The publication must carry the outbox table under its own name (a
+/// partitioned table through its root), or its rows would arrive as some
+/// other relation and be skipped.
+async fn check_publication(
+    client: &tokio_postgres::Client,
+    config: &Config,
+    table: &Table,
+) -> Result<(), RelayError> {
+    let name = config.table();
+    let publication = &config.postgres.publication;
+    let row = client
+        .query_opt(
+            "SELECT p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
+               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[publication, &name.schema, &name.name],
+        )
+        .await
+        .map_err(sql("reading the publication"))?;
+    let fatal = |message: String| RelayError::Slot {
+        message,
+        transient: false,
+        lost: false,
+    };
+    match row {
+        None => Err(fatal(format!(
+            "publication {publication:?} does not exist: run `outbox-relay setup --config FILE --apply` \
+             or CREATE PUBLICATION {publication} FOR TABLE {name} WITH (publish = 'insert', publish_via_partition_root = true)"
+        ))),
+        Some(r) if table.partitioned && !r.get::<_, bool>(0) => Err(fatal(format!(
+            "table {name} is partitioned but publication {publication:?} publishes its partitions under their own \
+             names: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)"
+        ))),
+        Some(r) if !r.get::<_, bool>(1) => Err(fatal(format!(
+            "publication {publication:?} does not carry table {name} (postgres.table): \
+             ALTER PUBLICATION {publication} ADD TABLE {name}"
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Drop `slot` if it exists (invalidated) and create it anew; its start
+/// position and the database time before which PENDING rows must be swept.
+async fn recreate_slot(
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<(u64, String), RelayError> {
+    client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(sql("dropping the invalidated slot"))?;
+    let row = client
+        .query_one(
+            "SELECT lsn::text, now()::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await
+        .map_err(sql("creating the replication slot"))?;
+    let start = postgres::parse_lsn(row.get(0)).unwrap_or(0);
+    // now() is the transaction start; the slot exists from here on.
+    let before: String = client
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .map_err(sql("reading the clock"))?
+        .get(0);
+    Ok((start, before))
+}
+
 async fn session<S: Sink>(
     config: &Config,
     conn: &ConnInfo,
     sink: Arc<S>,
     stop: &CancellationToken,
     summary: &mut Summary,
+    sweep: &watch::Sender<Option<String>>,
 ) -> Result<(), RelayError> {
     let slot = &config.postgres.slot;
     let sql_client = Arc::new(conn.connect().await.map_err(sql("connecting"))?);
-    let start = check_slot(&sql_client, slot, &conn.dbname).await?;
+    let start = match check_slot(&sql_client, slot, &conn.dbname).await {
+        Err(RelayError::Slot {
+            message,
+            transient: false,
+            lost: true,
+        }) if config.lifecycle.recreate_slot => {
+            tracing::error!(slot = %slot, problem = %message, "replication slot lost; recreating it (lifecycle.recreate_slot)");
+            let (start, before) = recreate_slot(&sql_client, slot).await?;
+            tracing::error!(
+                slot = %slot,
+                start_lsn = %format_lsn(start),
+                "replication slot recreated: events written while it was missing are published by the poller \
+                 (rows still PENDING created up to {before}); see docs/recovery.md"
+            );
+            sweep.send_replace(Some(before));
+            start
+        }
+        other => other?,
+    };
     let interval = postgres::status_interval(
         postgres::wal_sender_timeout(&sql_client)
             .await
@@ -303,10 +427,16 @@ async fn session<S: Sink>(
     let mut client = ReplicationClient::connect(replication)
         .await
         .map_err(RelayError::Replication)?;
-    client
-        .wait_started()
-        .await
-        .map_err(RelayError::Replication)?;
+    // pgwire-replication sets no deadline on connecting and START_REPLICATION.
+    tokio::select! {
+        started = tokio::time::timeout(START_TIMEOUT, client.wait_started()) => match started {
+            Ok(started) => started.map_err(RelayError::Replication)?,
+            Err(_) => return Err(RelayError::Replication(PgWireError::Io(std::sync::Arc::new(
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "replication did not start within 30 s"),
+            )))),
+        },
+        _ = stop.cancelled() => return Ok(()),
+    }
     summary.sessions += 1;
     tracing::info!(
         database = %conn.display(),
@@ -324,14 +454,48 @@ async fn session<S: Sink>(
         .source
         .clone()
         .unwrap_or_else(|| Encoder::default_source(&conn.dbname, &table));
-    let recorder = Recorder::detect(Arc::clone(&sql_client), config)
+    let table_info = Table::inspect(&sql_client, config)
         .await
-        .map_err(sql("inspecting the outbox table"))?;
+        .map_err(sql("inspecting the outbox table"))?
+        .ok_or_else(|| RelayError::Slot {
+            message: format!(
+                "table {} does not exist (postgres.table): create it with `outbox-relay setup --config FILE --apply`",
+                config.table()
+            ),
+            transient: false,
+            lost: false,
+        })?;
+    check_publication(&sql_client, config, &table_info).await?;
+    if config.lifecycle.on_published == OnPublished::Mark && !table_info.managed {
+        return Err(RelayError::Slot {
+            message: format!(
+                "lifecycle.on_published = \"mark\" needs the relay-managed columns ({}) in table {}: \
+                 add them (see sql/001_outbox_table.sql), or set lifecycle.on_published = \"none\" \
+                 (application-managed table) or \"delete\"",
+                crate::table::MANAGED.join(", "),
+                config.table()
+            ),
+            transient: false,
+            lost: false,
+        });
+    }
+    let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
+    let marking = marking::spawn(
+        Arc::clone(&sql_client),
+        &table_info,
+        config.lifecycle.on_published,
+        Backoff::new(&config.retry),
+    );
+    let (marker, marking_task) = match marking {
+        Some((marker, task)) => (Some(marker), Some(task)),
+        None => (None, None),
+    };
     let (to_publisher, from_stream) = mpsc::channel(config.stream.max_in_flight);
     let (done_tx, mut done) = mpsc::unbounded_channel();
     let publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
         Some(Arc::new(recorder)),
+        marker.clone(),
         from_stream,
         done_tx,
         Backoff::new(&config.retry),
@@ -348,6 +512,7 @@ async fn session<S: Sink>(
         relations: HashMap::new(),
         commit_time: 0,
         to_publisher,
+        marker,
         summary,
     };
 
@@ -391,6 +556,15 @@ async fn session<S: Sink>(
     let confirmed = stream.tracker.confirmed();
     drop(stream);
     drop(publisher);
+    if let Some(task) = marking_task {
+        // Every marker is gone now: the task writes what it holds, then ends.
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
+        }
+    }
     confirm_final(&mut client, &sql_client, slot, confirmed).await;
     summary.confirmed_lsn = confirmed;
     Ok(())
@@ -408,7 +582,11 @@ async fn confirm_final(
     let mut shown = None;
     while started.elapsed() < FINAL_ACK_TIMEOUT {
         if client.metrics().last_applied_lsn().0 >= lsn {
-            match postgres::slot_state(sql_client, slot).await {
+            let state = tokio::time::timeout(
+                Duration::from_secs(2),
+                postgres::slot_state(sql_client, slot),
+            );
+            match state.await.unwrap_or(Ok(None)) {
                 Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
                     shown = state.confirmed_flush;
                     break;
@@ -446,6 +624,7 @@ struct Stream<'a> {
     /// Commit time of the open transaction.
     commit_time: i64,
     to_publisher: mpsc::Sender<Dispatch>,
+    marker: Option<Marker>,
     summary: &'a mut Summary,
 }
 
@@ -531,6 +710,20 @@ impl Stream<'_> {
                 };
                 let ticket = self.tracker.event()?;
                 let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
+                    Ok(event)
+                        if !self
+                            .config
+                            .filter
+                            .admits(event.event_type.as_str(), event.aggregate_type.as_str()) =>
+                    {
+                        tracing::debug!(id = %event.id, event_type = %event.event_type, "filtered out; not published");
+                        self.summary.skipped += 1;
+                        if let Some(marker) = &self.marker {
+                            marker.send(Mark::Skipped(event.id));
+                        }
+                        self.tracker.finish(ticket);
+                        return Ok(());
+                    }
                     Ok(event) => match self.router.route(&event) {
                         Ok(destination) => {
                             let mut body = Vec::new();

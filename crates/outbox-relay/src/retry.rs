@@ -33,7 +33,7 @@ impl Backoff {
         let base = self.initial.as_secs_f64() * self.multiplier.powi(attempt.min(1000) as i32);
         let capped = base.min(self.max.as_secs_f64());
         let jittered = capped * (1.0 - self.jitter * fastrand::f64());
-        Duration::from_secs_f64(jittered.max(0.0))
+        Duration::try_from_secs_f64(jittered.max(0.0)).unwrap_or(self.max)
     }
 }
 

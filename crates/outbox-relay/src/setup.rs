@@ -26,6 +26,12 @@ pub const FILES: &[(&str, &str)] = &[
     ),
 ];
 
+/// The table file for a partitioned outbox (`setup --partitioned`).
+pub const PARTITIONED_TABLE: (&str, &str) = (
+    "001_outbox_table_partitioned.sql",
+    include_str!("../../../sql/001_outbox_table_partitioned.sql"),
+);
+
 /// Default name of the least-privilege role.
 pub const DEFAULT_ROLE: &str = "outbox_relay";
 
@@ -58,6 +64,14 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
         ),
         ("slot".to_owned(), config.postgres.slot.clone()),
         ("role".to_owned(), role.to_owned()),
+        (
+            "table_default_partition".to_owned(),
+            format!("{}_default", table.name),
+        ),
+        (
+            "table_id_index".to_owned(),
+            format!("{}_id_idx", table.name),
+        ),
         ("dead_letter".to_owned(), dead_letter.clone()),
         (
             "dead_letter_index".to_owned(),
@@ -73,15 +87,24 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
     names
 }
 
-/// Render every file: `(file name, SQL)`.
+/// Render every file: `(file name, SQL)`; with `partitioned`, the table is
+/// partitioned by range of created_at.
 pub fn render(
     config: &Config,
     role: &str,
+    partitioned: bool,
 ) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
     let names = names(config, role);
     FILES
         .iter()
-        .map(|(file, text)| Ok((*file, render_one(file, text, &names)?)))
+        .map(|&(file, text)| {
+            let (file, text) = if partitioned && file.starts_with("001") {
+                PARTITIONED_TABLE
+            } else {
+                (file, text)
+            };
+            Ok((file, render_one(file, text, &names)?))
+        })
         .collect()
 }
 
@@ -144,48 +167,110 @@ pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
-/// Reserved words that may not stand unquoted as column or table names (the
-/// ones an outbox schema could plausibly use).
+/// PostgreSQL's reserved key words (SQL Key Words appendix, "reserved" and
+/// "reserved (can be function or type)"): these may not stand unquoted as
+/// names.
 const RESERVED: &[&str] = &[
     "all",
+    "analyse",
+    "analyze",
     "and",
     "any",
+    "array",
     "as",
+    "asc",
+    "asymmetric",
+    "authorization",
+    "binary",
+    "both",
     "case",
+    "cast",
     "check",
+    "collate",
+    "collation",
     "column",
+    "concurrently",
     "constraint",
     "create",
+    "cross",
+    "current_catalog",
+    "current_date",
+    "current_role",
+    "current_schema",
+    "current_time",
+    "current_timestamp",
+    "current_user",
     "default",
+    "deferrable",
     "desc",
+    "distinct",
     "do",
     "else",
     "end",
+    "except",
+    "false",
+    "fetch",
     "for",
+    "foreign",
+    "freeze",
     "from",
+    "full",
     "grant",
     "group",
+    "having",
+    "ilike",
     "in",
+    "initially",
+    "inner",
+    "intersect",
+    "into",
+    "is",
+    "isnull",
+    "join",
+    "lateral",
+    "leading",
+    "left",
+    "like",
     "limit",
+    "localtime",
+    "localtimestamp",
+    "natural",
     "not",
+    "notnull",
     "null",
+    "offset",
     "on",
+    "only",
     "or",
     "order",
+    "outer",
+    "overlaps",
+    "placing",
     "primary",
     "references",
+    "returning",
+    "right",
     "select",
+    "session_user",
+    "similar",
+    "some",
+    "symmetric",
+    "system_user",
     "table",
+    "tablesample",
     "then",
     "to",
+    "trailing",
     "true",
-    "false",
     "union",
     "unique",
     "user",
     "using",
+    "variadic",
+    "verbose",
     "when",
     "where",
+    "window",
     "with",
 ];
 
@@ -225,8 +310,10 @@ mod tests {
     #[test]
     fn every_shipped_file_renders_with_the_default_names() {
         let config = Config::default();
-        for (file, sql) in render(&config, DEFAULT_ROLE).unwrap() {
-            assert!(!sql.contains("{{"), "{file} left a placeholder");
+        for partitioned in [false, true] {
+            for (file, sql) in render(&config, DEFAULT_ROLE, partitioned).unwrap() {
+                assert!(!sql.contains("{{"), "{file} left a placeholder");
+            }
         }
     }
 

@@ -52,7 +52,8 @@ impl Outbox {
             dir,
         };
         let config = outbox.config("");
-        let files = outbox_relay::setup::render(&config, "outbox_relay").expect("render setup SQL");
+        let files =
+            outbox_relay::setup::render(&config, "outbox_relay", false).expect("render setup SQL");
         let mut files: Vec<_> = files.into_iter().collect();
         if let Some(table_sql) = table_sql {
             outbox

@@ -276,18 +276,32 @@ async fn authorization_errors_are_retried_until_fixed_and_never_drop_an_event() 
     let relay = start(&outbox, &sns_toml(&proxy.endpoint(), &topic.arn, "")).await;
     proxy.set_mode(Mode::Deny);
     let expected = insert(&outbox, 4, 5, 3).await;
-    wait_until(Duration::from_secs(10), "several denied attempts", || async {
-        proxy.faults_injected() >= 3
-    })
+    wait_until(
+        Duration::from_secs(10),
+        "several denied attempts",
+        || async { proxy.faults_injected() >= 3 },
+    )
     .await;
     let first = outbox.commits().await[0].end_lsn;
-    assert!(outbox.confirmed_flush().await < first, "nothing acknowledged while denied");
+    assert!(
+        outbox.confirmed_flush().await < first,
+        "nothing acknowledged while denied"
+    );
     proxy.set_mode(Mode::Pass); // the operator fixed the policy
     let sqs = sns::sqs_client(moto.as_str()).await;
-    let received = sns::receive_all(&sqs, &topic.queue_url, expected.len(), Duration::from_secs(30)).await;
+    let received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(30),
+    )
+    .await;
     assert_per_aggregate_order(&expected, &envelopes(&received));
     let summary = relay.stop().await;
-    assert_eq!(summary.rejected, 0, "an authorization error never drops an event");
+    assert_eq!(
+        summary.rejected, 0,
+        "an authorization error never drops an event"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -363,7 +377,7 @@ async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_
     .await;
     let topic = fifo(&outbox, moto.as_str()).await;
     let columns = "[columns]\naggregate_type = \"aggregatetype\"\naggregate_id = \"aggregateid\"\n\
-                   event_type = \"type\"\nheaders = \"\"\ncreated_at = \"\"";
+                   event_type = \"type\"\nheaders = \"\"\ncreated_at = \"\"\n[lifecycle]\non_published = \"none\"";
     let relay = start(
         &outbox,
         &format!("{}\n{columns}", sns_toml(moto.as_str(), &topic.arn, "")),

@@ -201,7 +201,7 @@ async fn a_row_that_cannot_become_an_event_is_skipped_and_the_stream_moves_on() 
     let sink = Collect::default();
     let relay = start(
         &outbox,
-        "[columns]\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"",
+        "[columns]\nheaders = \"\"\ntopic = \"\"\ncreated_at = \"\"\n[lifecycle]\non_published = \"none\"",
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;

@@ -1,7 +1,6 @@
 //! The `sns` sink: `PublishBatch` to AWS SNS.
 //!
-//! "Delivered" means SNS answered the entry as successful (it has a message
-//! id). Each batch goes to one topic (the publisher groups by destination) and
+//! "Delivered" means SNS listed the entry as successful. Each batch goes to one topic (the publisher groups by destination) and
 //! is split into requests of at most 10 entries and 256 KiB, counted in bytes
 //! over message bodies and attributes (names, types and values).
 //!
@@ -9,8 +8,8 @@
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
 //! = the event id, so SNS FIFO drops repeats within its deduplication window.
 //!
-//! Message attributes, for subscription filter policies: `event_type`,
-//! `aggregate_type`, `aggregate_id`, and the headers named in
+//! Message attributes, for subscription filter policies and deduplication:
+//! `event_id`, `event_type`, `aggregate_type`, `aggregate_id`, and the headers named in
 //! `sns.attributes` (W3C `traceparent` by default), all as `String`; never
 //! more than 10 (checked at start-up: raw SQS delivery drops such messages).
 //!
@@ -24,9 +23,10 @@
 //!
 //! A request-level permanent error for a batch of several entries does not
 //! condemn them all: the entries are sent again one by one so only the
-//! culprit is rejected. The SDK's own retries are off (this sink and the
-//! publisher retry with the configured policy); operation and attempt
-//! timeouts are explicit so no call hangs.
+//! culprit is rejected. The SDK's own retries are off (the publisher retries
+//! with the configured policy); operation and attempt timeouts are explicit so
+//! no call hangs. FIFO ids SNS would refuse (over 128 characters, not
+//! printable ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 
 use std::time::Duration;
 
@@ -121,6 +121,7 @@ impl SnsSink {
                 .expect("data_type is set");
             entry = std::mem::take(&mut entry).message_attributes(name, value);
         };
+        attribute("event_id", event.id.as_str());
         attribute("event_type", event.event_type.as_str());
         attribute("aggregate_type", event.aggregate_type.as_str());
         attribute("aggregate_id", event.aggregate_id.as_str());
@@ -139,8 +140,8 @@ impl SnsSink {
         }
         if fifo {
             entry = entry
-                .message_group_id(event.group.as_str())
-                .message_deduplication_id(event.id.as_str());
+                .message_group_id(fifo_id(event.group.as_str()))
+                .message_deduplication_id(fifo_id(event.id.as_str()));
         }
         if size > MAX_REQUEST_BYTES {
             return Err(format!(
@@ -233,9 +234,18 @@ impl SnsSink {
                         outcomes[entries[0].0] = Some(Outcome::Rejected(reason));
                     }
                     Class::Permanent => {
-                        // Find the culprit: each entry alone, in order.
-                        for entry in entries {
-                            Box::pin(self.send(topic, vec![entry], outcomes)).await;
+                        // Find the culprit: each entry alone, in order; after a
+                        // transient failure the rest wait, so nothing overtakes it.
+                        let mut pending: Option<String> = None;
+                        for (i, entry) in entries {
+                            if let Some(reason) = &pending {
+                                outcomes[i] = Some(Outcome::Retryable(reason.clone()));
+                                continue;
+                            }
+                            Box::pin(self.send(topic, vec![(i, entry)], outcomes)).await;
+                            if let Some(Outcome::Retryable(reason)) = &outcomes[i] {
+                                pending = Some(reason.clone());
+                            }
                         }
                     }
                     Class::Auth => {
@@ -253,6 +263,28 @@ impl SnsSink {
             }
         }
     }
+}
+
+/// A FIFO `MessageGroupId` / `MessageDeduplicationId`: SNS takes at most 128
+/// characters of ASCII letters, digits and punctuation. A value that does not
+/// fit is replaced by the hex SHA-256 of it: stable (the same aggregate keeps
+/// its group, a repeat keeps its dedup id) and distinct in practice.
+pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
+    use sha2::Digest as _;
+    let fits = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());
+    if fits {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let digest = sha2::Sha256::digest(value.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    std::borrow::Cow::Owned(hex)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,6 +394,17 @@ impl Sink for SnsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fifo_ids_that_sns_would_refuse_are_hashed_stably() {
+        assert_eq!(fifo_id("order-42"), "order-42");
+        let spaced = fifo_id("order 42");
+        assert_eq!(spaced.len(), 64);
+        assert_eq!(spaced, fifo_id("order 42"), "stable");
+        assert_ne!(spaced, fifo_id("order 43"));
+        assert_eq!(fifo_id(&"x".repeat(129)).len(), 64);
+        assert_eq!(fifo_id("commande-é").len(), 64);
+    }
 
     #[test]
     fn error_codes_are_classified() {

@@ -1,0 +1,126 @@
+//! After a confirmed publish: mark rows PUBLISHED (or delete them), batched.
+//!
+//! `[lifecycle] on_published`:
+//! * `mark`: `publish_state = 'PUBLISHED', published_at = now()`; filtered-out
+//!   events become `SKIPPED`;
+//! * `delete`: the rows are deleted (filtered-out ones too);
+//! * `none`: the table is left alone (application-managed, Debezium style).
+//!
+//! Marks are collected from the publisher and the stream and written in
+//! batches, one statement per batch. The publication carries inserts only,
+//! so these updates and deletes never come back through the stream.
+//!
+//! Marking is not part of the acknowledgement: a row the relay published but
+//! could not mark (a crash in between) stays PENDING and the poller publishes
+//! it again after its grace period, a bounded, identifiable repeat.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::config::OnPublished;
+use crate::event::Text;
+use crate::retry::Backoff;
+use crate::table::Table;
+
+/// Most ids in one statement.
+const BATCH: usize = 1000;
+/// How long marks gather before they are written.
+const GATHER: Duration = Duration::from_millis(20);
+
+/// What to record about a row.
+#[derive(Debug, Clone)]
+pub enum Mark {
+    /// It was published.
+    Published(Text),
+    /// It was filtered out.
+    Skipped(Text),
+}
+
+/// Sends marks to the marking task; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Marker(mpsc::UnboundedSender<Mark>);
+
+impl Marker {
+    /// Record `mark` (a no-op once the task is gone).
+    pub fn send(&self, mark: Mark) {
+        let _ = self.0.send(mark);
+    }
+}
+
+/// Start the marking task for `mode`; `None` when the table is left alone.
+/// The task ends (after writing what it has) when every [`Marker`] is dropped.
+pub fn spawn(
+    client: Arc<tokio_postgres::Client>,
+    table: &Table,
+    mode: OnPublished,
+    backoff: Backoff,
+) -> Option<(Marker, tokio::task::JoinHandle<()>)> {
+    let (published, skipped) = match mode {
+        OnPublished::None => return None,
+        OnPublished::Mark => (
+            format!(
+                "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
+                table.qualified,
+                table.id_in(1)
+            ),
+            format!(
+                "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
+                table.qualified,
+                table.id_in(1)
+            ),
+        ),
+        OnPublished::Delete => {
+            let delete = format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1));
+            (delete.clone(), delete)
+        }
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<Mark>();
+    let task = tokio::spawn(async move {
+        let mut marks = Vec::with_capacity(BATCH);
+        loop {
+            if rx.recv_many(&mut marks, BATCH).await == 0 {
+                return;
+            }
+            tokio::time::sleep(GATHER).await;
+            let room = BATCH.saturating_sub(marks.len());
+            if room > 0 {
+                while let Ok(m) = rx.try_recv() {
+                    marks.push(m);
+                    if marks.len() >= BATCH {
+                        break;
+                    }
+                }
+            }
+            let mut done: Vec<&str> = Vec::new();
+            let mut filtered: Vec<&str> = Vec::new();
+            for m in &marks {
+                match m {
+                    Mark::Published(id) => done.push(id.as_str()),
+                    Mark::Skipped(id) => filtered.push(id.as_str()),
+                }
+            }
+            for (sql, ids) in [(&published, &done), (&skipped, &filtered)] {
+                if ids.is_empty() {
+                    continue;
+                }
+                let mut attempt = 0;
+                while let Err(e) = client.execute(sql.as_str(), &[ids]).await {
+                    if attempt >= 5 {
+                        tracing::error!(rows = ids.len(), error = %e, "cannot mark rows; they stay as they were (the poller may publish them again)");
+                        break;
+                    }
+                    let delay = backoff.delay(attempt);
+                    attempt += 1;
+                    tracing::warn!(rows = ids.len(), attempt, error = %e, "marking rows failed, retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+            drop(done);
+            drop(filtered);
+            marks.clear();
+        }
+    });
+    Some((Marker(tx), task))
+}

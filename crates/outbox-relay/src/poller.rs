@@ -1,0 +1,349 @@
+//! The fallback poller: publishes from the table what the log cannot give back.
+//!
+//! Each round, in one transaction, it claims due rows with
+//! `FOR UPDATE SKIP LOCKED` (so several relays can poll one table and no row
+//! is claimed twice), publishes them through the same mapping, envelope,
+//! routing and sink as the stream, and records the outcome:
+//!
+//! | due rows | |
+//! |---|---|
+//! | `PENDING`, older than `poller.grace` | missed by the stream (slot dropped, invalidated or recreated; a crash between publish and marking) |
+//! | `PENDING`, created before a slot was recreated | swept at once, without waiting for the grace period |
+//! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
+//!
+//! | outcome | row becomes |
+//! |---|---|
+//! | delivered | `PUBLISHED` (`published_at = now()`), or deleted in delete mode |
+//! | rejected (or unmappable) | `FAILED`, `attempts + 1`, `last_error`, `next_attempt_at = now() + backoff`; `DEAD` at `max_attempts` or past `max_age` (error log, optional notice to `poller.dead_letter_topic`) |
+//! | transient failure (SNS down, throttled) | unchanged: the round ends, the rows are retried next round, no attempt is counted |
+//! | filtered out (`[filter]`) | `SKIPPED` (deleted in delete mode) |
+//!
+//! The backoff of a FAILED row is `backoff_initial × multiplier^attempts`,
+//! capped at `backoff_max`, with jitter. Rows are taken oldest first (by
+//! `created_at`), so a group's retries keep their relative order; a retried
+//! FAILED row is by nature later than the events of its group that followed it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::ack::Ticket;
+use crate::config::{Config, OnPublished, RetryConfig};
+use crate::postgres::ConnInfo;
+use crate::retry::Backoff;
+use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
+use crate::sink::{Message, Outcome, Sink};
+use crate::table::Table;
+
+/// `created_at` (Postgres timestamptz text) before which PENDING rows are
+/// swept without grace, after a slot was recreated.
+pub type Sweep = watch::Receiver<Option<String>>;
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Published (and marked or deleted).
+    pub published: usize,
+    /// Recorded FAILED.
+    pub failed: usize,
+    /// Recorded DEAD.
+    pub dead: usize,
+    /// Filtered out.
+    pub skipped: usize,
+    /// Left for the next round after a transient failure.
+    pub deferred: usize,
+}
+
+/// The poller of one relay.
+pub struct Poller<S> {
+    config: Config,
+    conn: ConnInfo,
+    sink: Arc<S>,
+    sweep: Sweep,
+    backoff: Backoff,
+}
+
+impl<S: Sink> Poller<S> {
+    /// A poller for `config`, publishing with `sink`.
+    pub fn new(
+        config: &Config,
+        sink: Arc<S>,
+        sweep: Sweep,
+    ) -> Result<Self, crate::postgres::ConnInfoError> {
+        Ok(Self {
+            conn: ConnInfo::new(&config.postgres)?,
+            backoff: Backoff::new(&RetryConfig {
+                initial: config.poller.backoff_initial,
+                max: config.poller.backoff_max,
+                ..config.retry.clone()
+            }),
+            config: config.clone(),
+            sink,
+            sweep,
+        })
+    }
+
+    /// Poll every `poller.interval` until `stop`; a round that claimed a full
+    /// batch is followed by another at once.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut client: Option<(Client, Table)> = None;
+        loop {
+            let full = match self.connected(&mut client).await {
+                Some((c, table)) => match self.round(c, table).await {
+                    Ok(round) => {
+                        if round.claimed > 0 {
+                            tracing::info!(
+                                claimed = round.claimed,
+                                published = round.published,
+                                failed = round.failed,
+                                dead = round.dead,
+                                skipped = round.skipped,
+                                deferred = round.deferred,
+                                "poller round"
+                            );
+                        }
+                        round.claimed >= self.config.poller.batch_size && round.deferred == 0
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "poller round failed; retrying next interval");
+                        client = None;
+                        false
+                    }
+                },
+                None => false,
+            };
+            if full {
+                if stop.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.poller.interval) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    async fn connected<'a>(
+        &self,
+        client: &'a mut Option<(Client, Table)>,
+    ) -> Option<(&'a mut Client, &'a Table)> {
+        if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            *client = None;
+            match self.conn.connect().await {
+                Ok(c) => match Table::inspect(&c, &self.config).await {
+                    Ok(Some(table)) if table.managed && table.created_at.is_some() => {
+                        *client = Some((c, table))
+                    }
+                    Ok(_) => {
+                        tracing::warn!(
+                            table = %self.config.table(),
+                            "the poller needs the relay-managed columns and created_at; it is idle"
+                        );
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "poller cannot inspect the table");
+                        return None;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "poller cannot connect");
+                    return None;
+                }
+            }
+        }
+        client.as_mut().map(|(c, t)| (c, &*t))
+    }
+
+    /// One round: claim, publish, record, commit.
+    pub async fn round(
+        &mut self,
+        client: &mut Client,
+        table: &Table,
+    ) -> Result<Round, tokio_postgres::Error> {
+        let config = &self.config;
+        let poller = &config.poller;
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        let mut rows_to_messages = match Rows::new(config, table, &self.conn.dbname) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "the poller cannot map the table");
+                return Ok(Round::default());
+            }
+        };
+        let sweep = self.sweep.borrow().clone();
+        let tx = client.transaction().await?;
+        tx.batch_execute(TEXT_SETTINGS).await?;
+        let claim = format!(
+            "SELECT {cols}, attempts, ({max_age} > 0 AND {created_at} < now() - make_interval(secs => {max_age})) \
+             FROM {t} \
+             WHERE (publish_state = 'PENDING' AND ({created_at} < now() - make_interval(secs => {grace}) \
+                                                   OR {created_at} <= $1::text::timestamptz)) \
+                OR (publish_state = 'FAILED' AND attempts < {max_attempts} \
+                    AND coalesce(next_attempt_at, '-infinity') <= now()) \
+             ORDER BY {created_at}, {id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            cols = table.text_columns(),
+            t = table.qualified,
+            id = table.id,
+            grace = poller.grace.as_secs_f64(),
+            max_age = poller.max_age.as_secs_f64(),
+            max_attempts = poller.max_attempts,
+            limit = poller.batch_size,
+        );
+        let rows = tx.query(&claim, &[&sweep]).await?;
+        let mut round = Round {
+            claimed: rows.len(),
+            ..Round::default()
+        };
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(round);
+        }
+        let width = rows_to_messages.width();
+        let mut published: Vec<String> = Vec::new();
+        let mut skipped: Vec<String> = Vec::new();
+        // (id, attempts so far, too old, reason)
+        let mut failures: Vec<(String, i32, bool, String)> = Vec::new();
+        let mut messages: Vec<(Message, i32, bool)> = Vec::new();
+        for row in &rows {
+            let attempts: i32 = row.get(width);
+            let too_old: bool = row.get::<_, Option<bool>>(width + 1).unwrap_or(false);
+            match rows_to_messages.prepare(row) {
+                Prepared::Publish(message) => messages.push((message, attempts, too_old)),
+                Prepared::Skip(id) => skipped.push(id),
+                Prepared::Fail(id, reason) => failures.push((id, attempts, too_old, reason)),
+            }
+        }
+
+        // Publish in claim order, batches of one destination.
+        let (outgoing, meta): (Vec<Message>, Vec<(i32, bool)>) = messages
+            .iter()
+            .map(|(m, a, o)| (m.clone(), (*a, *o)))
+            .unzip();
+        let mut offset = 0;
+        for batch in batches(&outgoing, self.sink.max_batch().max(1)) {
+            let outcomes = self.sink.publish(batch).await;
+            let mut transient = None;
+            for ((message, (attempts, too_old)), outcome) in
+                batch.iter().zip(&meta[offset..]).zip(outcomes)
+            {
+                let id = message.event.id.to_string();
+                match outcome {
+                    Outcome::Delivered => published.push(id),
+                    Outcome::Rejected(reason) => failures.push((id, *attempts, *too_old, reason)),
+                    Outcome::Retryable(reason) => {
+                        transient.get_or_insert(reason);
+                        round.deferred += 1;
+                    }
+                }
+            }
+            offset += batch.len();
+            if let Some(reason) = transient {
+                tracing::warn!(error = %reason, "the sink is failing; the poller leaves the rest for the next round");
+                round.deferred += outgoing.len() - offset;
+                break;
+            }
+        }
+
+        let mode = config.lifecycle.on_published;
+        if !published.is_empty() {
+            let sql = match mode {
+                OnPublished::Delete => {
+                    format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1))
+                }
+                _ => format!(
+                    "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
+                    table.qualified,
+                    table.id_in(1)
+                ),
+            };
+            tx.execute(&sql, &[&published]).await?;
+        }
+        if !skipped.is_empty() {
+            let sql = match mode {
+                OnPublished::Delete => {
+                    format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1))
+                }
+                _ => format!(
+                    "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
+                    table.qualified,
+                    table.id_in(1)
+                ),
+            };
+            tx.execute(&sql, &[&skipped]).await?;
+        }
+        let fail_sql = format!(
+            "UPDATE {} SET publish_state = $2, attempts = attempts + 1, last_error = $3, \
+             next_attempt_at = now() + make_interval(secs => $4) WHERE {} = $1::text::{}",
+            table.qualified, table.id, table.id_type
+        );
+        let mut dead_notices = Vec::new();
+        for (id, attempts, too_old, reason) in &failures {
+            let dead = attempts + 1 >= poller.max_attempts || *too_old;
+            let state = if dead { "DEAD" } else { "FAILED" };
+            let delay = self
+                .backoff
+                .delay(u32::try_from(*attempts).unwrap_or(0))
+                .as_secs_f64();
+            tx.execute(&fail_sql, &[id, &state, reason, &delay]).await?;
+            if dead {
+                round.dead += 1;
+                tracing::error!(id = %id, attempts = attempts + 1, error = %reason, "event is DEAD: it will not be retried; replay it once the cause is fixed");
+                dead_notices.push((id.clone(), attempts + 1, reason.clone()));
+            } else {
+                round.failed += 1;
+            }
+        }
+        tx.commit().await?;
+        round.published = published.len();
+        round.skipped = skipped.len();
+        self.notify_dead(&dead_notices, &messages).await;
+        Ok(round)
+    }
+
+    /// Publish a notice for each row that went DEAD to `poller.dead_letter_topic`.
+    async fn notify_dead(&self, dead: &[(String, i32, String)], messages: &[(Message, i32, bool)]) {
+        let topic = &self.config.poller.dead_letter_topic;
+        if topic.is_empty() || dead.is_empty() {
+            return;
+        }
+        let destination: Arc<str> = Arc::from(topic.as_str());
+        let notices: Vec<Message> = dead
+            .iter()
+            .filter_map(|(id, attempts, reason)| {
+                let (m, _, _) = messages
+                    .iter()
+                    .find(|(m, _, _)| m.event.id.as_str() == id)?;
+                let notice = serde_json::json!({
+                    "id": id,
+                    "attempts": attempts,
+                    "error": reason,
+                    "envelope": String::from_utf8_lossy(&m.body),
+                });
+                let mut event = m.event.clone();
+                event.group = "outbox-relay-dead-letters".into();
+                Some(Message {
+                    ticket: Ticket::detached(),
+                    event,
+                    body: Bytes::from(notice.to_string()),
+                    destination: Arc::clone(&destination),
+                    commit_time: 0,
+                })
+            })
+            .collect();
+        for chunk in notices.chunks(self.sink.max_batch().max(1)) {
+            for outcome in self.sink.publish(chunk).await {
+                if outcome != Outcome::Delivered {
+                    tracing::warn!(topic = %topic, outcome = ?outcome, "dead-letter notice not delivered");
+                }
+            }
+        }
+    }
+}

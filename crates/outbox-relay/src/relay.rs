@@ -1,0 +1,54 @@
+//! The relay: the workers one instance runs, side by side.
+//!
+//! * the **stream** (`[stream] enabled`): replication → sink, see [`crate::replication`];
+//! * the **poller** (`[poller] enabled`, in mark and delete modes): publishes
+//!   what the log cannot give back, see [`crate::poller`];
+//! * **retention** (`[retention] enabled`, in mark mode): deletes old
+//!   published rows, see [`crate::retention`].
+//!
+//! Each can be switched off per instance, so a fleet can run retention on one
+//! node only. When the stream recreates a lost slot it tells this instance's
+//! poller to sweep the rows the old slot held.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, OnPublished};
+use crate::poller::Poller;
+use crate::replication::{self, RelayError, Summary};
+use crate::sink::Sink;
+
+/// Run every enabled worker until `stop` (graceful) or a fatal stream error.
+pub async fn run<S: Sink>(
+    config: &Config,
+    sink: Arc<S>,
+    stop: CancellationToken,
+) -> Result<Summary, RelayError> {
+    let workers = stop.child_token();
+    let (sweep_tx, sweep_rx) = watch::channel(None);
+    let mode = config.lifecycle.on_published;
+    let mut tasks = Vec::new();
+    if config.poller.enabled && mode != OnPublished::None {
+        let poller = Poller::new(config, Arc::clone(&sink), sweep_rx)?;
+        tasks.push(tokio::spawn(poller.run(workers.clone())));
+    }
+    if config.retention.enabled && mode == OnPublished::Mark {
+        tasks.push(tokio::spawn(crate::retention::run(
+            config.clone(),
+            workers.clone(),
+        )));
+    }
+    let result = if config.stream.enabled {
+        replication::run(config, sink, stop.clone(), sweep_tx).await
+    } else {
+        stop.cancelled().await;
+        Ok(Summary::default())
+    };
+    workers.cancel();
+    for task in tasks {
+        let _ = task.await;
+    }
+    result
+}

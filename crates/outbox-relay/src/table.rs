@@ -1,0 +1,89 @@
+//! The outbox table as the relay sees it: its columns, its id type, and
+//! whether it has the relay-managed columns (`publish_state`, `attempts`,
+//! `last_error`, `next_attempt_at`, `published_at`).
+
+use crate::config::Config;
+use crate::setup::quote_ident;
+
+/// The relay-managed columns the lifecycle features need.
+pub const MANAGED: [&str; 5] = [
+    "publish_state",
+    "attempts",
+    "last_error",
+    "next_attempt_at",
+    "published_at",
+];
+
+/// What the relay knows about the outbox table.
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// `"schema"."table"`, quoted.
+    pub qualified: String,
+    /// The id column, quoted.
+    pub id: String,
+    /// The id column's type, e.g. `uuid`.
+    pub id_type: String,
+    /// The created-at column, quoted, when the table has it.
+    pub created_at: Option<String>,
+    /// Every column: name and type oid, in table order.
+    pub columns: Vec<(String, u32)>,
+    /// Whether every relay-managed column exists.
+    pub managed: bool,
+    /// Whether the table is partitioned.
+    pub partitioned: bool,
+}
+
+impl Table {
+    /// Read the table's description; `None` when it does not exist.
+    pub async fn inspect(
+        client: &tokio_postgres::Client,
+        config: &Config,
+    ) -> Result<Option<Self>, tokio_postgres::Error> {
+        let name = config.table();
+        let rows = client
+            .query(
+                "SELECT a.attname::text, a.atttypid::oid, format_type(a.atttypid, a.atttypmod), c.relkind::text \
+                 FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
+                 ORDER BY a.attnum",
+                &[&name.schema, &name.name],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let columns: Vec<(String, u32)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let has = |c: &str| columns.iter().any(|(n, _)| n == c);
+        let id_type = rows
+            .iter()
+            .find(|r| r.get::<_, &str>(0) == config.columns.id)
+            .map(|r| r.get::<_, String>(2))
+            .unwrap_or_else(|| "text".to_owned());
+        let created_at = &config.columns.created_at;
+        Ok(Some(Self {
+            qualified: format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name)),
+            id: quote_ident(&config.columns.id),
+            id_type,
+            created_at: (!created_at.is_empty() && has(created_at))
+                .then(|| quote_ident(created_at)),
+            managed: MANAGED.iter().all(|c| has(c)),
+            partitioned: rows[0].get::<_, &str>(3) == "p",
+            columns,
+        }))
+    }
+
+    /// `WHERE`-clause test of the id column against a `text[]` parameter `$n`.
+    pub fn id_in(&self, n: usize) -> String {
+        format!("{} = ANY(${n}::text[]::{}[])", self.id, self.id_type)
+    }
+
+    /// `SELECT` list of every column as text, in table order.
+    pub fn text_columns(&self) -> String {
+        self.columns
+            .iter()
+            .map(|(n, _)| format!("{}::text", quote_ident(n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
