@@ -1,6 +1,7 @@
 //! End-to-end tests of outbox-relay, one binary (see `harness` for the helpers).
 
 mod harness_smoke;
+mod lifecycle;
 mod outbox;
 mod process;
 mod sns;

@@ -9,7 +9,38 @@ use std::time::Duration;
 use harness::TestDb;
 use outbox_relay::config::Config;
 use outbox_relay::sink::{Message, Outcome, Sink};
+use outbox_relay::{RelayError, Summary};
+use tokio::task::JoinHandle;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+/// A relay running in this test's process.
+pub struct Running {
+    pub stop: CancellationToken,
+    pub task: JoinHandle<Result<Summary, RelayError>>,
+}
+
+impl Running {
+    /// Start every enabled worker of `config` with `sink`.
+    pub fn start<S: Sink>(config: Config, sink: S) -> Running {
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move { outbox_relay::run(&config, Arc::new(sink), stop).await }
+        });
+        Running { stop, task }
+    }
+
+    /// Stop gracefully; the summary.
+    pub async fn stop(self) -> Summary {
+        self.stop.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the relay stops within 30 s")
+            .expect("the relay task does not panic")
+            .expect("the relay stops cleanly")
+    }
+}
 
 /// A database with the outbox table, publication, slot and a witness slot.
 pub struct Outbox {
@@ -185,17 +216,17 @@ impl Outbox {
         parse_lsn(row.get(0))
     }
 
-    /// Whether a backend is streaming from the relay's slot.
+    /// Whether a backend is streaming from the relay's slot (false when the slot is missing).
     pub async fn slot_active(&self) -> bool {
         let row = self
             .sql
-            .query_one(
+            .query_opt(
                 "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.slot],
             )
             .await
             .expect("read slot");
-        row.get(0)
+        row.is_some_and(|r| r.get(0))
     }
 
     /// `pg_current_wal_lsn()`.

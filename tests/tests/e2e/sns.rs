@@ -1,22 +1,18 @@
 //! Publishing to SNS (moto), read back through an SQS subscription.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use harness::proxy::{FaultProxy, Mode};
 use harness::sns::{self, Received, Topic};
 use harness::{wait_until, RelayProcess};
-use outbox_relay::replication::{RelayError, Summary};
 use outbox_relay::sink::SnsSink;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, Running};
 
 /// Static test credentials for the in-process SNS client (the standard chain
 /// reads them from the environment, as in production).
-fn test_credentials() {
+pub fn test_credentials() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         for (k, v) in [
@@ -36,33 +32,13 @@ fn sns_toml(endpoint: &str, topic_arn: &str, extra: &str) -> String {
     )
 }
 
-struct Running {
-    stop: CancellationToken,
-    task: JoinHandle<Result<Summary, RelayError>>,
-}
-
 async fn start(outbox: &Outbox, toml: &str) -> Running {
     test_credentials();
     let config = outbox.config(toml);
     let sink = SnsSink::new(&config.sns).await.expect("sns sink");
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move { outbox_relay::run(&config, Arc::new(sink), stop).await }
-    });
+    let running = Running::start(config, sink);
     outbox.wait_slot_active(true).await;
-    Running { stop, task }
-}
-
-impl Running {
-    async fn stop(self) -> Summary {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("stops within 30 s")
-            .expect("no panic")
-            .expect("stops cleanly")
-    }
+    running
 }
 
 /// `(id, subject)` of each received envelope.
@@ -531,4 +507,39 @@ async fn a_kill_9_between_publish_and_acknowledgement_republishes_with_the_same_
             >= 2,
         "published before the kill and after the restart"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_slot_is_recreated_and_every_event_written_meanwhile_reaches_sqs() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let topic = sns::topic_with_queue(moto.as_str(), outbox.db.name(), false, true).await;
+    outbox
+        .sql
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .unwrap();
+    let expected = insert(&outbox, 100, 10, 25).await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let reader = tokio::spawn({
+        let queue = topic.queue_url.clone();
+        async move { sns::receive_all(&sqs, &queue, 1_000, Duration::from_secs(240)).await }
+    });
+    let relay = start(
+        &outbox,
+        &sns_toml(
+            moto.as_str(),
+            &topic.arn,
+            "[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"\nbatch_size = 100",
+        ),
+    )
+    .await;
+    let received = reader.await.unwrap();
+    let got: HashSet<String> = envelopes(&received).into_iter().map(|(id, _)| id).collect();
+    let want: HashSet<String> = expected.iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(
+        got, want,
+        "every event written while the slot was gone reached SQS"
+    );
+    relay.stop().await;
 }

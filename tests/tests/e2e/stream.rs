@@ -1,42 +1,16 @@
 //! The replication stream, in process: what comes out, in which order, and
 //! where the slot is confirmed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use harness::wait_until;
-use outbox_relay::replication::{ErrorClass, RelayError, Summary};
+use outbox_relay::replication::ErrorClass;
 use outbox_relay::sink::Sink;
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
-use crate::outbox::{Collect, Outbox};
-
-/// A relay running in this process.
-struct Running {
-    stop: CancellationToken,
-    task: JoinHandle<Result<Summary, RelayError>>,
-}
+use crate::outbox::{Collect, Outbox, Running};
 
 fn start<S: Sink>(outbox: &Outbox, extra: &str, sink: S) -> Running {
-    let config = outbox.config(extra);
-    let stop = CancellationToken::new();
-    let task = tokio::spawn({
-        let stop = stop.clone();
-        async move { outbox_relay::run(&config, Arc::new(sink), stop).await }
-    });
-    Running { stop, task }
-}
-
-impl Running {
-    async fn stop(self) -> Summary {
-        self.stop.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("the relay stops within 30 s")
-            .expect("the relay task does not panic")
-            .expect("the relay stops cleanly")
-    }
+    Running::start(outbox.config(extra), sink)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
