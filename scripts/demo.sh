@@ -144,5 +144,7 @@ fi
 kill -TERM "$relay_pid"; wait "$relay_pid" || true; relay_pid=""
 echo "== relay log:"
 sed 's/^/   /' "$work/relay.log"
+echo "== the outbox rows are marked published:"
+psql_ -c "select aggregate_id, event_type, publish_state, published_at is not null as published from outbox order by created_at"
 echo "== the slot is confirmed up to the last commit:"
 psql_ -c "select slot_name, confirmed_flush_lsn, pg_current_wal_lsn() as current_wal_lsn from pg_replication_slots"
