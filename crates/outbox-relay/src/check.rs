@@ -5,7 +5,8 @@
 
 use std::fmt;
 
-use crate::config::Config;
+use crate::config::{Config, OnPublished};
+use crate::event::payload_type_supported;
 use crate::postgres;
 
 /// How bad a finding is.
@@ -38,9 +39,6 @@ impl fmt::Display for Finding {
         write!(f, "{tag} {}", self.message)
     }
 }
-
-/// Payload column types the relay can carry.
-const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "text", "character varying", "bytea"];
 
 /// Run every check against the database.
 pub async fn run(
@@ -136,64 +134,59 @@ pub async fn run(
         }
     }
 
-    let columns = client
-        .query(
-            "SELECT a.attname::text, format_type(a.atttypid, NULL) \
-             FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
-             JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-            &[&table.schema, &table.name],
-        )
-        .await?;
-    let columns: Vec<(String, String)> = columns.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut warnings = Vec::new();
-    if columns.is_empty() {
-        error(format!(
+    match crate::table::Table::inspect(client, config).await? {
+        None => error(format!(
             "table {table} does not exist (postgres.table): create it with `outbox-relay setup --config FILE --apply`"
-        ));
-    } else {
-        let type_of = |name: &str| {
-            columns
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t.as_str())
-        };
-        let mut fine = true;
-        for (key, name) in config.columns.required() {
-            match type_of(name) {
-                None => {
-                    fine = false;
-                    error(format!(
-                        "table {table} has no column {name:?} (columns.{key}); it has: {}",
-                        columns
-                            .iter()
-                            .map(|(n, _)| n.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
+        )),
+        Some(described) => {
+            let names = || {
+                described
+                    .columns
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let mut fine = true;
+            for (key, name) in config.columns.required() {
+                match described.type_of(name) {
+                    None => {
+                        fine = false;
+                        error(format!(
+                            "table {table} has no column {name:?} (columns.{key}); it has: {}",
+                            names()
+                        ));
+                    }
+                    Some(t) if key == "payload" && !payload_type_supported(t) => {
+                        fine = false;
+                        error(format!(
+                            "column {table}.{name} (columns.payload) must be jsonb, json, text, varchar or bytea"
+                        ));
+                    }
+                    Some(_) => {}
                 }
-                Some(t) if key == "payload" && !PAYLOAD_TYPES.contains(&t) => {
-                    fine = false;
-                    error(format!(
-                        "column {table}.{name} (columns.payload) is {t}; it must be jsonb, json, text, varchar or bytea"
-                    ));
+            }
+            for (key, name) in config.columns.optional() {
+                if !name.is_empty() && described.type_of(name).is_none() {
+                    warnings.push(Finding {
+                        severity: Severity::Warning,
+                        message: format!(
+                            "table {table} has no column {name:?} (columns.{key}); set columns.{key} = \"\" if that is intended"
+                        ),
+                    });
                 }
-                Some(_) => {}
             }
-        }
-        for (key, name) in config.columns.optional() {
-            if !name.is_empty() && type_of(name).is_none() {
-                warnings.push(Finding {
-                    severity: Severity::Warning,
-                    message: format!(
-                        "table {table} has no column {name:?} (columns.{key}); set columns.{key} = \"\" if that is intended"
-                    ),
-                });
+            if config.lifecycle.on_published == OnPublished::Mark && !described.managed {
+                fine = false;
+                error(format!(
+                    "lifecycle.on_published = \"mark\" needs the columns {} in {table}; add them or set it to \"none\"",
+                    crate::table::MANAGED.join(", ")
+                ));
             }
-        }
-        if fine {
-            ok(format!("table {table} has the mapped columns"));
+            if fine {
+                ok(format!("table {table} has the mapped columns"));
+            }
         }
     }
     out.extend(warnings);

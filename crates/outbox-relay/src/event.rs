@@ -67,6 +67,15 @@ mod oid {
     pub const JSONB: u32 = 3802;
 }
 
+/// Whether a payload column of type `type_oid` can be carried (jsonb, json,
+/// text, varchar, char, bytea).
+pub fn payload_type_supported(type_oid: u32) -> bool {
+    matches!(
+        type_oid,
+        oid::JSONB | oid::JSON | oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::BYTEA
+    )
+}
+
 /// UTF-8 text that shares the replication message's buffer.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Text(Bytes);

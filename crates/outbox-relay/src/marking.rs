@@ -57,24 +57,9 @@ pub fn spawn(
     mode: OnPublished,
     backoff: Backoff,
 ) -> Option<(Marker, tokio::task::JoinHandle<()>)> {
-    let (published, skipped) = match mode {
-        OnPublished::None => return None,
-        OnPublished::Mark => (
-            format!(
-                "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
-                table.qualified,
-                table.id_in(1)
-            ),
-            format!(
-                "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
-                table.qualified,
-                table.id_in(1)
-            ),
-        ),
-        OnPublished::Delete => {
-            let delete = format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1));
-            (delete.clone(), delete)
-        }
+    let (Some(published), Some(skipped)) = (table.published_sql(mode), table.skipped_sql(mode))
+    else {
+        return None;
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<Mark>();
     let task = tokio::spawn(async move {

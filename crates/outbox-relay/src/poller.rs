@@ -31,7 +31,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::Ticket;
-use crate::config::{Config, OnPublished, RetryConfig};
+use crate::config::{Config, RetryConfig};
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
 use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
@@ -253,31 +253,13 @@ impl<S: Sink> Poller<S> {
         }
 
         let mode = config.lifecycle.on_published;
-        if !published.is_empty() {
-            let sql = match mode {
-                OnPublished::Delete => {
-                    format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1))
-                }
-                _ => format!(
-                    "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
-                    table.qualified,
-                    table.id_in(1)
-                ),
-            };
-            tx.execute(&sql, &[&published]).await?;
-        }
-        if !skipped.is_empty() {
-            let sql = match mode {
-                OnPublished::Delete => {
-                    format!("DELETE FROM {} WHERE {}", table.qualified, table.id_in(1))
-                }
-                _ => format!(
-                    "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
-                    table.qualified,
-                    table.id_in(1)
-                ),
-            };
-            tx.execute(&sql, &[&skipped]).await?;
+        for (ids, sql) in [
+            (&published, table.published_sql(mode)),
+            (&skipped, table.skipped_sql(mode)),
+        ] {
+            if let (Some(sql), false) = (sql, ids.is_empty()) {
+                tx.execute(&sql, &[ids]).await?;
+            }
         }
         let fail_sql = format!(
             "UPDATE {} SET publish_state = $2, attempts = attempts + 1, last_error = $3, \

@@ -247,18 +247,10 @@ pub async fn run<S: Sink>(
         table.id_in(1),
         order(table)
     );
-    let published_sql = match config.lifecycle.on_published {
-        OnPublished::Mark if table.managed => Some(format!(
-            "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
-            table.qualified,
-            table.id_in(1)
-        )),
-        OnPublished::Delete => Some(format!(
-            "DELETE FROM {} WHERE {}",
-            table.qualified,
-            table.id_in(1)
-        )),
-        _ => None,
+    let mode = config.lifecycle.on_published;
+    let published_sql = match mode {
+        OnPublished::Mark if !table.managed => None,
+        _ => table.published_sql(mode),
     };
     let rejected_sql = table.managed.then(|| {
         format!(

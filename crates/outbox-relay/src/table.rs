@@ -2,7 +2,7 @@
 //! whether it has the relay-managed columns (`publish_state`, `attempts`,
 //! `last_error`, `next_attempt_at`, `published_at`).
 
-use crate::config::Config;
+use crate::config::{Config, OnPublished};
 use crate::setup::quote_ident;
 
 /// The relay-managed columns the lifecycle features need.
@@ -76,6 +76,45 @@ impl Table {
     /// `WHERE`-clause test of the id column against a `text[]` parameter `$n`.
     pub fn id_in(&self, n: usize) -> String {
         format!("{} = ANY(${n}::text[]::{}[])", self.id, self.id_type)
+    }
+
+    /// The statement that records rows (ids in `$1`) as published in `mode`:
+    /// mark them, or delete them; `None` when the table is left alone.
+    pub fn published_sql(&self, mode: OnPublished) -> Option<String> {
+        match mode {
+            OnPublished::Mark => Some(format!(
+                "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
+                self.qualified,
+                self.id_in(1)
+            )),
+            OnPublished::Delete => Some(self.delete_sql()),
+            OnPublished::None => None,
+        }
+    }
+
+    /// The statement that records rows (ids in `$1`) as filtered out in `mode`.
+    pub fn skipped_sql(&self, mode: OnPublished) -> Option<String> {
+        match mode {
+            OnPublished::Mark => Some(format!(
+                "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
+                self.qualified,
+                self.id_in(1)
+            )),
+            OnPublished::Delete => Some(self.delete_sql()),
+            OnPublished::None => None,
+        }
+    }
+
+    fn delete_sql(&self) -> String {
+        format!("DELETE FROM {} WHERE {}", self.qualified, self.id_in(1))
+    }
+
+    /// The type oid of column `name`.
+    pub fn type_of(&self, name: &str) -> Option<u32> {
+        self.columns
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| *t)
     }
 
     /// `SELECT` list of every column as text, in table order.
