@@ -66,6 +66,9 @@ use crate::route::Router;
 use crate::sink::{Message, Sink};
 use crate::table::Table;
 
+/// How often a standby relay looks whether the slot is free.
+const STANDBY_POLL: Duration = Duration::from_secs(2);
+
 /// How long connecting and START_REPLICATION may take.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -234,9 +237,28 @@ pub async fn run<S: Sink>(
                 if summary.sessions > sessions_before {
                     attempt = 0; // it streamed: start the backoff over
                 }
-                let delay = backoff.delay(attempt);
+                let standby = matches!(
+                    e,
+                    RelayError::Slot {
+                        transient: true,
+                        ..
+                    }
+                ) || e.to_string().contains("is active for PID");
+                let delay = if standby {
+                    // Another relay holds the slot: poll it often, to take over
+                    // within seconds when that one dies.
+                    STANDBY_POLL
+                } else {
+                    backoff.delay(attempt)
+                };
                 attempt = attempt.saturating_add(1);
-                tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                if standby {
+                    if attempt == 1 || attempt % 30 == 0 {
+                        tracing::info!(reason = %e, "standing by: the slot is in use; taking over when it is free");
+                    }
+                } else {
+                    tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.cancelled() => return Ok(summary),

@@ -2,6 +2,7 @@
 
 mod harness_smoke;
 mod lifecycle;
+mod operations;
 mod outbox;
 mod process;
 mod sns;

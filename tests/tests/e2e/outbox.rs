@@ -70,7 +70,20 @@ impl Outbox {
     /// Like [`Outbox::new`], but `table_sql` creates the outbox table (the
     /// shipped table file is skipped); it must create `public.outbox`.
     pub async fn with_schema(table_sql: Option<&str>) -> Outbox {
-        let db = TestDb::new().await;
+        Self::build(TestDb::new().await, table_sql).await
+    }
+
+    /// Like [`Outbox::new`], on a private cluster (one the test may restart).
+    pub async fn on(cluster: &Arc<harness::Cluster>) -> Outbox {
+        Self::build(TestDb::on(cluster).await, None).await
+    }
+
+    /// A new SQL session for the test (after a Postgres restart).
+    pub async fn reconnect(&mut self) {
+        self.sql = self.db.client().await;
+    }
+
+    async fn build(db: TestDb, table_sql: Option<&str>) -> Outbox {
         let sql = db.client().await;
         let slot = db.name().to_owned();
         let witness = format!("w_{}", db.name());
