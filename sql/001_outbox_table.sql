@@ -27,7 +27,7 @@ CREATE INDEX IF NOT EXISTS {{table_due_index}}
     ON {{schema}}.{{table}} ({{col_created_at}})
     WHERE publish_state IN ('PENDING', 'FAILED');
 
--- Retention deletes published rows by age.
+-- Retention deletes published (and skipped) rows by age.
 CREATE INDEX IF NOT EXISTS {{table_published_index}}
     ON {{schema}}.{{table}} (published_at)
-    WHERE publish_state = 'PUBLISHED';
+    WHERE publish_state IN ('PUBLISHED', 'SKIPPED');

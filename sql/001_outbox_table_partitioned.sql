@@ -31,7 +31,7 @@ CREATE INDEX IF NOT EXISTS {{table_due_index}}
 
 CREATE INDEX IF NOT EXISTS {{table_published_index}}
     ON {{schema}}.{{table}} (published_at)
-    WHERE publish_state = 'PUBLISHED';
+    WHERE publish_state IN ('PUBLISHED', 'SKIPPED');
 
 -- The relay looks rows up by id alone (marking, failures, replay).
 CREATE INDEX IF NOT EXISTS {{table_id_index}}

@@ -92,6 +92,12 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Slot lag, wal_status, confirmed position, rows by state; exit 1 when unhealthy.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete PUBLISHED rows older than the given age now (retention, once).
     Purge {
         /// Age, e.g. 7d, 12h, 30m.
@@ -163,6 +169,7 @@ pub fn main() -> ExitCode {
                 replay_cmd(&config, &selection, rate, dry_run).await
             }
             Command::Purge { older_than } => purge_cmd(&config, older_than).await,
+            Command::Status { json } => status_cmd(&config, json).await,
         }
     })
 }
@@ -446,5 +453,120 @@ async fn purge_cmd(config: &Config, older_than: std::time::Duration) -> ExitCode
             eprintln!("error: purge failed: {e}");
             ExitCode::from(EXIT_FAILURE)
         }
+    }
+}
+
+async fn status_cmd(config: &Config, json: bool) -> ExitCode {
+    let client = match connect(config).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let slot = match crate::monitor::slot_lag(&client, &config.postgres.slot).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot read the slot: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let table = crate::table::Table::inspect(&client, config)
+        .await
+        .ok()
+        .flatten();
+    let counts = match &table {
+        Some(t) if t.managed => crate::monitor::row_counts(&client, t)
+            .await
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let oldest_pending: Option<f64> = match &table {
+        Some(t) if t.managed && t.created_at.is_some() => client
+            .query_one(
+                &format!(
+                    "SELECT extract(epoch FROM now() - min({}))::float8 FROM {} WHERE publish_state = 'PENDING'",
+                    t.created_at.as_deref().unwrap_or("created_at"),
+                    t.qualified
+                ),
+                &[],
+            )
+            .await
+            .ok()
+            .and_then(|r| r.get(0)),
+        _ => None,
+    };
+    let max_lag = config.http.ready_max_lag_bytes;
+    let mut problems = Vec::new();
+    match slot.wal_status.as_str() {
+        "missing" => problems.push(format!("slot {:?} does not exist", config.postgres.slot)),
+        "lost" => problems.push("the slot is invalidated (wal_status = lost)".to_owned()),
+        "unreserved" => problems
+            .push("the slot is about to be invalidated (wal_status = unreserved)".to_owned()),
+        _ => {}
+    }
+    if slot.wal_status != "missing" && slot.active_pid.is_none() {
+        problems.push("no relay is streaming from the slot".to_owned());
+    }
+    if slot.lag_bytes > max_lag {
+        problems.push(format!(
+            "lag {} bytes is over http.ready_max_lag_bytes ({max_lag})",
+            slot.lag_bytes
+        ));
+    }
+    if json {
+        let value = serde_json::json!({
+            "slot": config.postgres.slot,
+            "wal_status": slot.wal_status,
+            "active_pid": slot.active_pid,
+            "confirmed_flush_lsn": slot.confirmed_flush_lsn,
+            "lag_bytes": slot.lag_bytes,
+            "lag_seconds": slot.flush_lag_seconds,
+            "retained_wal_bytes": slot.retained_bytes,
+            "safe_wal_size_bytes": slot.safe_wal_size,
+            "oldest_pending_seconds": oldest_pending,
+            "rows": counts.iter().map(|(s, n)| (s.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+            "healthy": problems.is_empty(),
+            "problems": problems,
+        });
+        println!("{value:#}");
+    } else {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+        println!("slot                 {}", config.postgres.slot);
+        println!("wal_status           {}", slot.wal_status);
+        println!(
+            "streaming (pid)      {}",
+            opt(slot.active_pid.map(|p| p.to_string()))
+        );
+        println!(
+            "confirmed_flush_lsn  {}",
+            opt(slot.confirmed_flush_lsn.clone())
+        );
+        println!(
+            "lag                  {} bytes, {} s",
+            slot.lag_bytes,
+            opt(slot.flush_lag_seconds.map(|s| format!("{s:.3}")))
+        );
+        println!("retained WAL         {} bytes", slot.retained_bytes);
+        println!(
+            "safe_wal_size        {}",
+            if slot.safe_wal_size < 0 {
+                "unlimited".to_owned()
+            } else {
+                format!("{} bytes", slot.safe_wal_size)
+            }
+        );
+        println!(
+            "oldest PENDING row   {}",
+            opt(oldest_pending.map(|s| format!("{s:.1} s")))
+        );
+        for (state, n) in &counts {
+            println!("rows {state:<15} {n}");
+        }
+        for p in &problems {
+            println!("problem              {p}");
+        }
+    }
+    if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_FAILURE)
     }
 }

@@ -494,12 +494,15 @@ impl Default for RetryConfig {
 pub struct HttpConfig {
     /// Listen address; empty switches the listener off.
     pub listen: String,
+    /// `/readyz` fails when the slot's confirmed-flush lag is over this many bytes.
+    pub ready_max_lag_bytes: i64,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: DEFAULT_HTTP_LISTEN.to_owned(),
+            ready_max_lag_bytes: 256 << 20,
         }
     }
 }
@@ -733,6 +736,20 @@ impl Config {
         }
         if self.sink.kind == SinkKind::Sns {
             self.validate_sns(&mut bad);
+        }
+        if self.lifecycle.recreate_slot && self.lifecycle.on_published == OnPublished::None {
+            bad(
+                "lifecycle.recreate_slot",
+                "needs lifecycle.on_published = \"mark\" or \"delete\": with \"none\" no poller can publish \
+                 what was written while the slot was missing, and recreating it would lose those events"
+                    .into(),
+            );
+        }
+        if self.poller.grace < Duration::from_secs(1) {
+            bad(
+                "poller.grace",
+                "must be at least 1s (the stream needs time to mark what it published)".into(),
+            );
         }
         if self.poller.batch_size == 0 {
             bad("poller.batch_size", "must be at least 1".into());

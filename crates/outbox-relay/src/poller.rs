@@ -7,7 +7,7 @@
 //!
 //! | due rows | |
 //! |---|---|
-//! | `PENDING`, older than `poller.grace` | missed by the stream (slot dropped, invalidated or recreated; a crash between publish and marking) |
+//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); not claimed while the slot is active and more than 16 MiB behind (the stream still has them) |
 //! | `PENDING`, created before a slot was recreated | swept at once, without waiting for the grace period |
 //! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
 //!
@@ -37,6 +37,10 @@ use crate::retry::Backoff;
 use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::sink::{Message, Outcome, Sink};
 use crate::table::Table;
+
+/// Slot lag over which a streaming relay is taken to be still working through
+/// a backlog: the poller leaves PENDING rows past their grace period to it.
+const GRACE_LAG_LIMIT: i64 = 16 << 20;
 
 /// `created_at` (Postgres timestamptz text) before which PENDING rows are
 /// swept without grace, after a slot was recreated.
@@ -92,10 +96,12 @@ impl<S: Sink> Poller<S> {
     /// batch is followed by another at once.
     pub async fn run(mut self, stop: CancellationToken) {
         let mut client: Option<(Client, Table)> = None;
+        let mut failed_rounds = 0u32;
         loop {
             let full = match self.connected(&mut client).await {
                 Some((c, table)) => match self.round(c, table).await {
                     Ok(round) => {
+                        failed_rounds = 0;
                         if round.claimed > 0 {
                             tracing::info!(
                                 claimed = round.claimed,
@@ -110,7 +116,8 @@ impl<S: Sink> Poller<S> {
                         round.claimed >= self.config.poller.batch_size && round.deferred == 0
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "poller round failed; retrying next interval");
+                        failed_rounds = failed_rounds.saturating_add(1);
+                        tracing::warn!(error = %e, failed_rounds, "poller round failed; retrying with backoff");
                         client = None;
                         false
                     }
@@ -123,8 +130,11 @@ impl<S: Sink> Poller<S> {
                 }
                 continue;
             }
+            // Back off after failed rounds, so a persistent error (a missing
+            // grant, a broken column) does not republish a batch every interval.
+            let wait = self.config.poller.interval * 2u32.saturating_pow(failed_rounds.min(6));
             tokio::select! {
-                _ = tokio::time::sleep(self.config.poller.interval) => {}
+                _ = tokio::time::sleep(wait.min(std::time::Duration::from_secs(300))) => {}
                 _ = stop.cancelled() => return,
             }
         }
@@ -179,17 +189,32 @@ impl<S: Sink> Poller<S> {
             }
         };
         let sweep = self.sweep.borrow().clone();
+        // PENDING rows past the grace period are the stream's to publish while
+        // it streams and is not behind: claiming them then would publish a
+        // backlog twice. While it is down or caught up, they are missed rows.
+        let (streaming, lag): (bool, i64) = {
+            let row = client
+                .query_one(
+                    "SELECT coalesce(bool_or(active), false), \
+                            coalesce(max((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint), 0) \
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&config.postgres.slot],
+                )
+                .await?;
+            (row.get(0), row.get(1))
+        };
+        let claim_missed = !streaming || lag < GRACE_LAG_LIMIT;
         let tx = client.transaction().await?;
         tx.batch_execute(TEXT_SETTINGS).await?;
         let claim = format!(
-            "SELECT {cols}, attempts, ({max_age} > 0 AND {created_at} < now() - make_interval(secs => {max_age})) \
-             FROM {t} \
-             WHERE (publish_state = 'PENDING' AND ({created_at} < now() - make_interval(secs => {grace}) \
-                                                   OR {created_at} <= $1::text::timestamptz)) \
-                OR (publish_state = 'FAILED' AND attempts < {max_attempts} \
-                    AND coalesce(next_attempt_at, '-infinity') <= now()) \
-             ORDER BY {created_at}, {id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
-            cols = table.text_columns(),
+            "SELECT {cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})) \
+             FROM {t} AS o \
+             WHERE (o.publish_state = 'PENDING' AND (($2 AND o.{created_at} < now() - make_interval(secs => {grace})) \
+                                                     OR o.{created_at} <= $1::text::timestamptz)) \
+                OR (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
+                    AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
+             ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            cols = table.text_columns("o"),
             t = table.qualified,
             id = table.id,
             grace = poller.grace.as_secs_f64(),
@@ -197,7 +222,12 @@ impl<S: Sink> Poller<S> {
             max_attempts = poller.max_attempts,
             limit = poller.batch_size,
         );
-        let rows = tx.query(&claim, &[&sweep]).await?;
+        let rows = tx.query(&claim, &[&sweep, &claim_missed]).await?;
+        let metrics = crate::metrics::get();
+        metrics.poller_ran();
+        for _ in &rows {
+            metrics.received("poller");
+        }
         let mut round = Round {
             claimed: rows.len(),
             ..Round::default()
@@ -261,20 +291,16 @@ impl<S: Sink> Poller<S> {
                 tx.execute(&sql, &[ids]).await?;
             }
         }
-        let fail_sql = format!(
-            "UPDATE {} SET publish_state = $2, attempts = attempts + 1, last_error = $3, \
-             next_attempt_at = now() + make_interval(secs => $4) WHERE {} = $1::text::{}",
-            table.qualified, table.id, table.id_type
-        );
+        let fail_sql = table.failure_sql(poller.max_attempts);
         let mut dead_notices = Vec::new();
         for (id, attempts, too_old, reason) in &failures {
             let dead = attempts + 1 >= poller.max_attempts || *too_old;
-            let state = if dead { "DEAD" } else { "FAILED" };
             let delay = self
                 .backoff
                 .delay(u32::try_from(*attempts).unwrap_or(0))
                 .as_secs_f64();
-            tx.execute(&fail_sql, &[id, &state, reason, &delay]).await?;
+            tx.execute(&fail_sql, &[id, reason, too_old, &delay])
+                .await?;
             if dead {
                 round.dead += 1;
                 tracing::error!(id = %id, attempts = attempts + 1, error = %reason, "event is DEAD: it will not be retried; replay it once the cause is fixed");
@@ -286,6 +312,10 @@ impl<S: Sink> Poller<S> {
         tx.commit().await?;
         round.published = published.len();
         round.skipped = skipped.len();
+        metrics.published("delivered", published.len() as u64);
+        metrics.published("skipped", skipped.len() as u64);
+        metrics.published("rejected", (round.failed + round.dead) as u64);
+        metrics.published("retried", round.deferred as u64);
         self.notify_dead(&dead_notices, &messages).await;
         Ok(round)
     }

@@ -228,7 +228,11 @@ impl<S: Sink> Publisher<S> {
             let sink = Arc::clone(&self.sink);
             let recorder = self.recorder.clone();
             self.tasks.spawn(async move {
+                let started = std::time::Instant::now();
                 let outcomes = sink.publish(&batch).await;
+                crate::metrics::get()
+                    .publish_duration
+                    .observe(started.elapsed().as_secs_f64());
                 let verdicts = verdicts(&batch, outcomes);
                 if let Some(recorder) = recorder {
                     // Record only what `settle` will report: a rejection behind a
@@ -318,6 +322,9 @@ impl<S: Sink> Publisher<S> {
             }
             let completion = match verdict {
                 Verdict::Delivered => {
+                    let metrics = crate::metrics::get();
+                    metrics.published("delivered", 1);
+                    metrics.delivered_after_commit(message.commit_time);
                     if let Some(marker) = &self.marker {
                         marker.send(Mark::Published(message.event.id.clone()));
                     }
@@ -354,6 +361,9 @@ impl<S: Sink> Publisher<S> {
                     self.blocked.remove(&group);
                 }
             }
+        }
+        if !retry.is_empty() {
+            crate::metrics::get().published("retried", retry.len() as u64);
         }
         if let Some(reason) = failed.values().next() {
             tracing::warn!(

@@ -13,8 +13,9 @@
 //! * with neither, the relay logs the event id and reason at error level and
 //!   says at start-up that it has nowhere to record.
 //!
-//! Recording retries on database errors (with backoff) until it succeeds, so
-//! the acknowledgement waits for it.
+//! Recording retries database errors a few times with backoff; if it still
+//! fails, the session ends and starts over on a fresh connection. Either way
+//! the acknowledgement waits for it: nothing is acknowledged unrecorded.
 
 use std::sync::Arc;
 
@@ -70,6 +71,8 @@ pub struct Recorder {
     client: Arc<tokio_postgres::Client>,
     mode: Mode,
     backoff: Backoff,
+    /// Seconds until the poller's first retry of a failed row.
+    retry_in: f64,
 }
 
 impl Recorder {
@@ -98,19 +101,7 @@ impl Recorder {
             )
         });
         let mode = if table.managed {
-            Mode::InTable(
-                format!(
-                    "UPDATE {} SET publish_state = CASE WHEN attempts + 1 >= {max} THEN 'DEAD' ELSE 'FAILED' END, \
-                     last_error = $2, attempts = attempts + 1, \
-                     next_attempt_at = now() + make_interval(secs => {delay}) WHERE {} = $1::text::{}",
-                    table.qualified,
-                    table.id,
-                    table.id_type,
-                    max = config.poller.max_attempts,
-                    delay = config.poller.backoff_initial.as_secs_f64(),
-                ),
-                insert,
-            )
+            Mode::InTable(table.failure_sql(config.poller.max_attempts), insert)
         } else if let Some(insert) = insert {
             Mode::DeadLetter(insert)
         } else {
@@ -123,6 +114,7 @@ impl Recorder {
             client,
             mode,
             backoff: Backoff::new(&config.retry),
+            retry_in: config.poller.backoff_initial.as_secs_f64(),
         })
     }
 
@@ -191,7 +183,7 @@ impl Recorder {
                     0
                 } else {
                     self.client
-                        .execute(update.as_str(), &[&id, &reason])
+                        .execute(update.as_str(), &[&id, &reason, &false, &self.retry_in])
                         .await?
                 };
                 if updated == 0 {

@@ -4,7 +4,9 @@
 //! * the **poller** (`[poller] enabled`, in mark and delete modes): publishes
 //!   what the log cannot give back, see [`crate::poller`];
 //! * **retention** (`[retention] enabled`, in mark mode): deletes old
-//!   published rows, see [`crate::retention`].
+//!   published rows, see [`crate::retention`];
+//! * the **monitor** and the **HTTP listener** (`[http] listen`): slot lag,
+//!   `/metrics`, `/healthz`, `/readyz`, see [`crate::monitor`], [`crate::http`].
 //!
 //! Each can be switched off per instance, so a fleet can run retention on one
 //! node only. When the stream recreates a lost slot it tells this instance's
@@ -30,6 +32,24 @@ pub async fn run<S: Sink>(
     let (sweep_tx, sweep_rx) = watch::channel(None);
     let mode = config.lifecycle.on_published;
     let mut tasks = Vec::new();
+    crate::metrics::get()
+        .health
+        .stream_enabled
+        .store(config.stream.enabled, std::sync::atomic::Ordering::Relaxed);
+    if !config.http.listen.is_empty() {
+        let listener = crate::http::bind(&config.http.listen)
+            .await
+            .map_err(RelayError::Listen)?;
+        tasks.push(tokio::spawn(crate::http::serve(
+            listener,
+            config.http.ready_max_lag_bytes,
+            workers.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(crate::monitor::run(
+        config.clone(),
+        workers.clone(),
+    )));
     if config.poller.enabled && mode != OnPublished::None {
         let poller = Poller::new(config, Arc::clone(&sink), sweep_rx)?;
         tasks.push(tokio::spawn(poller.run(workers.clone())));

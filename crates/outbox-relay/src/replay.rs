@@ -4,8 +4,9 @@
 //! exclusive), ids, aggregate type or id, event type and publish state, and
 //! published oldest first through the same mapping, filter, routing, envelope
 //! and sink as the stream. Delivered rows become PUBLISHED (or are deleted in
-//! delete mode); a rejected row keeps its state and gets the new error and
-//! attempt. `--dry-run` prints the count and a sample and publishes nothing.
+//! delete mode); a rejected row is recorded like any failed attempt (FAILED,
+//! or DEAD at `poller.max_attempts`). The selected ids are read first (about
+//! 50 bytes each), then the rows page by page. `--dry-run` prints the count and a sample and publishes nothing.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -150,10 +151,11 @@ fn build(config: &Config, table: &Table, selection: &Selection) -> Result<Query,
     Ok(q)
 }
 
+/// Oldest first, on the table aliased `o` (see [`Table::text_columns`]).
 fn order(table: &Table) -> String {
     match &table.created_at {
-        Some(c) => format!("{c}, {}", table.id),
-        None => table.id.clone(),
+        Some(c) => format!("o.{c}, o.{}", table.id),
+        None => format!("o.{}", table.id),
     }
 }
 
@@ -185,7 +187,7 @@ pub async fn dry_run(
         .query(
             &format!(
                 "SELECT concat_ws(' ', {id}::text, {et}::text, {at}::text || '/' || {ai}::text, {state}::text, {created}) \
-                 FROM {t} WHERE {w} ORDER BY {o} LIMIT 5",
+                 FROM {t} AS o WHERE {w} ORDER BY {o} LIMIT 5",
                 id = table.id,
                 et = quote_ident(&c.event_type),
                 at = quote_ident(&c.aggregate_type),
@@ -219,7 +221,7 @@ pub async fn run<S: Sink>(
     let ids: Vec<String> = client
         .query(
             &format!(
-                "SELECT {}::text FROM {} WHERE {} ORDER BY {}{limit}",
+                "SELECT o.{}::text FROM {} AS o WHERE {} ORDER BY {}{limit}",
                 table.id,
                 table.qualified,
                 q.clause,
@@ -241,8 +243,8 @@ pub async fn run<S: Sink>(
     let started = Instant::now();
     let progress = std::io::stderr().is_terminal();
     let fetch = format!(
-        "SELECT {} FROM {} WHERE {} ORDER BY {}",
-        table.text_columns(),
+        "SELECT {} FROM {} AS o WHERE o.{} ORDER BY {}",
+        table.text_columns("o"),
         table.qualified,
         table.id_in(1),
         order(table)
@@ -252,12 +254,10 @@ pub async fn run<S: Sink>(
         OnPublished::Mark if !table.managed => None,
         _ => table.published_sql(mode),
     };
-    let rejected_sql = table.managed.then(|| {
-        format!(
-            "UPDATE {} SET attempts = attempts + 1, last_error = $2 WHERE {} = $1::text::{}",
-            table.qualified, table.id, table.id_type
-        )
-    });
+    let rejected_sql = table
+        .managed
+        .then(|| table.failure_sql(config.poller.max_attempts));
+    let retry_in = config.poller.backoff_initial.as_secs_f64();
     for page in ids.chunks(PAGE) {
         let page: Vec<String> = page.to_vec();
         let tx = client.transaction().await?;
@@ -316,7 +316,9 @@ pub async fn run<S: Sink>(
         for (id, reason) in &rejected {
             eprintln!("rejected {id}: {reason}");
             if let Some(sql) = &rejected_sql {
-                client.execute(sql.as_str(), &[id, reason]).await?;
+                client
+                    .execute(sql.as_str(), &[id, reason, &false, &retry_in])
+                    .await?;
             }
         }
         done.published += published.len();

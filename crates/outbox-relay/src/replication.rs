@@ -115,6 +115,9 @@ pub enum RelayError {
     /// The table does not fit the column mapping.
     #[error("{0}")]
     Mapping(#[from] MappingError),
+    /// The HTTP listener cannot start (the message names `http.listen`).
+    #[error("{0}")]
+    Listen(String),
     /// Rejected events cannot be recorded.
     #[error("{0}")]
     Record(#[from] crate::record::RecordError),
@@ -184,6 +187,7 @@ impl RelayError {
             RelayError::Record(crate::record::RecordError::Nowhere { .. }) => Fatal,
             RelayError::Record(_) => Transient,
             RelayError::ConnInfo(_)
+            | RelayError::Listen(_)
             | RelayError::Mapping(_)
             | RelayError::Decode { .. }
             | RelayError::Framing(_)
@@ -336,6 +340,24 @@ async fn check_slot(
     })
 }
 
+/// Whether a poller can publish what a lost slot held: the table has the
+/// relay-managed columns and created_at. Without them, recreating the slot
+/// would silently skip what was written meanwhile: better to stop loudly.
+async fn can_sweep(client: &tokio_postgres::Client, config: &Config) -> bool {
+    match Table::inspect(client, config).await {
+        Ok(Some(t)) if t.managed && t.created_at.is_some() => {
+            if !config.poller.enabled {
+                tracing::warn!("this instance's poller is off: another instance's poller must sweep the rows the lost slot held (after poller.grace)");
+            }
+            true
+        }
+        _ => {
+            tracing::error!("lifecycle.recreate_slot is set, but the table lacks the relay-managed columns or created_at: no poller could publish what the lost slot held, so the slot is not recreated");
+            false
+        }
+    }
+}
+
 /// The publication must carry the outbox table under its own name (a
 /// partitioned table through its root), or its rows would arrive as some
 /// other relation and be skipped.
@@ -349,7 +371,10 @@ async fn check_publication(
     let row = client
         .query_opt(
             "SELECT p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
-               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
+               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3), \
+               p.pubinsert, \
+               EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname \
+                 AND t.schemaname = $2 AND t.tablename = $3 AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL) \
              FROM pg_publication p WHERE p.pubname = $1",
             &[publication, &name.schema, &name.name],
         )
@@ -373,6 +398,13 @@ async fn check_publication(
             "publication {publication:?} does not carry table {name} (postgres.table): \
              ALTER PUBLICATION {publication} ADD TABLE {name}"
         ))),
+        Some(r) if !r.get::<_, bool>(2) => Err(fatal(format!(
+            "publication {publication:?} does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
+        ))),
+        Some(r) if r.get::<_, bool>(3) => Err(fatal(format!(
+            "publication {publication:?} has a row filter on {name}: rows it filters out would never be published; \
+             drop the filter (ALTER PUBLICATION {publication} SET TABLE {name})"
+        ))),
         Some(_) => Ok(()),
     }
 }
@@ -385,14 +417,15 @@ async fn recreate_slot(
 ) -> Result<(u64, String), RelayError> {
     client
         .execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND wal_status = 'lost'",
             &[&slot],
         )
         .await
         .map_err(sql("dropping the invalidated slot"))?;
     let row = client
         .query_one(
-            "SELECT lsn::text, now()::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
             &[&slot],
         )
         .await
@@ -422,7 +455,7 @@ async fn session<S: Sink>(
             message,
             transient: false,
             lost: true,
-        }) if config.lifecycle.recreate_slot => {
+        }) if config.lifecycle.recreate_slot && can_sweep(&sql_client, config).await => {
             tracing::error!(slot = %slot, problem = %message, "replication slot lost; recreating it (lifecycle.recreate_slot)");
             let (start, before) = recreate_slot(&sql_client, slot).await?;
             tracing::error!(
@@ -460,6 +493,9 @@ async fn session<S: Sink>(
         _ = stop.cancelled() => return Ok(()),
     }
     summary.sessions += 1;
+    let metrics = crate::metrics::get();
+    metrics.set_streaming(true);
+    let _streaming = OnDrop(|| crate::metrics::get().set_streaming(false));
     tracing::info!(
         database = %conn.display(),
         slot = %slot,
@@ -571,8 +607,14 @@ async fn session<S: Sink>(
                 break;
             }
         }
+        if sql_client.is_closed() {
+            // Recording and marking need it: start over on a fresh connection.
+            return Err(RelayError::StreamEnded);
+        }
         // Monotonic and cheap: a no-op unless the tracker moved.
         client.update_applied_lsn(Lsn(stream.tracker.confirmed()));
+        metrics.in_flight.set(stream.tracker.unfinished() as i64);
+        metrics.status_updates_total(client.metrics().feedback_sent());
     }
 
     let confirmed = stream.tracker.confirmed();
@@ -659,6 +701,7 @@ impl Stream<'_> {
             }
             Completion::Rejected { ticket, id, reason } => {
                 self.summary.rejected += 1;
+                crate::metrics::get().published("rejected", 1);
                 tracing::error!(id = %id, error = %reason, "event rejected and recorded as failed; the stream moves on");
                 ticket
             }
@@ -731,6 +774,7 @@ impl Stream<'_> {
                     return Ok(());
                 };
                 let ticket = self.tracker.event()?;
+                crate::metrics::get().received("replication");
                 let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
                     Ok(event)
                         if !self
@@ -740,6 +784,7 @@ impl Stream<'_> {
                     {
                         tracing::debug!(id = %event.id, event_type = %event.event_type, "filtered out; not published");
                         self.summary.skipped += 1;
+                        crate::metrics::get().published("skipped", 1);
                         if let Some(marker) = &self.marker {
                             marker.send(Mark::Skipped(event.id));
                         }
@@ -785,6 +830,15 @@ impl Stream<'_> {
             Pgoutput::Origin(_) | Pgoutput::Type(_) | Pgoutput::Message(_) => {}
         }
         Ok(())
+    }
+}
+
+/// Runs a closure when dropped (however the scope ends).
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
     }
 }
 

@@ -1,11 +1,13 @@
-//! Retention: deletes PUBLISHED (and SKIPPED) rows older than `retention.keep`,
-//! in batches, never PENDING, FAILED or DEAD ones.
+//! Retention: deletes PUBLISHED (and SKIPPED) rows whose `published_at` is
+//! older than `retention.keep`, in batches, never PENDING, FAILED or DEAD ones.
 //!
 //! Each batch is its own short transaction (`retention.batch_size` rows,
 //! default 1,000), so retention never holds locks long or bloats one
 //! transaction, and runs beside concurrent inserts. On a partitioned table
 //! with `retention.drop_partitions`, a partition whose rows are all expired
-//! PUBLISHED/SKIPPED rows is detached and dropped instead.
+//! PUBLISHED/SKIPPED rows, and whose range ended before the cut-off, is
+//! detached and dropped first (never the DEFAULT partition); rows are then
+//! deleted as usual.
 
 use std::time::Duration;
 
@@ -28,7 +30,8 @@ pub struct Purged {
     pub partitions: Vec<String>,
 }
 
-/// Delete what is older than `older_than` now, batch by batch, until nothing is left.
+/// Delete what is older than `older_than` now, batch by batch, until nothing
+/// is left or `stop` is cancelled.
 pub async fn purge(
     client: &Client,
     table: &Table,
@@ -36,15 +39,34 @@ pub async fn purge(
     batch_size: usize,
     drop_partitions: bool,
 ) -> Result<Purged, tokio_postgres::Error> {
+    purge_until(
+        client,
+        table,
+        older_than,
+        batch_size,
+        drop_partitions,
+        &CancellationToken::new(),
+    )
+    .await
+}
+
+async fn purge_until(
+    client: &Client,
+    table: &Table,
+    older_than: Duration,
+    batch_size: usize,
+    drop_partitions: bool,
+    stop: &CancellationToken,
+) -> Result<Purged, tokio_postgres::Error> {
     let mut purged = Purged::default();
     if drop_partitions && table.partitioned {
-        purged.partitions = drop_expired_partitions(client, table, older_than).await?;
+        purged.partitions = drop_expired_partitions(client, table, older_than).await;
     }
-    let created_at = table.created_at.as_deref().unwrap_or("published_at");
+    // SKIPPED rows carry published_at too (the time they were skipped), so one
+    // partial index serves both.
     let sql = format!(
         "DELETE FROM {t} WHERE {id} IN (SELECT {id} FROM {t} \
-           WHERE (publish_state = 'PUBLISHED' AND published_at < now() - make_interval(secs => $1)) \
-              OR (publish_state = 'SKIPPED' AND {created_at} < now() - make_interval(secs => $1)) \
+           WHERE publish_state IN ('PUBLISHED', 'SKIPPED') AND published_at < now() - make_interval(secs => $1) \
            LIMIT $2)",
         t = table.qualified,
         id = table.id,
@@ -58,27 +80,38 @@ pub async fn purge(
             purged.batches += 1;
             purged.rows += deleted;
         }
-        if deleted < batch_size as u64 {
+        if deleted < batch_size as u64 || stop.is_cancelled() {
             return Ok(purged);
         }
     }
 }
 
-/// Detach and drop partitions holding only expired PUBLISHED/SKIPPED rows.
+/// Detach and drop partitions whose whole range is older than `older_than`
+/// and whose rows are all expired PUBLISHED/SKIPPED ones. Never the DEFAULT
+/// partition; a partition is re-checked after it is detached (no insert can
+/// reach it then) and put back if anything else is in it. Errors are logged,
+/// never fatal to row retention.
 async fn drop_expired_partitions(
     client: &Client,
     table: &Table,
     older_than: Duration,
-) -> Result<Vec<String>, tokio_postgres::Error> {
-    let partitions = client
+) -> Vec<String> {
+    let partitions = match client
         .query(
-            "SELECT n.nspname::text, c.relname::text FROM pg_inherits i \
-             JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+            "SELECT n.nspname::text, c.relname::text, pg_get_expr(c.relpartbound, c.oid) \
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE i.inhparent = $1::text::regclass",
             &[&table.qualified],
         )
-        .await?;
-    let created_at = table.created_at.as_deref().unwrap_or("published_at");
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(error = %e, "retention cannot list partitions");
+            return Vec::new();
+        }
+    };
+    let seconds = older_than.as_secs_f64();
     let mut dropped = Vec::new();
     for row in partitions {
         let name = format!(
@@ -86,31 +119,73 @@ async fn drop_expired_partitions(
             quote_ident(row.get::<_, &str>(0)),
             quote_ident(row.get::<_, &str>(1))
         );
-        // Keep it if any row is not an expired PUBLISHED/SKIPPED one (or it is empty and may still fill).
-        let keep: bool = client
+        let bound: &str = row.get(2);
+        // `FOR VALUES FROM ('…') TO ('…')`: only ranges that ended long enough ago.
+        let Some(upper) = bound
+            .split_once(" TO ('")
+            .and_then(|(_, rest)| rest.split_once("')"))
+            .map(|(upper, _)| upper.to_owned())
+        else {
+            continue; // DEFAULT, or not a range partition
+        };
+        let expired: bool = match client
             .query_one(
-                &format!(
-                    "SELECT NOT EXISTS (SELECT 1 FROM {name}) OR EXISTS (SELECT 1 FROM {name} WHERE NOT ( \
-                       (publish_state = 'PUBLISHED' AND published_at < now() - make_interval(secs => $1)) \
-                       OR (publish_state = 'SKIPPED' AND {created_at} < now() - make_interval(secs => $1))))"
-                ),
-                &[&older_than.as_secs_f64()],
+                "SELECT $1::text::timestamptz <= now() - make_interval(secs => $2)",
+                &[&upper, &seconds],
             )
-            .await?
-            .get(0);
-        if keep {
+            .await
+        {
+            Ok(r) => r.get(0),
+            Err(_) => continue, // not partitioned by a timestamp
+        };
+        if !expired {
             continue;
         }
-        client
-            .batch_execute(&format!(
-                "ALTER TABLE {} DETACH PARTITION {name}; DROP TABLE {name};",
-                table.qualified
-            ))
-            .await?;
-        tracing::info!(partition = %name, "dropped an expired partition");
-        dropped.push(name);
+        match drop_partition(client, table, &name, seconds).await {
+            Ok(true) => {
+                tracing::info!(partition = %name, "dropped an expired partition");
+                dropped.push(name);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                tracing::warn!(partition = %name, error = %e, "cannot drop an expired partition; deleting its rows instead");
+            }
+        }
     }
-    Ok(dropped)
+    dropped
+}
+
+async fn drop_partition(
+    client: &Client,
+    table: &Table,
+    name: &str,
+    seconds: f64,
+) -> Result<bool, tokio_postgres::Error> {
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL lock_timeout = '2s'; ALTER TABLE {} DETACH PARTITION {name};",
+            table.qualified
+        ))
+        .await?;
+    let keep: bool = client
+        .query_one(
+            &format!(
+                "SELECT EXISTS (SELECT 1 FROM {name} WHERE (publish_state IN ('PUBLISHED', 'SKIPPED') \
+                   AND published_at < now() - make_interval(secs => $1)) IS NOT TRUE)"
+            ),
+            &[&seconds],
+        )
+        .await?
+        .get(0);
+    if keep {
+        client.batch_execute("ROLLBACK").await?;
+        return Ok(false);
+    }
+    client
+        .batch_execute(&format!("DROP TABLE {name}; COMMIT;"))
+        .await?;
+    Ok(true)
 }
 
 /// Run retention every `retention.interval` until `stop`.
@@ -143,6 +218,9 @@ pub async fn run(config: Config, stop: CancellationToken) {
             .map(Some)
         }
         .await;
+        if let Ok(Some(p)) = &result {
+            crate::metrics::get().retention_ran(p.rows);
+        }
         match result {
             Ok(Some(p)) if p.rows > 0 || !p.partitions.is_empty() => tracing::info!(
                 rows = p.rows,

@@ -96,7 +96,7 @@ impl Table {
     pub fn skipped_sql(&self, mode: OnPublished) -> Option<String> {
         match mode {
             OnPublished::Mark => Some(format!(
-                "UPDATE {} SET publish_state = 'SKIPPED' WHERE {}",
+                "UPDATE {} SET publish_state = 'SKIPPED', published_at = now() WHERE {}",
                 self.qualified,
                 self.id_in(1)
             )),
@@ -117,12 +117,26 @@ impl Table {
             .map(|(_, t)| *t)
     }
 
-    /// `SELECT` list of every column as text, in table order.
-    pub fn text_columns(&self) -> String {
+    /// `SELECT` list of every column of the table aliased `alias`, as text,
+    /// in table order. Qualify `ORDER BY` with the alias too: an unqualified
+    /// name would bind to these text output columns and defeat the indexes.
+    pub fn text_columns(&self, alias: &str) -> String {
         self.columns
             .iter()
-            .map(|(n, _)| format!("{}::text", quote_ident(n)))
+            .map(|(n, _)| format!("{alias}.{}::text", quote_ident(n)))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+
+    /// The statement that records a failed attempt: `$1` id, `$2` reason,
+    /// `$3` too old (bool), `$4` seconds until the next attempt. DEAD once
+    /// `max_attempts` is reached or the row is too old; FAILED otherwise.
+    pub fn failure_sql(&self, max_attempts: i32) -> String {
+        format!(
+            "UPDATE {} SET publish_state = CASE WHEN attempts + 1 >= {max_attempts} OR $3 THEN 'DEAD' ELSE 'FAILED' END, \
+             attempts = attempts + 1, last_error = $2, next_attempt_at = now() + make_interval(secs => $4) \
+             WHERE {} = $1::text::{}",
+            self.qualified, self.id, self.id_type
+        )
     }
 }

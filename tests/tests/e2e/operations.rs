@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::{wait_until, Cluster, RelayProcess, StopMode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::outbox::{envelope_ids, Outbox};
+use crate::outbox::{envelope_ids, Collect, Outbox, Running};
 
 /// Quick reconnects for tests.
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
@@ -157,4 +158,133 @@ async fn a_standby_takes_over_within_ten_seconds_when_the_active_relay_is_killed
         "standby took over {takeover:?} after kill -9; {} events, none lost",
         expected.len()
     );
+}
+
+/// `GET path` from the relay's listener: (status code, body).
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to the listener");
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of an unlabelled metric in a scrape.
+fn metric(scrape: &str, name: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraped_metrics_show_the_lag_rising_while_the_sink_is_blocked_and_falling_after() {
+    let outbox = Outbox::new().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let sink = Collect::holding(|_| true);
+    let relay = Running::start(
+        outbox.config(&format!(
+            "[http]\nlisten = \"{addr}\"\nready_max_lag_bytes = 1048576"
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    assert_eq!(get(&addr, "/healthz").await.0, 200);
+    wait_until(
+        Duration::from_secs(15),
+        "ready while streaming with no lag",
+        || async { get(&addr, "/readyz").await.0 == 200 },
+    )
+    .await;
+
+    outbox.insert_tx(&[("a".into(), "Held".into())]).await;
+    outbox
+        .sql
+        .batch_execute("CREATE TABLE busy AS SELECT g, repeat(md5(g::text), 16) AS body FROM generate_series(1, 10000) g")
+        .await
+        .unwrap();
+    let lag = wait_until(
+        Duration::from_secs(20),
+        "the scraped lag rises over 1 MB",
+        || async {
+            let (_, scrape) = get(&addr, "/metrics").await;
+            metric(&scrape, "outbox_relay_confirmed_flush_lag_bytes").filter(|l| *l > 1_048_576.0)
+        },
+    )
+    .await;
+    let (status, body) = get(&addr, "/readyz").await;
+    assert_eq!(status, 503, "not ready while lagging: {body}");
+    assert!(body.contains("lag"), "{body}");
+    let (_, scrape) = get(&addr, "/metrics").await;
+    assert_eq!(
+        metric(&scrape, "outbox_relay_in_flight_envelopes"),
+        Some(1.0)
+    );
+    assert_eq!(metric(&scrape, "outbox_relay_streaming"), Some(1.0));
+
+    sink.release();
+    wait_until(
+        Duration::from_secs(20),
+        "the scraped lag falls under 1 MB",
+        || async {
+            let (_, scrape) = get(&addr, "/metrics").await;
+            metric(&scrape, "outbox_relay_confirmed_flush_lag_bytes").filter(|l| *l < 1_048_576.0)
+        },
+    )
+    .await;
+    wait_until(Duration::from_secs(10), "ready again", || async {
+        get(&addr, "/readyz").await.0 == 200
+    })
+    .await;
+    let (_, scrape) = get(&addr, "/metrics").await;
+    assert!(
+        scrape.contains("outbox_relay_envelopes_published_total{outcome=\"delivered\"} 1"),
+        "{scrape}"
+    );
+    assert!(
+        scrape.contains("outbox_relay_end_to_end_latency_seconds_count 1"),
+        "{scrape}"
+    );
+    eprintln!("lag rose to {lag} bytes while the sink was blocked");
+
+    let config = outbox.config_file("");
+    let mut status = RelayProcess::spawn(
+        &["status", "--json", "--config", config.to_str().unwrap()],
+        &[],
+    );
+    assert!(
+        status
+            .wait_exit_async(Duration::from_secs(20))
+            .await
+            .unwrap()
+            .success(),
+        "{}",
+        status.stdout_text()
+    );
+    let report: serde_json::Value = serde_json::from_str(&status.stdout_text()).unwrap();
+    assert_eq!(report["healthy"], true);
+    assert_eq!(report["wal_status"], "reserved");
+    assert_eq!(report["rows"]["PENDING"], 0);
+    relay.stop().await;
 }

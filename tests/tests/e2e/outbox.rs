@@ -124,8 +124,14 @@ impl Outbox {
     /// The relay configuration for this database, with `extra` TOML appended
     /// (sections other than `[postgres]`, or keys after a section header).
     pub fn config_toml(&self, extra: &str) -> String {
+        // No listener unless the test configures one.
+        let http = if extra.contains("[http]") {
+            ""
+        } else {
+            "\n[http]\nlisten = \"\"\n"
+        };
         format!(
-            "[postgres]\nurl = \"{}\"\nslot = \"{}\"\n{extra}\n[http]\nlisten = \"\"\n",
+            "[postgres]\nurl = \"{}\"\nslot = \"{}\"\n{extra}\n{http}",
             self.db.url(),
             self.slot
         )

@@ -1,0 +1,332 @@
+//! Prometheus metrics and the readiness state, one set per process.
+//!
+//! Names follow `outbox_relay_<name>_<unit>[_total]`, base units, low
+//! cardinality labels (`path`, `outcome`, `state`, `status`). What each one
+//! means, and alert rules on them: docs/operations.md.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+/// One label.
+pub type Labels = Vec<(String, String)>;
+
+fn label(key: &str, value: &str) -> Labels {
+    vec![(key.to_owned(), value.to_owned())]
+}
+
+/// Every metric of the relay.
+pub struct Metrics {
+    registry: Registry,
+    events_received: Family<Labels, Counter>,
+    envelopes_published: Family<Labels, Counter>,
+    /// Duration of one sink call (a PublishBatch).
+    pub publish_duration: Histogram,
+    /// Commit timestamp to confirmed publish.
+    pub end_to_end_latency: Histogram,
+    /// Events received and not yet finished.
+    pub in_flight: Gauge,
+    /// WAL between the server's current position and the slot's confirmed flush.
+    pub confirmed_flush_lag: Gauge,
+    /// WAL the slot holds (current position − restart_lsn).
+    pub retained_wal: Gauge,
+    /// `safe_wal_size` of the slot (−1 when unlimited).
+    pub safe_wal_size: Gauge,
+    slot_wal_status: Family<Labels, Gauge>,
+    /// 1 while a replication session streams.
+    pub streaming: Gauge,
+    status_updates: Counter,
+    status_updates_seen: AtomicU64,
+    poller_runs: Counter,
+    retention_runs: Counter,
+    retention_deleted: Counter,
+    rows: Family<Labels, Gauge>,
+    slot_losses: Counter,
+    /// Readiness inputs.
+    pub health: Health,
+}
+
+/// What readiness is judged on.
+#[derive(Default)]
+pub struct Health {
+    /// The stream runs on this instance.
+    pub stream_enabled: AtomicBool,
+    /// A session streams now.
+    pub streaming: AtomicBool,
+    /// The slot is missing or invalidated.
+    pub slot_lost: AtomicBool,
+    /// Last measured confirmed-flush lag in bytes (−1: unknown).
+    pub lag_bytes: AtomicI64,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let events_received = Family::<Labels, Counter>::default();
+        registry.register(
+            "outbox_relay_events_received",
+            "Outbox events received, by path (replication, poller)",
+            events_received.clone(),
+        );
+        let envelopes_published = Family::<Labels, Counter>::default();
+        registry.register(
+            "outbox_relay_envelopes_published",
+            "Envelopes by outcome: delivered, rejected (recorded FAILED/DEAD), retried (transient failure), skipped (filtered out)",
+            envelopes_published.clone(),
+        );
+        let publish_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "outbox_relay_publish_duration",
+            "Duration of one sink call (one PublishBatch)",
+            Unit::Seconds,
+            publish_duration.clone(),
+        );
+        let end_to_end_latency = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        registry.register_with_unit(
+            "outbox_relay_end_to_end_latency",
+            "From the transaction's commit timestamp to the sink's confirmation",
+            Unit::Seconds,
+            end_to_end_latency.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "outbox_relay_in_flight_envelopes",
+            "Events received and not yet delivered or recorded",
+            in_flight.clone(),
+        );
+        let confirmed_flush_lag = Gauge::default();
+        registry.register_with_unit(
+            "outbox_relay_confirmed_flush_lag",
+            "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
+            Unit::Bytes,
+            confirmed_flush_lag.clone(),
+        );
+        let retained_wal = Gauge::default();
+        registry.register_with_unit(
+            "outbox_relay_retained_wal",
+            "WAL the slot holds: pg_current_wal_lsn() - restart_lsn",
+            Unit::Bytes,
+            retained_wal.clone(),
+        );
+        let safe_wal_size = Gauge::default();
+        registry.register_with_unit(
+            "outbox_relay_slot_safe_wal_size",
+            "WAL that can still be written before the slot is invalidated (-1: no limit)",
+            Unit::Bytes,
+            safe_wal_size.clone(),
+        );
+        let slot_wal_status = Family::<Labels, Gauge>::default();
+        registry.register(
+            "outbox_relay_slot_wal_status",
+            "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing)",
+            slot_wal_status.clone(),
+        );
+        let streaming = Gauge::default();
+        registry.register(
+            "outbox_relay_streaming",
+            "1 while a replication session streams",
+            streaming.clone(),
+        );
+        let status_updates = Counter::default();
+        registry.register(
+            "outbox_relay_status_updates_sent",
+            "Standby status updates (flush positions) sent to Postgres",
+            status_updates.clone(),
+        );
+        let poller_runs = Counter::default();
+        registry.register(
+            "outbox_relay_poller_runs",
+            "Poller rounds",
+            poller_runs.clone(),
+        );
+        let retention_runs = Counter::default();
+        registry.register(
+            "outbox_relay_retention_runs",
+            "Retention runs",
+            retention_runs.clone(),
+        );
+        let retention_deleted = Counter::default();
+        registry.register(
+            "outbox_relay_retention_deleted_rows",
+            "Published rows deleted by retention",
+            retention_deleted.clone(),
+        );
+        let rows = Family::<Labels, Gauge>::default();
+        registry.register(
+            "outbox_relay_rows",
+            "Outbox rows by publish state (PENDING, FAILED, DEAD)",
+            rows.clone(),
+        );
+        let slot_losses = Counter::default();
+        registry.register(
+            "outbox_relay_slot_losses",
+            "Times the slot was found missing or invalidated",
+            slot_losses.clone(),
+        );
+        Self {
+            registry,
+            events_received,
+            envelopes_published,
+            publish_duration,
+            end_to_end_latency,
+            in_flight,
+            confirmed_flush_lag,
+            retained_wal,
+            safe_wal_size,
+            slot_wal_status,
+            streaming,
+            status_updates,
+            status_updates_seen: AtomicU64::new(0),
+            poller_runs,
+            retention_runs,
+            retention_deleted,
+            rows,
+            slot_losses,
+            health: Health {
+                lag_bytes: AtomicI64::new(-1),
+                ..Health::default()
+            },
+        }
+    }
+
+    /// An event came in by `path` (`replication` or `poller`).
+    pub fn received(&self, path: &str) {
+        self.events_received
+            .get_or_create(&label("path", path))
+            .inc();
+    }
+
+    /// An envelope's outcome: `delivered`, `rejected`, `retried` or `skipped`.
+    pub fn published(&self, outcome: &str, n: u64) {
+        self.envelopes_published
+            .get_or_create(&label("outcome", outcome))
+            .inc_by(n);
+    }
+
+    /// The end-to-end latency of an event committed at `commit_time`
+    /// (µs since 2000-01-01); unknown commit times (0) are not observed.
+    pub fn delivered_after_commit(&self, commit_time: i64) {
+        if commit_time == 0 {
+            return;
+        }
+        const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        let micros = now - (commit_time + PG_EPOCH_UNIX_MICROS);
+        self.end_to_end_latency.observe(micros.max(0) as f64 / 1e6);
+    }
+
+    /// The replication client's cumulative count of status updates.
+    pub fn status_updates_total(&self, total: u64) {
+        let seen = self.status_updates_seen.swap(total, Ordering::Relaxed);
+        if total > seen {
+            self.status_updates.inc_by(total - seen);
+        }
+    }
+
+    /// A poller round ran.
+    pub fn poller_ran(&self) {
+        self.poller_runs.inc();
+    }
+
+    /// A retention run deleted `rows`.
+    pub fn retention_ran(&self, rows: u64) {
+        self.retention_runs.inc();
+        self.retention_deleted.inc_by(rows);
+    }
+
+    /// The slot's state as the monitor saw it.
+    pub fn slot(&self, wal_status: &str, lag: i64, retained: i64, safe: i64) {
+        for status in ["reserved", "extended", "unreserved", "lost", "missing"] {
+            self.slot_wal_status
+                .get_or_create(&label("status", status))
+                .set(i64::from(status == wal_status));
+        }
+        self.confirmed_flush_lag.set(lag);
+        self.retained_wal.set(retained);
+        self.safe_wal_size.set(safe);
+        let lost = matches!(wal_status, "lost" | "missing");
+        if lost && !self.health.slot_lost.swap(true, Ordering::Relaxed) {
+            self.slot_losses.inc();
+        } else if !lost {
+            self.health.slot_lost.store(false, Ordering::Relaxed);
+        }
+        self.health.lag_bytes.store(lag, Ordering::Relaxed);
+    }
+
+    /// Rows in `state`.
+    pub fn rows(&self, state: &str, n: i64) {
+        self.rows.get_or_create(&label("state", state)).set(n);
+    }
+
+    /// Whether a session streams.
+    pub fn set_streaming(&self, on: bool) {
+        self.streaming.set(i64::from(on));
+        self.health.streaming.store(on, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Why the relay is not ready, if it is not (`max_lag` in bytes).
+    pub fn not_ready(&self, max_lag: i64) -> Option<String> {
+        let h = &self.health;
+        if h.slot_lost.load(Ordering::Relaxed) {
+            return Some("the replication slot is missing or invalidated".into());
+        }
+        if h.stream_enabled.load(Ordering::Relaxed) && !h.streaming.load(Ordering::Relaxed) {
+            return Some("the replication stream is not running".into());
+        }
+        let lag = h.lag_bytes.load(Ordering::Relaxed);
+        if lag > max_lag {
+            return Some(format!("slot lag {lag} bytes is over {max_lag}"));
+        }
+        None
+    }
+}
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_exposition_uses_the_documented_names() {
+        let m = Metrics::new();
+        m.received("replication");
+        m.published("delivered", 3);
+        m.slot("reserved", 10, 20, -1);
+        let text = m.encode();
+        for name in [
+            "outbox_relay_events_received_total{path=\"replication\"} 1",
+            "outbox_relay_envelopes_published_total{outcome=\"delivered\"} 3",
+            "outbox_relay_confirmed_flush_lag_bytes 10",
+            "outbox_relay_retained_wal_bytes 20",
+            "outbox_relay_slot_wal_status{status=\"reserved\"} 1",
+            "outbox_relay_publish_duration_seconds_bucket",
+            "outbox_relay_end_to_end_latency_seconds_count",
+        ] {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+        assert!(m.not_ready(100).is_none());
+        m.slot("lost", 10, 20, 0);
+        assert!(m.not_ready(100).unwrap().contains("invalidated"));
+    }
+}
