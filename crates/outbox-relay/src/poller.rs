@@ -8,7 +8,7 @@
 //! | due rows | |
 //! |---|---|
 //! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); not claimed while the slot is active and more than 16 MiB behind (the stream still has them) |
-//! | `PENDING`, created before a slot was recreated | swept at once, without waiting for the grace period |
+//! | `PENDING`, created before a slot was recreated | swept at once by this instance's poller, without waiting for the grace period |
 //! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
 //!
 //! | outcome | row becomes |
