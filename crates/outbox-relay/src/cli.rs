@@ -11,11 +11,11 @@ use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::check::{self, Severity};
-use crate::config::{Config, LogFormat, SinkKind};
+use crate::config::{Config, LogFormat};
 use crate::postgres::ConnInfo;
 use crate::replication::ErrorClass;
 use crate::setup;
-use crate::sink::{Sink, SnsSink, StdoutSink};
+use crate::sink::{Configured, Sink};
 
 /// Exit code for run-time failures.
 pub const EXIT_FAILURE: u8 = 1;
@@ -188,15 +188,12 @@ fn init_logging(config: &Config) {
 async fn run(config: Config) -> ExitCode {
     let stop = CancellationToken::new();
     tokio::spawn(signals(stop.clone()));
-    match config.sink.kind {
-        SinkKind::Stdout => relay(&config, StdoutSink::new(), stop).await,
-        SinkKind::Sns => match SnsSink::new(&config.sns).await {
-            Ok(sink) => relay(&config, sink, stop).await,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot set up the SNS sink");
-                ExitCode::from(EXIT_CONFIG)
-            }
-        },
+    match Configured::new(&config).await {
+        Ok(sink) => relay(&config, sink, stop).await,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up the sink");
+            ExitCode::from(EXIT_CONFIG)
+        }
     }
 }
 
@@ -368,39 +365,23 @@ async fn replay_cmd(
     let database = ConnInfo::new(&config.postgres)
         .map(|c| c.dbname)
         .unwrap_or_default();
-    let result = match config.sink.kind {
-        SinkKind::Stdout => {
-            let sink = StdoutSink::new();
-            crate::replay::run(
-                &mut client,
-                config,
-                &table,
-                &database,
-                selection,
-                &sink,
-                rate,
-            )
-            .await
+    let sink = match Configured::new(config).await {
+        Ok(sink) => sink,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
         }
-        SinkKind::Sns => match SnsSink::new(&config.sns).await {
-            Ok(sink) => {
-                crate::replay::run(
-                    &mut client,
-                    config,
-                    &table,
-                    &database,
-                    selection,
-                    &sink,
-                    rate,
-                )
-                .await
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        },
     };
+    let result = crate::replay::run(
+        &mut client,
+        config,
+        &table,
+        &database,
+        selection,
+        &sink,
+        rate,
+    )
+    .await;
     match result {
         Ok(done) => {
             eprintln!(

@@ -81,3 +81,58 @@ pub trait Sink: Send + Sync + 'static {
     /// Deliver `batch`; one outcome per message, in order.
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
 }
+
+/// The sink `[sink] kind` names, behind one type so callers need one code path.
+pub enum Configured {
+    /// `stdout`.
+    Stdout(StdoutSink),
+    /// `sns`.
+    Sns(SnsSink),
+}
+
+impl Configured {
+    /// Build the configured sink.
+    pub async fn new(config: &crate::config::Config) -> Result<Self, sns::SnsSetupError> {
+        Ok(match config.sink.kind {
+            crate::config::SinkKind::Stdout => Self::Stdout(StdoutSink::new()),
+            crate::config::SinkKind::Sns => Self::Sns(SnsSink::new(&config.sns).await?),
+        })
+    }
+}
+
+impl Sink for Configured {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Stdout(s) => s.name(),
+            Self::Sns(s) => s.name(),
+        }
+    }
+
+    fn max_batch(&self) -> usize {
+        match self {
+            Self::Stdout(s) => s.max_batch(),
+            Self::Sns(s) => s.max_batch(),
+        }
+    }
+
+    fn max_in_flight_batches(&self) -> usize {
+        match self {
+            Self::Stdout(s) => s.max_in_flight_batches(),
+            Self::Sns(s) => s.max_in_flight_batches(),
+        }
+    }
+
+    fn linger(&self) -> Duration {
+        match self {
+            Self::Stdout(s) => s.linger(),
+            Self::Sns(s) => s.linger(),
+        }
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        match self {
+            Self::Stdout(s) => s.publish(batch).await,
+            Self::Sns(s) => s.publish(batch).await,
+        }
+    }
+}
