@@ -315,6 +315,13 @@ pub enum EnvelopeFormat {
 pub struct StreamConfig {
     /// Run the replication stream on this instance.
     pub enabled: bool,
+    /// Emit a heartbeat (`pg_logical_emit_message`) this often and watch it
+    /// come back through the stream; 0 switches it off.
+    #[serde(deserialize_with = "de_duration")]
+    pub heartbeat_interval: Duration,
+    /// `/readyz` fails when a heartbeat has not come back within this.
+    #[serde(deserialize_with = "de_duration")]
+    pub heartbeat_timeout: Duration,
     /// Events received but not yet finished by the sink, at most. At the
     /// ceiling the relay stops reading the stream (backpressure).
     pub max_in_flight: usize,
@@ -328,6 +335,8 @@ impl Default for StreamConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            heartbeat_interval: Duration::ZERO,
+            heartbeat_timeout: Duration::from_secs(60),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }

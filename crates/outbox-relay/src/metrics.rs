@@ -49,6 +49,8 @@ pub struct Metrics {
     retention_deleted: Counter,
     rows: Family<Labels, Gauge>,
     slot_losses: Counter,
+    /// Time from emitting a heartbeat to receiving it on the stream.
+    pub heartbeat_round_trip: Histogram,
     /// Readiness inputs.
     pub health: Health,
 }
@@ -64,6 +66,10 @@ pub struct Health {
     pub slot_lost: AtomicBool,
     /// Last measured confirmed-flush lag in bytes (−1: unknown).
     pub lag_bytes: AtomicI64,
+    /// Heartbeat timeout in ms (0: no heartbeat).
+    pub heartbeat_timeout_ms: AtomicU64,
+    /// When the oldest heartbeat not yet seen back was sent (unix ms, 0: none).
+    pub heartbeat_pending_since: AtomicU64,
 }
 
 impl Metrics {
@@ -170,8 +176,16 @@ impl Metrics {
             "Times the slot was found missing or invalidated",
             slot_losses.clone(),
         );
+        let heartbeat_round_trip = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        registry.register_with_unit(
+            "outbox_relay_heartbeat_round_trip",
+            "From emitting a heartbeat message to receiving it on the replication stream",
+            Unit::Seconds,
+            heartbeat_round_trip.clone(),
+        );
         Self {
             registry,
+            heartbeat_round_trip,
             events_received,
             envelopes_published,
             publish_duration,
@@ -289,11 +303,50 @@ impl Metrics {
         if h.stream_enabled.load(Ordering::Relaxed) && !h.streaming.load(Ordering::Relaxed) {
             return Some("the replication stream is not running".into());
         }
+        let timeout = h.heartbeat_timeout_ms.load(Ordering::Relaxed);
+        let pending = h.heartbeat_pending_since.load(Ordering::Relaxed);
+        if timeout > 0 && pending > 0 && unix_ms().saturating_sub(pending) > timeout {
+            return Some(format!(
+                "a heartbeat sent {} ms ago has not come back through the stream",
+                unix_ms().saturating_sub(pending)
+            ));
+        }
         let lag = h.lag_bytes.load(Ordering::Relaxed);
         if lag > max_lag {
             return Some(format!("slot lag {lag} bytes is over {max_lag}"));
         }
         None
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Metrics {
+    /// A heartbeat was emitted at `sent_ms`.
+    pub fn heartbeat_sent(&self, sent_ms: u64) {
+        let _ = self.health.heartbeat_pending_since.compare_exchange(
+            0,
+            sent_ms,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// A heartbeat emitted at `sent_ms` came back.
+    pub fn heartbeat_seen(&self, sent_ms: u64) {
+        self.heartbeat_round_trip
+            .observe(unix_ms().saturating_sub(sent_ms) as f64 / 1e3);
+        // Everything sent up to it has come back (the stream is in order).
+        let _ = self.health.heartbeat_pending_since.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |pending| (pending != 0 && pending <= sent_ms).then_some(0),
+        );
     }
 }
 

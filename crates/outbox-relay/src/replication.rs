@@ -66,6 +66,9 @@ use crate::route::Router;
 use crate::sink::{Message, Sink};
 use crate::table::Table;
 
+/// Prefix of the relay's heartbeat messages.
+const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
+
 /// How often a standby relay looks whether the slot is free.
 const STANDBY_POLL: Duration = Duration::from_secs(2);
 
@@ -576,6 +579,21 @@ async fn session<S: Sink>(
 
     let max_in_flight = config.stream.max_in_flight;
     let mut deadline: Option<tokio::time::Instant> = None;
+    let heartbeat = config.stream.heartbeat_interval;
+    metrics.health.heartbeat_timeout_ms.store(
+        if heartbeat.is_zero() {
+            0
+        } else {
+            config.stream.heartbeat_timeout.as_millis() as u64
+        },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let mut beat = tokio::time::interval(if heartbeat.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        heartbeat
+    });
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let draining = deadline.is_some();
         let tracker = &stream.tracker;
@@ -590,6 +608,20 @@ async fn session<S: Sink>(
                 Some(c) => stream.completed(c),
                 None => return Err(RelayError::PublisherStopped),
             },
+            _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
+                // Non-transactional: it comes back through the stream at once.
+                let client = Arc::clone(&sql_client);
+                tokio::spawn(async move {
+                    let sent = crate::metrics::unix_ms();
+                    match client
+                        .execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&HEARTBEAT_PREFIX, &sent.to_string()])
+                        .await
+                    {
+                        Ok(_) => crate::metrics::get().heartbeat_sent(sent),
+                        Err(e) => tracing::warn!(error = %e, "cannot emit a heartbeat"),
+                    }
+                });
+            }
             _ = stop.cancelled(), if !draining => {
                 tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
                 deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
@@ -733,6 +765,16 @@ impl Stream<'_> {
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => self.data(wal_start, data).await?,
+            ReplicationEvent::Message {
+                prefix, content, ..
+            } if prefix == HEARTBEAT_PREFIX => {
+                if let Some(sent) = std::str::from_utf8(&content)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    crate::metrics::get().heartbeat_seen(sent);
+                }
+            }
             ReplicationEvent::Message { prefix, .. } => {
                 tracing::debug!(prefix = %prefix, "logical decoding message ignored");
             }

@@ -288,3 +288,49 @@ async fn scraped_metrics_show_the_lag_rising_while_the_sink_is_blocked_and_falli
     assert_eq!(report["rows"]["PENDING"], 0);
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_come_back_through_the_stream_and_one_that_does_not_fails_readiness() {
+    let outbox = Outbox::new().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    // One event in flight at most: a held event stops the stream from reading on.
+    let sink = Collect::holding(|m| m.event.event_type.as_str() == "Held");
+    let relay = Running::start(
+        outbox.config(&format!(
+            "[stream]\nmax_in_flight = 1\nheartbeat_interval = \"200ms\"\nheartbeat_timeout = \"1s\"\n\
+             [http]\nlisten = \"{addr}\""
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    wait_until(
+        Duration::from_secs(15),
+        "heartbeats make round trips",
+        || async {
+            let (_, scrape) = get(&addr, "/metrics").await;
+            metric(&scrape, "outbox_relay_heartbeat_round_trip_seconds_count").filter(|n| *n >= 3.0)
+        },
+    )
+    .await;
+    assert_eq!(get(&addr, "/readyz").await.0, 200);
+
+    outbox.insert_tx(&[("a".into(), "Held".into())]).await;
+    let body = wait_until(
+        Duration::from_secs(15),
+        "readiness fails on a missing heartbeat",
+        || async {
+            let (status, body) = get(&addr, "/readyz").await;
+            (status == 503).then_some(body)
+        },
+    )
+    .await;
+    assert!(body.contains("heartbeat"), "{body}");
+    sink.release();
+    wait_until(
+        Duration::from_secs(15),
+        "ready again once heartbeats come back",
+        || async { get(&addr, "/readyz").await.0 == 200 },
+    )
+    .await;
+    relay.stop().await;
+}
