@@ -6,6 +6,8 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {{'role'}}) THEN
         CREATE ROLE {{role}} WITH LOGIN REPLICATION;
     END IF;
+EXCEPTION WHEN duplicate_object THEN
+    NULL; -- created meanwhile by a concurrent setup (roles are cluster-wide)
 END
 $$;
 GRANT USAGE ON SCHEMA {{schema}} TO {{role}};

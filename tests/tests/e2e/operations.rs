@@ -334,3 +334,65 @@ async fn heartbeats_come_back_through_the_stream_and_one_that_does_not_fails_rea
     .await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_does_its_whole_job_as_the_least_privilege_role() {
+    let outbox = Outbox::new().await;
+    // The role from sql/004_role.sql, with a password of this test's choosing.
+    outbox
+        .sql
+        .batch_execute("ALTER ROLE outbox_relay PASSWORD 'relay-secret'")
+        .await
+        .unwrap();
+    let url = outbox
+        .db
+        .url()
+        .replacen("postgres:postgres@", "outbox_relay:relay-secret@", 1);
+    assert_ne!(url, outbox.db.url());
+    let sink = crate::outbox::Collect::holding(|m| m.event.event_type.as_str() == "Never");
+    let config = outbox.config(&format!(
+        "[stream]\nheartbeat_interval = \"200ms\"\n[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\n\
+         [retention]\ninterval = \"200ms\"\nkeep = \"1s\"\n[filter]\nexclude_event_types = [\"Internal\"]"
+    ));
+    let mut config = config;
+    config.postgres.url = Some(outbox_relay::config::Secret::new(url));
+    let relay = Running::start(config, sink.clone());
+    outbox.wait_slot_active(true).await;
+    // Stream, mark, skip; a row the stream never saw goes through the poller.
+    outbox.insert_many(5, 4, 3).await;
+    outbox.insert_tx(&[("a".into(), "Internal".into())]).await;
+    outbox
+        .sql
+        .batch_execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at, publish_state)
+             VALUES ('o', 'late', 'E', '{}', now() - interval '1 hour', 'PENDING')",
+        )
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "everything is published and retention ran",
+        || async {
+            let rows: i64 = outbox
+                .sql
+                .query_one("SELECT count(*) FROM outbox", &[])
+                .await
+                .unwrap()
+                .get(0);
+            sink.ids().len() >= 21 && rows == 0
+        },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(summary.skipped, 1);
+    let superuser: bool = outbox
+        .sql
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = 'outbox_relay'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!superuser);
+}
