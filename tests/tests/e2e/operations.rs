@@ -349,12 +349,11 @@ async fn the_relay_does_its_whole_job_as_the_least_privilege_role() {
         .url()
         .replacen("postgres:postgres@", "outbox_relay:relay-secret@", 1);
     assert_ne!(url, outbox.db.url());
-    let sink = crate::outbox::Collect::holding(|m| m.event.event_type.as_str() == "Never");
-    let config = outbox.config(&format!(
+    let sink = Collect::default();
+    let mut config = outbox.config(
         "[stream]\nheartbeat_interval = \"200ms\"\n[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\n\
-         [retention]\ninterval = \"200ms\"\nkeep = \"1s\"\n[filter]\nexclude_event_types = [\"Internal\"]"
-    ));
-    let mut config = config;
+         [retention]\ninterval = \"200ms\"\nkeep = \"1s\"\n[filter]\nexclude_event_types = [\"Internal\"]",
+    );
     config.postgres.url = Some(outbox_relay::config::Secret::new(url));
     let relay = Running::start(config, sink.clone());
     outbox.wait_slot_active(true).await;
