@@ -61,30 +61,9 @@ enum Command {
     Check,
     /// Publish selected rows again (by time range, ids, aggregate, event type or state).
     Replay {
-        /// Rows created at or after this time (e.g. 2026-11-22T06:00:00Z).
-        #[arg(long)]
-        from: Option<String>,
-        /// Rows created before this time.
-        #[arg(long)]
-        to: Option<String>,
-        /// These ids (repeat the flag or separate with commas).
-        #[arg(long = "id", value_delimiter = ',')]
-        ids: Vec<String>,
-        /// This aggregate type.
-        #[arg(long)]
-        aggregate_type: Option<String>,
-        /// This aggregate id.
-        #[arg(long)]
-        aggregate_id: Option<String>,
-        /// This event type.
-        #[arg(long)]
-        event_type: Option<String>,
-        /// Rows in these publish states, e.g. FAILED,DEAD.
-        #[arg(long = "state", value_delimiter = ',')]
-        states: Vec<String>,
-        /// At most this many rows.
-        #[arg(long)]
-        limit: Option<i64>,
+        /// Which rows.
+        #[command(flatten)]
+        selection: crate::replay::Selection,
         /// At most this many events per second.
         #[arg(long)]
         rate: Option<f64>,
@@ -145,29 +124,10 @@ pub fn main() -> ExitCode {
             } => setup_cmd(&config, apply, &role, partitioned).await,
             Command::Check => check_cmd(&config).await,
             Command::Replay {
-                from,
-                to,
-                ids,
-                aggregate_type,
-                aggregate_id,
-                event_type,
-                states,
-                limit,
+                selection,
                 rate,
                 dry_run,
-            } => {
-                let selection = crate::replay::Selection {
-                    from,
-                    to,
-                    ids,
-                    aggregate_type,
-                    aggregate_id,
-                    event_type,
-                    states,
-                    limit,
-                };
-                replay_cmd(&config, &selection, rate, dry_run).await
-            }
+            } => replay_cmd(&config, &selection, rate, dry_run).await,
             Command::Purge { older_than } => purge_cmd(&config, older_than).await,
             Command::Status { json } => status_cmd(&config, json).await,
         }

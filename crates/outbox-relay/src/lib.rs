@@ -26,6 +26,7 @@ pub mod http;
 pub mod marking;
 pub mod metrics;
 pub mod monitor;
+pub mod outgoing;
 pub mod poller;
 pub mod postgres;
 pub mod publish;

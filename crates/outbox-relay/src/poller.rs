@@ -247,7 +247,7 @@ impl<S: Sink> Poller<S> {
             let too_old: bool = row.get::<_, Option<bool>>(width + 1).unwrap_or(false);
             match rows_to_messages.prepare(row) {
                 Prepared::Publish(message) => messages.push((message, attempts, too_old)),
-                Prepared::Skip(id) => skipped.push(id),
+                Prepared::Skip(id) => skipped.push(id.to_string()),
                 Prepared::Fail(id, reason) => failures.push((id, attempts, too_old, reason)),
             }
         }

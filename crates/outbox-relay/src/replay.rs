@@ -26,24 +26,33 @@ const PAGE: usize = 100;
 /// Transient failures of one batch before replay gives up.
 const MAX_RETRIES: u32 = 10;
 
-/// Which rows to replay; every given criterion must hold.
-#[derive(Debug, Clone, Default)]
+/// Which rows to replay; every given criterion must hold. Also the
+/// `replay` command's selection flags.
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct Selection {
-    /// `created_at >= from` (a timestamp Postgres understands).
+    /// Rows created at or after this time (e.g. 2026-11-22T06:00:00Z).
+    #[arg(long)]
     pub from: Option<String>,
-    /// `created_at < to`.
+    /// Rows created before this time.
+    #[arg(long)]
     pub to: Option<String>,
-    /// These ids.
+    /// These ids (repeat the flag or separate with commas).
+    #[arg(long = "id", value_delimiter = ',')]
     pub ids: Vec<String>,
     /// This aggregate type.
+    #[arg(long)]
     pub aggregate_type: Option<String>,
     /// This aggregate id.
+    #[arg(long)]
     pub aggregate_id: Option<String>,
     /// This event type.
+    #[arg(long)]
     pub event_type: Option<String>,
-    /// Any of these publish states (e.g. FAILED, DEAD).
+    /// Rows in these publish states, e.g. FAILED,DEAD.
+    #[arg(long = "state", value_delimiter = ',')]
     pub states: Vec<String>,
     /// At most this many rows.
+    #[arg(long)]
     pub limit: Option<i64>,
 }
 

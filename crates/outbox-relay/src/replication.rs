@@ -54,16 +54,15 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckTracker, FramingError};
-use crate::config::{Config, OnPublished, SinkKind, TableName};
-use crate::envelope::Encoder;
+use crate::config::{Config, OnPublished, TableName};
 use crate::event::{MappingError, RowMapping};
 use crate::marking::{self, Mark, Marker};
+use crate::outgoing::{Outgoing, Prepared};
 use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
 use crate::publish::{self, Completion, Dispatch};
 use crate::record::Recorder;
 use crate::retry::Backoff;
-use crate::route::Router;
-use crate::sink::{Message, Sink};
+use crate::sink::Sink;
 use crate::table::Table;
 
 /// Prefix of the relay's heartbeat messages.
@@ -105,9 +104,10 @@ pub enum RelayError {
     /// The replication session failed.
     #[error("replication stream: {0}")]
     Replication(#[source] PgWireError),
-    /// The slot cannot be streamed from.
+    /// The slot, publication or table cannot be used as it is (the message
+    /// says how to fix it).
     #[error("{message}")]
-    Slot {
+    Unusable {
         /// What is wrong and how to fix it.
         message: String,
         /// Whether waiting may help (the slot is busy).
@@ -179,7 +179,7 @@ impl RelayError {
                     Transient
                 }
             }
-            RelayError::Slot { transient, .. } => {
+            RelayError::Unusable { transient, .. } => {
                 if *transient {
                     Transient
                 } else {
@@ -246,7 +246,7 @@ pub async fn run<S: Sink>(
                 }
                 let standby = matches!(
                     e,
-                    RelayError::Slot {
+                    RelayError::Unusable {
                         transient: true,
                         ..
                     }
@@ -286,12 +286,12 @@ async fn check_slot(
     slot: &str,
     database: &str,
 ) -> Result<u64, RelayError> {
-    let fatal = |message: String| RelayError::Slot {
+    let fatal = |message: String| RelayError::Unusable {
         message,
         transient: false,
         lost: false,
     };
-    let lost = |message: String| RelayError::Slot {
+    let lost = |message: String| RelayError::Unusable {
         message,
         transient: false,
         lost: true,
@@ -328,7 +328,7 @@ async fn check_slot(
         )));
     }
     if let Some(pid) = state.active_pid {
-        return Err(RelayError::Slot {
+        return Err(RelayError::Unusable {
             message: format!(
                 "replication slot {slot:?} is in use by backend PID {pid} (another relay?); waiting for it to be free"
             ),
@@ -383,7 +383,7 @@ async fn check_publication(
         )
         .await
         .map_err(sql("reading the publication"))?;
-    let fatal = |message: String| RelayError::Slot {
+    let fatal = |message: String| RelayError::Unusable {
         message,
         transient: false,
         lost: false,
@@ -454,7 +454,7 @@ async fn session<S: Sink>(
     let slot = &config.postgres.slot;
     let sql_client = Arc::new(conn.connect().await.map_err(sql("connecting"))?);
     let start = match check_slot(&sql_client, slot, &conn.dbname).await {
-        Err(RelayError::Slot {
+        Err(RelayError::Unusable {
             message,
             transient: false,
             lost: true,
@@ -510,15 +510,10 @@ async fn session<S: Sink>(
     );
 
     let table = config.table();
-    let source = config
-        .envelope
-        .source
-        .clone()
-        .unwrap_or_else(|| Encoder::default_source(&conn.dbname, &table));
     let table_info = Table::inspect(&sql_client, config)
         .await
         .map_err(sql("inspecting the outbox table"))?
-        .ok_or_else(|| RelayError::Slot {
+        .ok_or_else(|| RelayError::Unusable {
             message: format!(
                 "table {} does not exist (postgres.table): create it with `outbox-relay setup --config FILE --apply`",
                 config.table()
@@ -528,7 +523,7 @@ async fn session<S: Sink>(
         })?;
     check_publication(&sql_client, config, &table_info).await?;
     if config.lifecycle.on_published == OnPublished::Mark && !table_info.managed {
-        return Err(RelayError::Slot {
+        return Err(RelayError::Unusable {
             message: format!(
                 "lifecycle.on_published = \"mark\" needs the relay-managed columns ({}) in table {}: \
                  add them (see sql/001_outbox_table.sql), or set lifecycle.on_published = \"none\" \
@@ -564,11 +559,7 @@ async fn session<S: Sink>(
     let mut stream = Stream {
         config,
         table,
-        encoder: Encoder::new(config.envelope.format, &source),
-        router: match config.sink.kind {
-            SinkKind::Sns => Router::sns(&config.sns),
-            SinkKind::Stdout => Router::single(),
-        },
+        outgoing: Outgoing::new(config, &conn.dbname),
         tracker: AckTracker::new(start),
         relations: HashMap::new(),
         commit_time: 0,
@@ -712,8 +703,8 @@ async fn confirm_final(
 struct Stream<'a> {
     config: &'a Config,
     table: TableName,
-    encoder: Encoder,
-    router: Router,
+    /// Filter, routing and envelope.
+    outgoing: Outgoing,
     tracker: AckTracker,
     /// Relation oid → mapping for the outbox table, `None` for other tables.
     relations: HashMap<u32, Option<RowMapping>>,
@@ -818,38 +809,19 @@ impl Stream<'_> {
                 let ticket = self.tracker.event()?;
                 crate::metrics::get().received("replication");
                 let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
-                    Ok(event)
-                        if !self
-                            .config
-                            .filter
-                            .admits(event.event_type.as_str(), event.aggregate_type.as_str()) =>
-                    {
-                        tracing::debug!(id = %event.id, event_type = %event.event_type, "filtered out; not published");
-                        self.summary.skipped += 1;
-                        crate::metrics::get().published("skipped", 1);
-                        if let Some(marker) = &self.marker {
-                            marker.send(Mark::Skipped(event.id));
+                    Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
+                        Prepared::Publish(message) => Dispatch::Publish(message),
+                        Prepared::Skip(id) => {
+                            tracing::debug!(id = %id, "filtered out; not published");
+                            self.summary.skipped += 1;
+                            crate::metrics::get().published("skipped", 1);
+                            if let Some(marker) = &self.marker {
+                                marker.send(Mark::Skipped(id));
+                            }
+                            self.tracker.finish(ticket);
+                            return Ok(());
                         }
-                        self.tracker.finish(ticket);
-                        return Ok(());
-                    }
-                    Ok(event) => match self.router.route(&event) {
-                        Ok(destination) => {
-                            let mut body = Vec::new();
-                            self.encoder.encode(&event, &mut body);
-                            Dispatch::Publish(Message {
-                                ticket,
-                                event,
-                                body: Bytes::from(body),
-                                destination,
-                                commit_time: self.commit_time,
-                            })
-                        }
-                        Err(reason) => Dispatch::Reject {
-                            ticket,
-                            id: event.id.to_string(),
-                            reason,
-                        },
+                        Prepared::Fail(id, reason) => Dispatch::Reject { ticket, id, reason },
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();

@@ -1,5 +1,6 @@
 //! Outbox rows read with SQL, made into messages: the poller's and replay's
-//! way in, through the same mapping, filter, routing and envelope as the stream.
+//! way in, through the same mapping as the stream and the same
+//! [`Outgoing`] step (filter, routing, envelope).
 //!
 //! Rows are selected with every column cast to text (see
 //! [`Table::text_columns`]) under the session settings the replication
@@ -10,10 +11,10 @@ use bytes::Bytes;
 use tokio_postgres::Row;
 
 use crate::ack::Ticket;
-use crate::config::{Config, SinkKind};
-use crate::envelope::Encoder;
+use crate::config::Config;
 use crate::event::{MappingError, RowMapping, TextRow};
-use crate::route::Router;
+use crate::outgoing::Outgoing;
+pub use crate::outgoing::Prepared;
 use crate::sink::Message;
 use crate::table::Table;
 
@@ -21,25 +22,10 @@ use crate::table::Table;
 pub const TEXT_SETTINGS: &str = "SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO'; \
      SET LOCAL bytea_output = 'hex'; SET LOCAL extra_float_digits = 3";
 
-/// What became of one row.
-// `Publish` is the common case; boxing it would add an allocation per row.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug)]
-pub enum Prepared {
-    /// Ready to publish.
-    Publish(Message),
-    /// Filtered out (`[filter]`): its id.
-    Skip(String),
-    /// Cannot be published: its id and why.
-    Fail(String, String),
-}
-
 /// Turns rows of the outbox table into messages.
 pub struct Rows {
     mapping: RowMapping,
-    encoder: Encoder,
-    router: Router,
-    config: Config,
+    outgoing: Outgoing,
     width: usize,
 }
 
@@ -51,20 +37,9 @@ impl Rows {
             .iter()
             .map(|(n, t)| (n.as_str(), *t))
             .collect();
-        let mapping = RowMapping::from_columns(&table.qualified, &described, &config.columns)?;
-        let source = config
-            .envelope
-            .source
-            .clone()
-            .unwrap_or_else(|| Encoder::default_source(database, &config.table()));
         Ok(Self {
-            mapping,
-            encoder: Encoder::new(config.envelope.format, &source),
-            router: match config.sink.kind {
-                SinkKind::Sns => Router::sns(&config.sns),
-                SinkKind::Stdout => Router::single(),
-            },
-            config: config.clone(),
+            mapping: RowMapping::from_columns(&table.qualified, &described, &config.columns)?,
+            outgoing: Outgoing::new(config, database),
             width: table.columns.len(),
         })
     }
@@ -85,31 +60,13 @@ impl Rows {
                 })
                 .collect(),
         );
-        let id = self.mapping.id_of(&values).unwrap_or_default();
-        let event = match self.mapping.event(&values, 0) {
-            Ok(event) => event,
-            Err(e) => return Prepared::Fail(id, e.to_string()),
-        };
-        if !self
-            .config
-            .filter
-            .admits(event.event_type.as_str(), event.aggregate_type.as_str())
-        {
-            return Prepared::Skip(id);
+        match self.mapping.event(&values, 0) {
+            Ok(event) => self.outgoing.prepare(event, Ticket::detached(), 0),
+            Err(e) => Prepared::Fail(
+                self.mapping.id_of(&values).unwrap_or_default(),
+                e.to_string(),
+            ),
         }
-        let destination = match self.router.route(&event) {
-            Ok(d) => d,
-            Err(reason) => return Prepared::Fail(id, reason),
-        };
-        let mut body = Vec::new();
-        self.encoder.encode(&event, &mut body);
-        Prepared::Publish(Message {
-            ticket: Ticket::detached(),
-            event,
-            body: Bytes::from(body),
-            destination,
-            commit_time: 0,
-        })
     }
 }
 

@@ -1,0 +1,75 @@
+//! From an [`OutboxEvent`] to a [`Message`]: filter, route, encode. The one
+//! way out for the stream, the poller and replay, so an event becomes the same
+//! message whichever path it takes.
+
+use bytes::Bytes;
+
+use crate::ack::Ticket;
+use crate::config::{Config, FilterConfig, SinkKind};
+use crate::envelope::Encoder;
+use crate::event::{OutboxEvent, Text};
+use crate::route::Router;
+use crate::sink::Message;
+
+/// What became of one event.
+// `Publish` is the common case; boxing it would add an allocation per event.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Prepared {
+    /// Ready to publish.
+    Publish(Message),
+    /// Filtered out (`[filter]`): its id.
+    Skip(Text),
+    /// Cannot be published: its id and why.
+    Fail(String, String),
+}
+
+/// Filter, router and encoder of one relay.
+pub struct Outgoing {
+    encoder: Encoder,
+    router: Router,
+    filter: FilterConfig,
+}
+
+impl Outgoing {
+    /// For `config`, on `database` (the default CloudEvents source names it).
+    pub fn new(config: &Config, database: &str) -> Self {
+        let source = config
+            .envelope
+            .source
+            .clone()
+            .unwrap_or_else(|| Encoder::default_source(database, &config.table()));
+        Self {
+            encoder: Encoder::new(config.envelope.format, &source),
+            router: match config.sink.kind {
+                SinkKind::Sns => Router::sns(&config.sns),
+                SinkKind::Stdout => Router::single(),
+            },
+            filter: config.filter.clone(),
+        }
+    }
+
+    /// Make `event` (committed at `commit_time`, 0 when unknown) a message
+    /// carrying `ticket`, or say why not.
+    pub fn prepare(&mut self, event: OutboxEvent, ticket: Ticket, commit_time: i64) -> Prepared {
+        if !self
+            .filter
+            .admits(event.event_type.as_str(), event.aggregate_type.as_str())
+        {
+            return Prepared::Skip(event.id);
+        }
+        let destination = match self.router.route(&event) {
+            Ok(d) => d,
+            Err(reason) => return Prepared::Fail(event.id.to_string(), reason),
+        };
+        let mut body = Vec::new();
+        self.encoder.encode(&event, &mut body);
+        Prepared::Publish(Message {
+            ticket,
+            event,
+            body: Bytes::from(body),
+            destination,
+            commit_time,
+        })
+    }
+}
