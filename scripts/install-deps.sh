@@ -58,6 +58,10 @@ for tool in psql pg_recvlogical; do
         break
     fi
 done
+if ! command -v openssl >/dev/null 2>&1; then
+    apt_install openssl
+    echo "install-deps: installed openssl (the TLS tests make a throw-away CA with it)"
+fi
 if ! id -u postgres >/dev/null 2>&1; then
     as_root useradd --system --user-group --home-dir /var/lib/postgresql --shell /bin/bash postgres
     echo "install-deps: created the postgres user"

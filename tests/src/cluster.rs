@@ -233,6 +233,32 @@ impl Cluster {
         self.start_again();
     }
 
+    /// Switches TLS on with `pki`'s server certificate (and its CA for client
+    /// certificates), replaces `pg_hba.conf` with `hba`, and restarts.
+    pub fn enable_tls(&self, pki: &crate::TestPki, hba: &str) {
+        let owner = self.run_as_postgres.then(postgres_ids);
+        let (cert, key) = pki.server();
+        for (from, to) in [
+            (cert, "server.crt"),
+            (key, "server.key"),
+            (pki.ca(), "root.crt"),
+        ] {
+            let to = self.data_dir.join(to);
+            fs::copy(&from, &to).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+            fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid)).expect("chown");
+            }
+        }
+        append(
+            &self.data_dir.join("postgresql.conf"),
+            "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nssl_ca_file = 'root.crt'\n",
+        );
+        fs::write(self.data_dir.join("pg_hba.conf"), hba).expect("write pg_hba.conf");
+        self.restart(StopMode::Fast);
+    }
+
     /// Program and leading arguments that run PostgreSQL tool `name` from
     /// [`pg_bin`]: through `runuser -u postgres --` when we are root.
     fn tool_argv(&self, name: &str) -> Vec<OsString> {

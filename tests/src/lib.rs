@@ -1,6 +1,6 @@
 //! Test harness of outbox-relay: ephemeral PostgreSQL 15 clusters with logical
 //! replication, one fresh database per test, the relay binary as a child process,
-//! a polling helper, a local SNS/SQS endpoint (moto) with topic/queue helpers
+//! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
 //! ([`FaultProxy`]).
 //!
@@ -28,6 +28,7 @@
 
 mod cluster;
 mod database;
+mod pki;
 mod process;
 pub mod proxy;
 pub mod sns;
@@ -40,6 +41,7 @@ pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWOR
 pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
+pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};
 pub use sns::{

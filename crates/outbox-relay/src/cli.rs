@@ -151,7 +151,7 @@ async fn run(config: Config) -> ExitCode {
     match Configured::new(&config).await {
         Ok(sink) => relay(&config, sink, stop).await,
         Err(e) => {
-            tracing::error!(error = %e, "cannot set up the sink");
+            tracing::error!(error = %crate::postgres::Chain(&e), "cannot set up the sink");
             ExitCode::from(EXIT_CONFIG)
         }
     }
@@ -168,7 +168,7 @@ async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> Ex
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = %e, "relay stopped");
+            tracing::error!(error = %crate::postgres::Chain(&e), "relay stopped");
             match e.class() {
                 ErrorClass::Fatal | ErrorClass::Transient => ExitCode::from(EXIT_FAILURE),
             }
@@ -205,7 +205,11 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
         ExitCode::from(EXIT_CONFIG)
     })?;
     conn.connect().await.map_err(|e| {
-        eprintln!("error: cannot connect to {}: {e}", conn.display());
+        eprintln!(
+            "error: cannot connect to {}: {}",
+            conn.display(),
+            crate::postgres::Chain(&e)
+        );
         ExitCode::from(EXIT_FAILURE)
     })
 }
@@ -267,7 +271,7 @@ async fn check_cmd(config: &Config) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("error: check failed: {e}");
+            eprintln!("error: check failed: {}", crate::postgres::Chain(&e));
             ExitCode::from(EXIT_FAILURE)
         }
     }
@@ -287,7 +291,11 @@ async fn table_of(
             Err(ExitCode::from(EXIT_FAILURE))
         }
         Err(e) => {
-            eprintln!("error: cannot inspect table {}: {e}", config.table());
+            eprintln!(
+                "error: cannot inspect table {}: {}",
+                config.table(),
+                crate::postgres::Chain(&e)
+            );
             Err(ExitCode::from(EXIT_FAILURE))
         }
     }
@@ -391,7 +399,7 @@ async fn purge_cmd(config: &Config, older_than: std::time::Duration) -> ExitCode
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: purge failed: {e}");
+            eprintln!("error: purge failed: {}", crate::postgres::Chain(&e));
             ExitCode::from(EXIT_FAILURE)
         }
     }
@@ -405,7 +413,10 @@ async fn status_cmd(config: &Config, json: bool) -> ExitCode {
     let slot = match crate::monitor::slot_lag(&client, &config.postgres.slot).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: cannot read the slot: {e}");
+            eprintln!(
+                "error: cannot read the slot: {}",
+                crate::postgres::Chain(&e)
+            );
             return ExitCode::from(EXIT_FAILURE);
         }
     };

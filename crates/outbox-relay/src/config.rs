@@ -105,6 +105,36 @@ pub struct PostgresConfig {
     pub table: String,
     /// `application_name` of the relay's sessions.
     pub application_name: String,
+    /// TLS mode of both connections: `disable`, `prefer` (default), `require`,
+    /// `verify-ca`, `verify-full` (or `sslmode=` in the URL).
+    pub ssl_mode: Option<String>,
+    /// CA certificates (PEM) that verify the server, or `system` for the
+    /// public web PKI roots; required by `verify-ca` and `verify-full`.
+    pub ssl_root_cert: Option<String>,
+    /// Client certificate (PEM) for servers that ask for one.
+    pub ssl_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    pub ssl_key: Option<PathBuf>,
+}
+
+impl PostgresConfig {
+    /// The TLS settings, from the URL and the `ssl_*` keys; problems name their key.
+    pub fn tls(&self) -> Result<crate::tls::TlsSettings, Vec<(String, String)>> {
+        let url = self
+            .url
+            .as_ref()
+            .map(|u| crate::tls::split_url(u.expose()).1)
+            .unwrap_or_default();
+        crate::tls::TlsSettings::resolve(
+            &url,
+            crate::tls::KeyValues {
+                ssl_mode: self.ssl_mode.as_deref(),
+                ssl_root_cert: self.ssl_root_cert.as_deref(),
+                ssl_cert: self.ssl_cert.as_deref(),
+                ssl_key: self.ssl_key.as_deref(),
+            },
+        )
+    }
 }
 
 impl Default for PostgresConfig {
@@ -117,6 +147,10 @@ impl Default for PostgresConfig {
             publication: DEFAULT_PUBLICATION.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            ssl_mode: None,
+            ssl_root_cert: None,
+            ssl_cert: None,
+            ssl_key: None,
         }
     }
 }
@@ -699,6 +733,11 @@ impl Config {
                 if let Err(message) = check_url(url.expose()) {
                     bad("postgres.url", message);
                 }
+                if let Err(problems) = pg.tls() {
+                    for (key, message) in problems {
+                        bad(&key, message);
+                    }
+                }
             }
         }
         if pg.password.is_some() && pg.password_file.is_some() {
@@ -959,7 +998,8 @@ fn check_url(url: &str) -> Result<(), String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err("must be a URL starting with postgres:// or postgresql://".into());
     }
-    let parsed = tokio_postgres::Config::from_str(url)
+    let (url, _) = crate::tls::split_url(url);
+    let parsed = tokio_postgres::Config::from_str(&url)
         .map_err(|e| format!("not a valid Postgres URL: {e}"))?;
     if parsed.get_user().is_none() {
         return Err("names no user: postgres://USER@host/database".into());
@@ -972,11 +1012,6 @@ fn check_url(url: &str) -> Result<(), String> {
     }
     if parsed.get_dbname().is_none() {
         return Err("names no database: postgres://user@host/DATABASE".into());
-    }
-    if parsed.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(
-            "sslmode=require is not supported yet; use sslmode=disable or sslmode=prefer".into(),
-        );
     }
     Ok(())
 }

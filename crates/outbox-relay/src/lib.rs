@@ -41,6 +41,7 @@ pub mod rows;
 pub mod setup;
 pub mod sink;
 pub mod table;
+pub mod tls;
 
 pub use config::Config;
 pub use relay::run;

@@ -93,12 +93,12 @@ pub fn spawn(
                 let mut attempt = 0;
                 while let Err(e) = client.execute(sql.as_str(), &[ids]).await {
                     if attempt >= 5 {
-                        tracing::error!(rows = ids.len(), error = %e, "cannot mark rows; they stay as they were (the poller may publish them again)");
+                        tracing::error!(rows = ids.len(), error = %crate::postgres::Chain(&e), "cannot mark rows; they stay as they were (the poller may publish them again)");
                         break;
                     }
                     let delay = backoff.delay(attempt);
                     attempt += 1;
-                    tracing::warn!(rows = ids.len(), attempt, error = %e, "marking rows failed, retrying");
+                    tracing::warn!(rows = ids.len(), attempt, error = %crate::postgres::Chain(&e), "marking rows failed, retrying");
                     tokio::time::sleep(delay).await;
                 }
             }

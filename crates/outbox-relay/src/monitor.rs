@@ -113,7 +113,9 @@ pub async fn run(config: Config, stop: CancellationToken) {
                     s.retained_bytes,
                     s.safe_wal_size,
                 ),
-                Err(e) => tracing::debug!(error = %e, "slot monitor query failed"),
+                Err(e) => {
+                    tracing::debug!(error = %crate::postgres::Chain(&e), "slot monitor query failed")
+                }
             }
             if round % 6 == 0 {
                 if let Ok(Some(table)) = Table::inspect(c, &config).await {

@@ -9,10 +9,11 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, ReplicationConfig, SslMode, TlsConfig};
+use pgwire_replication::{Lsn, ReplicationConfig};
 use tokio_postgres::config::Host;
 
 use crate::config::{PostgresConfig, Secret};
+use crate::tls::{Bridge, MakeRustls, TlsSettings};
 
 /// Where and as whom to connect, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -24,7 +25,9 @@ pub struct ConnInfo {
     password: Option<Secret>,
     /// The database.
     pub dbname: String,
-    ssl: SslMode,
+    tls: TlsSettings,
+    /// The ordinary connection's TLS; `None` for `sslmode=disable`.
+    connector: Option<MakeRustls>,
     application_name: String,
 }
 
@@ -49,6 +52,14 @@ pub enum ConnInfoError {
     /// `postgres.url` is unusable (validation normally catches this first).
     #[error("postgres.url: {0}")]
     Url(String),
+    /// A TLS setting is unusable, e.g. a certificate file that cannot be read.
+    #[error("{key}: {message}")]
+    Tls {
+        /// The key, `postgres.ssl_…`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 impl ConnInfo {
@@ -58,7 +69,15 @@ impl ConnInfo {
             .url
             .as_ref()
             .ok_or_else(|| ConnInfoError::Url("missing".into()))?;
-        let mut sql = tokio_postgres::Config::from_str(url.expose())
+        let tls = pg.tls().map_err(|mut problems| {
+            let (key, message) = problems.remove(0);
+            ConnInfoError::Tls { key, message }
+        })?;
+        let connector = tls
+            .connector()
+            .map_err(|(key, message)| ConnInfoError::Tls { key, message })?;
+        let (url, _) = crate::tls::split_url(url.expose());
+        let mut sql = tokio_postgres::Config::from_str(&url)
             .map_err(|e| ConnInfoError::Url(format!("not a valid Postgres URL: {e}")))?;
         let password = match (&pg.password_file, &pg.password) {
             (Some(path), _) => {
@@ -86,14 +105,12 @@ impl ConnInfo {
             None => return Err(ConnInfoError::Url("names no host".into())),
         };
         let port = sql.get_ports().first().copied().unwrap_or(5432);
-        let ssl = match sql.get_ssl_mode() {
-            tokio_postgres::config::SslMode::Disable => SslMode::Disable,
-            tokio_postgres::config::SslMode::Prefer => match host {
-                Endpoint::Unix(_) => SslMode::Disable,
-                Endpoint::Tcp(_) => SslMode::Prefer,
-            },
-            _ => SslMode::Require,
-        };
+        // tokio-postgres only knows whether to ask; verification is the connector's.
+        sql.ssl_mode(match tls.mode {
+            crate::tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            crate::tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        });
         Ok(Self {
             user: sql
                 .get_user()
@@ -107,20 +124,29 @@ impl ConnInfo {
             host,
             port,
             password,
-            ssl,
+            tls,
+            connector,
             application_name: pg.application_name.clone(),
         })
     }
 
     /// Open an ordinary SQL session; its connection task runs in the background.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        let (client, connection) = self.sql.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "sql connection closed");
-            }
-        });
-        Ok(client)
+        Ok(match &self.connector {
+            Some(tls) => background(self.sql.connect(tls.clone()).await?),
+            None => background(self.sql.connect(tokio_postgres::NoTls).await?),
+        })
+    }
+
+    /// A replication connection error, TLS failures explained as for the ordinary one.
+    pub fn explain_replication(&self, error: &pgwire_replication::PgWireError) -> Option<String> {
+        let host = match &self.host {
+            Endpoint::Tcp(h) => h.as_str(),
+            Endpoint::Unix(_) => return None,
+        };
+        error
+            .is_tls()
+            .then(|| crate::tls::explain(&error.to_string(), &self.tls, host))
     }
 
     /// `host:port/database` for logs (no credentials).
@@ -131,23 +157,47 @@ impl ConnInfo {
         }
     }
 
-    /// Settings of a replication session on `slot` for `publication`, starting at `start`.
-    pub fn replication(&self, slot: &str, publication: &str, start: Lsn) -> ReplicationConfig {
+    /// For `verify-ca` over TCP, the relay's own TLS for the replication
+    /// connection (see [`Bridge`]); `None` otherwise.
+    pub async fn bridge(&self) -> Result<Option<Bridge>, crate::tls::TlsError> {
+        match (&self.host, self.tls.mode, &self.connector) {
+            (Endpoint::Tcp(host), crate::tls::SslMode::VerifyCa, Some(connector)) => {
+                Bridge::open(connector, host, self.port).await.map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Settings of a replication session on `slot` for `publication`, starting
+    /// at `start`; through `bridge` when there is one.
+    pub fn replication(
+        &self,
+        slot: &str,
+        publication: &str,
+        start: Lsn,
+        bridge: Option<&Bridge>,
+    ) -> ReplicationConfig {
         let password = self
             .password
             .as_ref()
             .map(|p| p.expose().to_owned())
             .unwrap_or_default();
-        let base = match &self.host {
-            Endpoint::Tcp(h) => {
+        let base = match (&self.host, bridge) {
+            (_, Some(bridge)) => ReplicationConfig::unix(
+                bridge.dir().to_string_lossy(),
+                self.port,
+                &self.user,
+                password,
+                &self.dbname,
+                slot,
+                publication,
+            ),
+            (Endpoint::Tcp(h), None) => {
                 ReplicationConfig::new(h, &self.user, password, &self.dbname, slot, publication)
                     .with_port(self.port)
-                    .with_tls(TlsConfig {
-                        mode: self.ssl,
-                        ..TlsConfig::default()
-                    })
+                    .with_tls(self.tls.replication(h))
             }
-            Endpoint::Unix(dir) => ReplicationConfig::unix(
+            (Endpoint::Unix(dir), None) => ReplicationConfig::unix(
                 dir.to_string_lossy(),
                 self.port,
                 &self.user,
@@ -164,6 +214,44 @@ impl ConnInfo {
                 "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3",
             )
     }
+}
+
+/// An error with its causes, for logs and messages.
+///
+/// tokio-postgres prints a server error as just "db error" and keeps the
+/// server's message in the source; this prints `ERROR: must be owner of …`.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut text = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let more = cause.to_string();
+            if !text.contains(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            source = cause.source();
+        }
+        f.write_str(&text)
+    }
+}
+
+/// Run a connection's task in the background; its client.
+fn background<S, T>(
+    (client, connection): (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
+) -> tokio_postgres::Client
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %crate::postgres::Chain(&e), "sql connection closed");
+        }
+    });
+    client
 }
 
 /// Parse Postgres's `X/Y` LSN text.

@@ -181,11 +181,11 @@ pub async fn run<S: Sink>(
                 Ok(Err(e)) => {
                     // Nothing is reported for what could not be recorded: the
                     // session ends and starts over on a fresh connection.
-                    tracing::error!(error = %e, "cannot record a rejected event; restarting the session");
+                    tracing::error!(error = %crate::postgres::Chain(&e), "cannot record a rejected event; restarting the session");
                     return;
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "a publish task failed");
+                    tracing::error!(error = %crate::postgres::Chain(&e), "a publish task failed");
                     return; // the session restarts; unconfirmed events are sent again
                 }
             },

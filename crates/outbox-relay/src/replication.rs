@@ -93,7 +93,7 @@ pub enum RelayError {
     #[error(transparent)]
     ConnInfo(#[from] ConnInfoError),
     /// The ordinary SQL session failed.
-    #[error("postgres: {context}: {source}")]
+    #[error("postgres: {context}: {}", crate::postgres::Chain(source))]
     Sql {
         /// What was being done.
         context: &'static str,
@@ -104,6 +104,14 @@ pub enum RelayError {
     /// The replication session failed.
     #[error("replication stream: {0}")]
     Replication(#[source] PgWireError),
+    /// The replication connection's TLS failed (the message says why).
+    #[error("replication connection: {message}")]
+    Tls {
+        /// What happened and what to do.
+        message: String,
+        /// A certificate problem, which retrying does not mend.
+        fatal: bool,
+    },
     /// The slot, publication or table cannot be used as it is (the message
     /// says how to fix it).
     #[error("{message}")]
@@ -153,7 +161,13 @@ impl RelayError {
         use ErrorClass::*;
         match self {
             RelayError::Sql { source, .. } => {
-                if source.code().is_some_and(|c| {
+                if let Some(tls) = crate::tls::TlsError::behind(source) {
+                    if tls.fatal {
+                        Fatal
+                    } else {
+                        Transient
+                    }
+                } else if source.code().is_some_and(|c| {
                     // 53xxx (too many connections, out of resources) passes.
                     c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
                 }) {
@@ -186,6 +200,8 @@ impl RelayError {
                     Fatal
                 }
             }
+            RelayError::Tls { fatal: true, .. } => Fatal,
+            RelayError::Tls { fatal: false, .. } => Transient,
             RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
             RelayError::Record(crate::record::RecordError::Nowhere { .. }) => Fatal,
             RelayError::Record(_) => Transient,
@@ -261,10 +277,10 @@ pub async fn run<S: Sink>(
                 attempt = attempt.saturating_add(1);
                 if standby {
                     if attempt == 1 || attempt % 30 == 0 {
-                        tracing::info!(reason = %e, "standing by: the slot is in use; taking over when it is free");
+                        tracing::info!(reason = %crate::postgres::Chain(&e), "standing by: the slot is in use; taking over when it is free");
                     }
                 } else {
-                    tracing::warn!(error = %e, attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                    tracing::warn!(error = %crate::postgres::Chain(&e), attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -477,18 +493,35 @@ async fn session<S: Sink>(
             .await
             .map_err(sql("reading wal_sender_timeout"))?,
     );
+    // Held for the session: the verify-ca replication connection runs through it.
+    let bridge = conn.bridge().await.map_err(|e| RelayError::Tls {
+        message: e.message,
+        fatal: e.fatal,
+    })?;
     let replication = conn
-        .replication(slot, &config.postgres.publication, Lsn(start))
+        .replication(
+            slot,
+            &config.postgres.publication,
+            Lsn(start),
+            bridge.as_ref(),
+        )
         .with_status_interval(interval)
         .with_wakeup_interval(interval)
         .with_buffer_size(config.stream.max_in_flight.clamp(64, 4096));
+    let failed = |e: PgWireError| match conn.explain_replication(&e) {
+        Some(message) => RelayError::Tls {
+            fatal: crate::tls::is_certificate_problem(&e.to_string()),
+            message,
+        },
+        None => RelayError::Replication(e),
+    };
     let mut client = ReplicationClient::connect(replication)
         .await
-        .map_err(RelayError::Replication)?;
+        .map_err(failed)?;
     // pgwire-replication sets no deadline on connecting and START_REPLICATION.
     tokio::select! {
         started = tokio::time::timeout(START_TIMEOUT, client.wait_started()) => match started {
-            Ok(started) => started.map_err(RelayError::Replication)?,
+            Ok(started) => started.map_err(failed)?,
             Err(_) => return Err(RelayError::Replication(PgWireError::Io(std::sync::Arc::new(
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "replication did not start within 30 s"),
             )))),
@@ -609,7 +642,7 @@ async fn session<S: Sink>(
                         .await
                     {
                         Ok(_) => crate::metrics::get().heartbeat_sent(sent),
-                        Err(e) => tracing::warn!(error = %e, "cannot emit a heartbeat"),
+                        Err(e) => tracing::warn!(error = %crate::postgres::Chain(&e), "cannot emit a heartbeat"),
                     }
                 });
             }
@@ -680,7 +713,7 @@ async fn confirm_final(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the slot to check the final acknowledgement");
+                    tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
                     break;
                 }
             }
@@ -695,7 +728,7 @@ async fn confirm_final(
         ),
     }
     if let Err(e) = client.shutdown().await {
-        tracing::debug!(error = %e, "closing the replication stream");
+        tracing::debug!(error = %crate::postgres::Chain(&e), "closing the replication stream");
     }
 }
 
@@ -825,7 +858,7 @@ impl Stream<'_> {
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %at, id = %id, error = %e, "outbox row cannot become an event");
+                        tracing::error!(lsn = %at, id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
                         Dispatch::Reject {
                             ticket,
                             id,

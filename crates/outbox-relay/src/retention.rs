@@ -107,7 +107,7 @@ async fn drop_expired_partitions(
     {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(error = %e, "retention cannot list partitions");
+            tracing::warn!(error = %crate::postgres::Chain(&e), "retention cannot list partitions");
             return Vec::new();
         }
     };
@@ -149,7 +149,15 @@ async fn drop_expired_partitions(
             Ok(false) => {}
             Err(e) => {
                 let _ = client.batch_execute("ROLLBACK").await;
-                tracing::warn!(partition = %name, error = %e, "cannot drop an expired partition; deleting its rows instead");
+                let hint = if e.code()
+                    == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE)
+                {
+                    "dropping partitions needs the table's owner (the least-privilege role may only \
+                     delete rows); run retention as the owner or set retention.drop_partitions = false"
+                } else {
+                    "deleting its rows instead"
+                };
+                tracing::warn!(partition = %name, error = %crate::postgres::Chain(&e), "cannot drop an expired partition: {hint}");
             }
         }
     }
@@ -194,7 +202,7 @@ pub async fn run(config: Config, stop: CancellationToken) {
     let conn = match ConnInfo::new(&config.postgres) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(error = %e, "retention cannot start");
+            tracing::error!(error = %crate::postgres::Chain(&e), "retention cannot start");
             return;
         }
     };
@@ -232,7 +240,9 @@ pub async fn run(config: Config, stop: CancellationToken) {
             Ok(None) => {
                 tracing::debug!("retention: the table has no relay-managed columns; nothing to do")
             }
-            Err(e) => tracing::warn!(error = %e, "retention run failed; retrying next interval"),
+            Err(e) => {
+                tracing::warn!(error = %crate::postgres::Chain(&e), "retention run failed; retrying next interval")
+            }
         }
         tokio::select! {
             _ = tokio::time::sleep(retention.interval) => {}

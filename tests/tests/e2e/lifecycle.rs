@@ -413,31 +413,36 @@ async fn a_partitioned_outbox_streams_like_a_plain_one_and_retention_drops_an_ex
         )
         .await
         .unwrap();
-    let config = outbox.config_file("[retention]\ndrop_partitions = true\n");
-    let mut purge = RelayProcess::spawn(
-        &[
-            "purge",
-            "--older-than",
-            "7d",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert!(
-        purge
+    let purge = |config: std::path::PathBuf| async move {
+        let mut purge = RelayProcess::spawn(
+            &[
+                "purge",
+                "--older-than",
+                "7d",
+                "--config",
+                config.to_str().unwrap(),
+            ],
+            &[],
+        );
+        let status = purge
             .wait_exit_async(Duration::from_secs(30))
             .await
-            .unwrap()
-            .success(),
-        "{}",
+            .unwrap();
+        assert!(status.success(), "{}", purge.stderr_text());
         purge.stderr_text()
-    );
+    };
+    // The least-privilege role may not drop partitions: it says so and deletes the rows.
+    let stderr = purge(outbox.config_file("[retention]\ndrop_partitions = true\n")).await;
     assert!(
-        purge.stderr_text().contains("dropped 1 partitions"),
-        "{}",
-        purge.stderr_text()
+        stderr.contains("must be owner of table")
+            && stderr.contains("needs the table's owner")
+            && stderr.contains("deleted 5 published rows")
+            && stderr.contains("dropped 0 partitions"),
+        "{stderr}"
     );
+    // The owner may.
+    let stderr = purge(outbox.owner_config_file("[retention]\ndrop_partitions = true\n")).await;
+    assert!(stderr.contains("dropped 1 partitions"), "{stderr}");
     let partitions: Vec<String> = outbox
         .sql
         .query("SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass", &[])

@@ -8,3 +8,4 @@ mod process;
 mod sns;
 mod sns_fixture;
 mod stream;
+mod tls;

@@ -48,9 +48,15 @@ pub struct Outbox {
     pub sql: Client,
     /// The relay's slot (named after the database: slots are cluster-wide).
     pub slot: String,
+    /// The least-privilege role from `sql/004_role.sql` the relay runs as
+    /// (one per database, since roles are cluster-wide), password [`ROLE_PASSWORD`].
+    pub role: String,
     witness: String,
     dir: tempfile::TempDir,
 }
+
+/// Password of [`Outbox::role`].
+pub const ROLE_PASSWORD: &str = "relay-secret";
 
 /// One committed transaction, as the witness saw it.
 #[derive(Debug, Clone)]
@@ -87,17 +93,19 @@ impl Outbox {
         let sql = db.client().await;
         let slot = db.name().to_owned();
         let witness = format!("w_{}", db.name());
+        let role = format!("r_{}", db.name().trim_start_matches("t_"));
         let dir = tempfile::tempdir().expect("temp dir");
         let outbox = Outbox {
             db,
             sql,
             slot,
+            role,
             witness,
             dir,
         };
         let config = outbox.config("");
         let files =
-            outbox_relay::setup::render(&config, "outbox_relay", false).expect("render setup SQL");
+            outbox_relay::setup::render(&config, &outbox.role, false).expect("render setup SQL");
         let mut files: Vec<_> = files.into_iter().collect();
         if let Some(table_sql) = table_sql {
             outbox
@@ -112,6 +120,14 @@ impl Outbox {
             .unwrap_or_else(|(file, e)| panic!("setup {file}: {e:?}"));
         outbox
             .sql
+            .batch_execute(&format!(
+                "ALTER ROLE {} PASSWORD '{ROLE_PASSWORD}'",
+                outbox.role
+            ))
+            .await
+            .expect("role password");
+        outbox
+            .sql
             .execute(
                 "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
                 &[&outbox.witness],
@@ -119,6 +135,15 @@ impl Outbox {
             .await
             .expect("witness slot");
         outbox
+    }
+
+    /// The relay's URL: this database, as [`Outbox::role`].
+    pub fn relay_url(&self) -> String {
+        let superuser = format!("{}:{}@", harness::SUPERUSER, harness::PASSWORD);
+        assert!(self.db.url().contains(&superuser), "{}", self.db.url());
+        self.db
+            .url()
+            .replacen(&superuser, &format!("{}:{ROLE_PASSWORD}@", self.role), 1)
     }
 
     /// The relay configuration for this database, with `extra` TOML appended
@@ -132,7 +157,7 @@ impl Outbox {
         };
         format!(
             "[postgres]\nurl = \"{}\"\nslot = \"{}\"\n{extra}\n{http}",
-            self.db.url(),
+            self.relay_url(),
             self.slot
         )
     }
@@ -154,6 +179,17 @@ impl Outbox {
             .path()
             .join(format!("relay-{}.toml", fastrand::u32(..)));
         std::fs::write(&path, self.config_toml(extra)).expect("write config");
+        path
+    }
+
+    /// Like [`Outbox::config_file`], but connecting as the table's owner (the
+    /// superuser), for what the least-privilege role may not do.
+    pub fn owner_config_file(&self, extra: &str) -> PathBuf {
+        let path = self.config_file(extra);
+        let text = std::fs::read_to_string(&path).expect("read config");
+        let owner = text.replacen(&self.relay_url(), self.db.url(), 1);
+        assert_ne!(owner, text);
+        std::fs::write(&path, owner).expect("write config");
         path
     }
 
