@@ -289,6 +289,84 @@ async fn scraped_metrics_show_the_lag_rising_while_the_sink_is_blocked_and_falli
     relay.stop().await;
 }
 
+/// Metric families named in `text`, without the sample suffixes.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("outbox_relay_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len());
+        let mut name = tail[..end].trim_end_matches('_');
+        for suffix in ["_bucket", "_count", "_sum", "_total"] {
+            name = name.strip_suffix(suffix).unwrap_or(name);
+        }
+        names.insert(name.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alert_rules_dashboard_and_docs_name_only_metrics_the_relay_exports() {
+    let outbox = Outbox::new().await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "[http]\nlisten = \"{addr}\"\n[stream]\nheartbeat_interval = \"1s\""
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    // Labelled families appear with their first sample: publish one event.
+    outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    wait_until(Duration::from_secs(20), "one event published", || async {
+        let (_, scrape) = get(&addr, "/metrics").await;
+        sink.ids().len() == 1 && scrape.contains("outbox_relay_heartbeat_round_trip_seconds_count")
+    })
+    .await;
+    let (_, scrape) = get(&addr, "/metrics").await;
+    relay.stop().await;
+    let exported: std::collections::BTreeSet<String> = scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .flat_map(metric_names)
+        .collect();
+    assert!(exported.len() >= 15, "{scrape}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).unwrap();
+    for file in [
+        "deploy/prometheus/alerts.yml",
+        "deploy/grafana/outbox-relay.json",
+        "docs/operations.md",
+    ] {
+        let unknown: Vec<_> = metric_names(&read(file))
+            .difference(&exported)
+            .cloned()
+            .collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} names metrics the relay does not export: {unknown:?}"
+        );
+    }
+    let undocumented: Vec<_> = exported
+        .difference(&metric_names(&read("docs/operations.md")))
+        .cloned()
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "docs/operations.md does not explain {undocumented:?}"
+    );
+    // The dashboard is valid JSON with panels, for Grafana's provisioning.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/outbox-relay.json")).unwrap();
+    assert!(dashboard["panels"]
+        .as_array()
+        .is_some_and(|p| !p.is_empty()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_come_back_through_the_stream_and_one_that_does_not_fails_readiness() {
     let outbox = Outbox::new().await;
