@@ -1,0 +1,633 @@
+//! outbox-relay's benchmarks (docs/benchmarks.md), in one invocation:
+//!
+//! 1. **Drain**: an ephemeral cluster, a backlog of `--rows` outbox rows
+//!    (`--per-tx` a transaction, ~500-byte JSON payloads), one slot per
+//!    contender copied from one slot before the backlog (so all start at the
+//!    same LSN). Each contender drains its slot alone: `pg_recvlogical`
+//!    (pgoutput, proto_version 1, to /dev/null) as the baseline, the relay with
+//!    the stdout sink to /dev/null, and the relay with the SNS sink against a
+//!    fast local SNS endpoint ([`sns`]). Printed: rows/s, client CPU seconds
+//!    per million rows, peak RSS, and every ratio relay / pg_recvlogical.
+//! 2. **Steady state**: a producer commits single-row transactions at fixed
+//!    rates while the relay streams to the fast endpoint; p50, p99 and max of
+//!    commit-to-confirmed-publish latency from the relay's own histogram.
+//!
+//! Figures, not assertions: this machine is shared and noisy, so compare the
+//! ratios, which are measured in the same run.
+
+mod sns;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use harness::Cluster;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay-bench",
+    about = "Benchmarks of outbox-relay against pg_recvlogical"
+)]
+struct Args {
+    /// Backlog rows for the drain.
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: u64,
+    /// Rows per transaction in the backlog.
+    #[arg(long, default_value_t = 1_000)]
+    per_tx: u64,
+    /// Steady-state commit rates (single-row transactions per second); `max`
+    /// commits as fast as the producer can.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,max")]
+    rates: Vec<String>,
+    /// Seconds measured at each steady-state rate (after 2 s of warm-up).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Skip the drain.
+    #[arg(long)]
+    no_drain: bool,
+    /// Skip the steady state.
+    #[arg(long)]
+    no_steady: bool,
+    /// The relay binary (default: target/release/outbox-relay next to this one).
+    #[arg(long)]
+    relay: Option<PathBuf>,
+}
+
+/// What one process cost.
+#[derive(Debug, Clone, Copy)]
+struct Usage {
+    wall: Duration,
+    cpu: Duration,
+    max_rss_kib: i64,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let relay = args.relay.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .expect("own path")
+            .with_file_name("outbox-relay")
+    });
+    if !relay.exists() {
+        bail!(
+            "no relay binary at {}: build it with `cargo build --release -p outbox-relay` (scripts/bench.sh does)",
+            relay.display()
+        );
+    }
+    let pg_bin = harness::pg_bin();
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| {
+            let cluster = Cluster::start();
+            // Room for the backlog without checkpoints in the middle of a run,
+            // and status updates every 200 ms from the relay (half of this).
+            let conf = cluster.data_dir().join("postgresql.conf");
+            let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+            text.push_str(
+                "\n# outbox-relay bench\nmax_wal_size = '16GB'\ncheckpoint_timeout = '1h'\n\
+                 wal_sender_timeout = '400ms'\nmax_replication_slots = 16\nmax_wal_senders = 16\n",
+            );
+            std::fs::write(&conf, text).expect("postgresql.conf");
+            cluster.restart(harness::StopMode::Fast);
+            cluster
+        })
+        .await?,
+    );
+    let url = cluster.url_for("bench");
+    let admin = harness::connect(&cluster.admin_url()).await;
+    admin.batch_execute("CREATE DATABASE bench").await?;
+    let sql = harness::connect(&url).await;
+    let setup_config = relay_config(&url, "bench", "[sink]\nkind = \"stdout\"\n");
+    let config = outbox_relay::config::Config::from_parts(
+        &setup_config,
+        std::path::Path::new("bench.toml"),
+        std::iter::empty(),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let files = outbox_relay::setup::render(&config, "outbox_relay", false)?;
+    let files: Vec<_> = files.into_iter().collect();
+    outbox_relay::setup::apply(&sql, &files)
+        .await
+        .map_err(|(file, e)| anyhow::anyhow!("setup {file}: {e:?}"))?;
+    println!(
+        "outbox-relay bench: PostgreSQL on 127.0.0.1:{}, relay {}",
+        cluster.port(),
+        relay.display()
+    );
+
+    if !args.no_drain {
+        drain(&args, &sql, &url, &relay, &pg_bin, &cluster).await?;
+    }
+    if !args.no_steady {
+        steady(&args, &sql, &url, &relay).await?;
+    }
+    Ok(())
+}
+
+/// The relay's configuration for the bench: stream only, on `slot`.
+fn relay_config(url: &str, slot: &str, extra: &str) -> String {
+    format!(
+        "[postgres]\nurl = \"{url}\"\nslot = \"{slot}\"\n\
+         [lifecycle]\non_published = \"none\"\n[poller]\nenabled = false\n\
+         [retention]\nenabled = false\n[log]\nlevel = \"warn\"\n{extra}\n"
+    )
+}
+
+const PAYLOAD: &str = "jsonb_build_object(\
+    'order_id', n, 'customer_id', 'customer-' || (n % 5000), 'currency', 'EUR', \
+    'total', (n % 1000) * 1.5, 'placed_at', '2026-11-22T10:00:00Z', \
+    'lines', jsonb_build_array(\
+        jsonb_build_object('sku', 'sku-' || (n % 300), 'quantity', 1 + n % 5, 'price', 9.99), \
+        jsonb_build_object('sku', 'sku-' || (n % 700), 'quantity', 1, 'price', 24.5)), \
+    'note', repeat(md5(n::text), 8))";
+
+async fn drain(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+    pg_bin: &std::path::Path,
+    cluster: &Cluster,
+) -> anyhow::Result<()> {
+    let contenders = ["bench_recvlogical", "bench_stdout", "bench_sns"];
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[&contenders[0]],
+    )
+    .await?;
+    for slot in &contenders[1..] {
+        sql.execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&contenders[0], slot],
+        )
+        .await?;
+    }
+    let start_lsn: String = sql
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&contenders[0]],
+        )
+        .await?
+        .get(0);
+
+    let loading = Instant::now();
+    let txs = args.rows.div_ceil(args.per_tx);
+    let insert = format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'order', 'order-' || (n % 1000), 'OrderPlaced', {PAYLOAD} \
+         FROM generate_series($1::bigint, $2::bigint) AS n"
+    );
+    // Two loaders (one per core); each statement is one transaction.
+    let mut loaders = Vec::new();
+    for part in 0..2u64 {
+        let url = url.to_owned();
+        let insert = insert.clone();
+        let (rows, per_tx) = (args.rows, args.per_tx);
+        loaders.push(tokio::spawn(async move {
+            let client = harness::connect(&url).await;
+            let statement = client.prepare(&insert).await?;
+            let mut tx = part;
+            while tx < txs {
+                let first = (tx * per_tx) as i64;
+                let last = (((tx + 1) * per_tx).min(rows) - 1) as i64;
+                client.execute(&statement, &[&first, &last]).await?;
+                tx += 2;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for loader in loaders {
+        loader.await??;
+    }
+    let end_lsn: String = sql
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let row = sql
+        .query_one(
+            "SELECT count(*), avg(octet_length(payload::text))::float8, \
+             pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8 FROM outbox",
+            &[&end_lsn, &start_lsn],
+        )
+        .await?;
+    let (rows, payload, wal): (i64, f64, f64) = (row.get(0), row.get(1), row.get(2));
+    println!(
+        "\n== drain: {rows} rows in {txs} transactions, payload {payload:.0} bytes on average, \
+         {:.0} MiB of WAL, loaded in {:.1} s",
+        wal / 1048576.0,
+        loading.elapsed().as_secs_f64()
+    );
+    sql.batch_execute("CHECKPOINT").await?;
+    let rows = rows as u64;
+
+    // Baseline.
+    let recvlogical = run_to_exit(
+        Command::new(pg_bin.join("pg_recvlogical"))
+            .arg("--dbname")
+            .arg(url)
+            .args([
+                "--slot",
+                contenders[0],
+                "--start",
+                "--no-loop",
+                "--option=proto_version=1",
+                "--option=publication_names=outbox_relay",
+                "--file=/dev/null",
+                "--status-interval=1",
+            ])
+            .arg(format!("--endpos={end_lsn}")),
+    )
+    .await?;
+    wait_confirmed(sql, contenders[0], &end_lsn, Duration::from_secs(30), None).await?;
+
+    let stdout = run_relay(
+        relay,
+        sql,
+        &relay_config(
+            url,
+            contenders[1],
+            "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
+        ),
+        &[],
+        contenders[1],
+        &end_lsn,
+    )
+    .await?;
+
+    let endpoint = sns::Endpoint::start().await?;
+    let sns = run_relay(
+        relay,
+        sql,
+        &relay_config(
+            url,
+            contenders[2],
+            &format!(
+                "[sink]\nkind = \"sns\"\n[http]\nlisten = \"\"\n[sns]\nregion = \"us-east-1\"\n\
+                 endpoint_url = \"{}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:bench\"\n",
+                endpoint.url
+            ),
+        ),
+        &aws_env(&endpoint.url),
+        contenders[2],
+        &end_lsn,
+    )
+    .await?;
+    if endpoint.messages() < rows {
+        bail!(
+            "the SNS endpoint received {} messages of {rows}",
+            endpoint.messages()
+        );
+    }
+    let _ = cluster;
+
+    let report = |name: &str, u: &Usage| {
+        println!(
+            "{name:<28} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS",
+            rows as f64 / u.wall.as_secs_f64(),
+            u.wall.as_secs_f64(),
+            u.cpu.as_secs_f64() * 1e6 / rows as f64,
+            u.max_rss_kib as f64 / 1024.0
+        )
+    };
+    println!(
+        "{:<28} {:>17} {:>10} {:>21} {:>19}",
+        "contender", "throughput", "wall", "client CPU", "memory"
+    );
+    report("pg_recvlogical (baseline)", &recvlogical);
+    report("relay, stdout sink", &stdout);
+    report("relay, SNS sink (local)", &sns);
+    let ratio = |u: &Usage| {
+        (
+            recvlogical.wall.as_secs_f64() / u.wall.as_secs_f64(),
+            u.cpu.as_secs_f64() / recvlogical.cpu.as_secs_f64(),
+        )
+    };
+    let (speed, cpu) = ratio(&stdout);
+    println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {cpu:.2}x CPU per row (target <= 1.0)");
+    let (speed, cpu) = ratio(&sns);
+    println!(
+        "ratio SNS / pg_recvlogical:    {speed:.2}x rows/s (target >= 0.6), {cpu:.2}x CPU per row"
+    );
+    println!(
+        "SNS endpoint: {} messages in {} PublishBatch calls",
+        endpoint.messages(),
+        endpoint
+            .counts
+            .calls
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+fn aws_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    harness::aws_env(endpoint)
+}
+
+/// Run `command` to its end; what it cost.
+async fn run_to_exit(command: &mut Command) -> anyhow::Result<Usage> {
+    let started = Instant::now();
+    let child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawn")?;
+    let pid = child.id() as libc::pid_t;
+    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
+    Ok(Usage {
+        wall: started.elapsed(),
+        ..usage
+    })
+}
+
+/// Wait for `pid` to exit; its CPU time and peak RSS (its wall time is the caller's).
+fn reap(pid: libc::pid_t) -> anyhow::Result<Usage> {
+    let mut status = 0;
+    // SAFETY: plain FFI call with valid out-pointers.
+    #[allow(unsafe_code)]
+    let (got, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        let got = libc::wait4(pid, &mut status, 0, &mut usage);
+        (got, usage)
+    };
+    if got != pid {
+        bail!("wait4({pid}): {}", std::io::Error::last_os_error());
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        bail!("process {pid} ended with status {status:#x}");
+    }
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    Ok(Usage {
+        wall: Duration::ZERO,
+        cpu: time(usage.ru_utime) + time(usage.ru_stime),
+        max_rss_kib: usage.ru_maxrss,
+    })
+}
+
+/// Run the relay until `slot` confirmed `end_lsn`, then stop it; what it cost.
+async fn run_relay(
+    relay: &std::path::Path,
+    sql: &tokio_postgres::Client,
+    config: &str,
+    envs: &[(&'static str, String)],
+    slot: &str,
+    end_lsn: &str,
+) -> anyhow::Result<Usage> {
+    let path = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.toml"));
+    std::fs::write(&path, config)?;
+    let started = Instant::now();
+    let child = Command::new(relay)
+        .arg("--config")
+        .arg(&path)
+        .arg("run")
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawn the relay")?;
+    let pid = child.id() as libc::pid_t;
+    wait_confirmed(sql, slot, end_lsn, Duration::from_secs(600), Some(pid)).await?;
+    let wall = started.elapsed();
+    // SAFETY: signalling our own child.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
+    Ok(Usage { wall, ..usage })
+}
+
+/// Poll until `slot`'s confirmed_flush_lsn reaches `lsn`.
+async fn wait_confirmed(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    lsn: &str,
+    limit: Duration,
+    pid: Option<libc::pid_t>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done: bool = sql
+            .query_one(
+                "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, false) \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot, &lsn],
+            )
+            .await?
+            .get(0);
+        if done {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{slot} did not confirm {lsn} within {limit:?}");
+        }
+        if let Some(pid) = pid {
+            // A zombie (or nothing) in /proc: the process is gone.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(") ")
+                .is_none_or(|(_, rest)| rest.starts_with('Z'))
+            {
+                bail!("the relay (pid {pid}) exited before {slot} confirmed {lsn}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn steady(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+) -> anyhow::Result<()> {
+    sql.execute(
+        "SELECT pg_create_logical_replication_slot('bench_steady', 'pgoutput')",
+        &[],
+    )
+    .await?;
+    let endpoint = sns::Endpoint::start().await?;
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?.port()
+    };
+    let metrics = format!("127.0.0.1:{port}");
+    let config = relay_config(
+        url,
+        "bench_steady",
+        &format!(
+            "[sink]\nkind = \"sns\"\n[http]\nlisten = \"{metrics}\"\n[sns]\nregion = \"us-east-1\"\n\
+             endpoint_url = \"{}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:bench\"\n",
+            endpoint.url
+        ),
+    );
+    let path = std::env::temp_dir().join("outbox-relay-bench-steady.toml");
+    std::fs::write(&path, config)?;
+    let mut child = Command::new(relay)
+        .arg("--config")
+        .arg(&path)
+        .arg("run")
+        .envs(aws_env(&endpoint.url).iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawn the relay")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(&metrics).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the relay's /metrics did not come up");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "\n== steady state: single-row commits, relay streaming to the local SNS endpoint, {} s a rate",
+        args.seconds
+    );
+    println!(
+        "{:<10} {:>12} {:>10} {:>10} {:>12}",
+        "target", "achieved/s", "p50 ms", "p99 ms", "max ms (<=)"
+    );
+    for rate in &args.rates {
+        let target = if rate == "max" {
+            None
+        } else {
+            Some(rate.parse::<f64>().context("--rates: numbers or max")?)
+        };
+        produce(url, target, Duration::from_secs(2)).await?;
+        let before = histogram(&scrape(&metrics).await?);
+        let achieved = produce(url, target, Duration::from_secs(args.seconds)).await?;
+        // Let the last commits be confirmed.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let after = histogram(&scrape(&metrics).await?);
+        let window: Vec<(f64, f64)> = after
+            .iter()
+            .zip(&before)
+            .map(|((le, a), (_, b))| (*le, a - b))
+            .collect();
+        let q = |p: f64| quantile(&window, p) * 1000.0;
+        // The upper bound of the highest bucket with a sample in it.
+        let total = window.last().map_or(0.0, |(_, c)| *c);
+        let max = window
+            .iter()
+            .find(|(_, c)| *c >= total)
+            .map_or(f64::NAN, |(le, _)| *le);
+        println!(
+            "{:<10} {:>12.0} {:>10.1} {:>10.1} {:>12}",
+            rate,
+            achieved,
+            q(0.5),
+            q(0.99),
+            if max.is_finite() {
+                format!("{:.0}", max * 1000.0)
+            } else {
+                "> top bucket".into()
+            }
+        );
+    }
+    // SAFETY: signalling our own child.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = child.wait();
+    Ok(())
+}
+
+/// Commit single-row transactions at `rate` per second (or as fast as
+/// possible) for `length`, from 4 connections; the rate achieved.
+async fn produce(url: &str, rate: Option<f64>, length: Duration) -> anyhow::Result<f64> {
+    const CONNECTIONS: usize = 4;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let client = harness::connect(&url).await;
+            let insert = client
+                .prepare(&format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT 'order', 'order-' || (n % 1000), 'OrderPlaced', {PAYLOAD} \
+                     FROM (SELECT $1::bigint AS n) AS s"
+                ))
+                .await?;
+            let mut sent = 0u64;
+            let per_conn = rate.map(|r| r / CONNECTIONS as f64);
+            let mut n = c as i64;
+            while started.elapsed() < length {
+                if let Some(r) = per_conn {
+                    let due = started + Duration::from_secs_f64(sent as f64 / r);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                client.execute(&insert, &[&n]).await?;
+                n += CONNECTIONS as i64;
+                sent += 1;
+            }
+            anyhow::Ok(sent)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// GET /metrics.
+async fn scrape(addr: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+/// The end-to-end latency histogram: cumulative (upper bound, count) pairs.
+fn histogram(scrape: &str) -> Vec<(f64, f64)> {
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix("outbox_relay_end_to_end_latency_seconds_bucket{le=\""))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The `p` quantile of a cumulative histogram, interpolated inside its bucket.
+fn quantile(buckets: &[(f64, f64)], p: f64) -> f64 {
+    let Some(&(_, total)) = buckets.last() else {
+        return f64::NAN;
+    };
+    if total == 0.0 {
+        return f64::NAN;
+    }
+    let rank = p * total;
+    let mut lower = (0.0, 0.0);
+    for &(le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return lower.0;
+            }
+            let inside = count - lower.1;
+            let fraction = if inside > 0.0 {
+                (rank - lower.1) / inside
+            } else {
+                1.0
+            };
+            return lower.0 + (le - lower.0) * fraction;
+        }
+        lower = (le, count);
+    }
+    lower.0
+}
