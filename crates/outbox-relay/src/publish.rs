@@ -216,12 +216,7 @@ impl<S: Sink> Publisher<S> {
             if picked.is_empty() {
                 return wake;
             }
-            // Remove from the back first so earlier positions stay valid.
-            let mut batch: Vec<Message> = Vec::with_capacity(picked.len());
-            for &i in picked.iter().rev() {
-                batch.extend(self.queue.remove(i).map(|q| q.message));
-            }
-            batch.reverse();
+            let batch = self.take(&picked);
             for m in &batch {
                 self.blocked.insert(m.event.group.clone(), Block::InFlight);
             }
@@ -261,6 +256,30 @@ impl<S: Sink> Publisher<S> {
                 Ok(Done::Batch(batch.into_iter().zip(verdicts).collect()))
             });
         }
+    }
+
+    /// Take the messages at `picked` (ascending positions) out of the queue,
+    /// keeping the others in order. Costs O(last position), not O(queue ×
+    /// batch): the prefix up to the last pick is drained once and what was
+    /// passed over goes back to the front.
+    fn take(&mut self, picked: &[usize]) -> Vec<Message> {
+        let Some(&last) = picked.last() else {
+            return Vec::new();
+        };
+        let mut batch = Vec::with_capacity(picked.len());
+        let mut passed = Vec::with_capacity(last + 1 - picked.len());
+        let mut wanted = picked.iter().peekable();
+        for (i, q) in self.queue.drain(..=last).enumerate() {
+            if wanted.next_if_eq(&&i).is_some() {
+                batch.push(q.message);
+            } else {
+                passed.push(q);
+            }
+        }
+        for q in passed.into_iter().rev() {
+            self.queue.push_front(q);
+        }
+        batch
     }
 
     /// Queue positions of the next batch, in order; or when to look again.
@@ -310,12 +329,11 @@ impl<S: Sink> Publisher<S> {
     fn settle(&mut self, settled: Vec<(Message, Verdict)>) -> bool {
         let mut retry: Vec<Message> = Vec::new();
         let mut failed: HashMap<Text, String> = HashMap::new();
-        let mut groups: Vec<Text> = Vec::new();
+        // The batch's groups, each once (a set: batches hold up to 1024 messages).
+        let mut groups: HashSet<Text> = HashSet::new();
         for (message, verdict) in settled {
             let group = message.event.group.clone();
-            if !groups.contains(&group) {
-                groups.push(group.clone());
-            }
+            groups.insert(group.clone());
             if failed.contains_key(&group) {
                 retry.push(message); // behind a failed entry of its group: send again, in order
                 continue;
