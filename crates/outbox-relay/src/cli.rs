@@ -1,4 +1,4 @@
-//! The command line: `run`, `setup`, `check`.
+//! The command line: `run`, `setup`, `check`, `replay`, `status`, `purge`, `config`.
 //!
 //! Exit codes: 0 success; 1 the relay or a command failed at run time;
 //! 2 bad usage or configuration; 3 `check` found problems.
@@ -77,6 +77,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print a full, commented configuration with every key at its default.
+    Config,
     /// Delete PUBLISHED rows older than the given age now (retention, once).
     Purge {
         /// Age, e.g. 7d, 12h, 30m.
@@ -92,6 +94,10 @@ fn parse_age(text: &str) -> Result<std::time::Duration, String> {
 /// Parse the command line and run it.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Config) {
+        print!("{}", crate::config::DEFAULT_CONFIG);
+        return ExitCode::SUCCESS;
+    }
     let Some(path) = cli.config.as_deref() else {
         eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG)");
         return ExitCode::from(EXIT_CONFIG);
@@ -130,6 +136,7 @@ pub fn main() -> ExitCode {
             } => replay_cmd(&config, &selection, rate, dry_run).await,
             Command::Purge { older_than } => purge_cmd(&config, older_than).await,
             Command::Status { json } => status_cmd(&config, json).await,
+            Command::Config => unreachable!("handled before loading a configuration"),
         }
     })
 }

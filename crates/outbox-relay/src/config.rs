@@ -20,6 +20,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+/// Every key at its default, commented: what `outbox-relay config` prints.
+/// A test keeps it equal to the real defaults and complete ([`keys`]).
+pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
+
 /// Prefix of the environment variables that override configuration keys.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 
@@ -1173,6 +1177,69 @@ fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
     }
 }
 
+/// Every configuration key, `section.key`, in declaration order. Read from
+/// the structs themselves (what serde asks a deserializer for), so a new
+/// field is a new key here without anyone listing it.
+pub fn keys() -> Vec<String> {
+    let mut keys = Vec::new();
+    for section in field_names::<Config>() {
+        let fields = match *section {
+            "postgres" => field_names::<PostgresConfig>(),
+            "columns" => field_names::<ColumnMapping>(),
+            "sink" => field_names::<SinkConfig>(),
+            "sns" => field_names::<SnsConfig>(),
+            "envelope" => field_names::<EnvelopeConfig>(),
+            "stream" => field_names::<StreamConfig>(),
+            "retry" => field_names::<RetryConfig>(),
+            "lifecycle" => field_names::<LifecycleConfig>(),
+            "poller" => field_names::<PollerConfig>(),
+            "retention" => field_names::<RetentionConfig>(),
+            "filter" => field_names::<FilterConfig>(),
+            "http" => field_names::<HttpConfig>(),
+            "log" => field_names::<LogConfig>(),
+            other => panic!("config section {other:?} is missing from config::keys"),
+        };
+        keys.extend(fields.iter().map(|f| format!("{section}.{f}")));
+    }
+    keys
+}
+
+/// The environment variable that overrides `key` (`section.key`).
+pub fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
+}
+
+/// The field names of a derived `Deserialize` struct.
+fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("probed"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+            ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Probe(&mut fields));
+    fields
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1372,5 +1439,61 @@ jitter = 3.0
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
         assert!(parse_duration("3 fortnights").is_err());
+    }
+
+    #[test]
+    fn the_printed_default_configuration_is_complete_and_true() {
+        let printed = Config::from_parts(
+            DEFAULT_CONFIG,
+            Path::new("default.toml"),
+            std::iter::empty(),
+        )
+        .unwrap_or_else(|e| panic!("the default configuration does not load: {e}"));
+        let minimal = Config::from_parts(
+            "[postgres]\nurl = \"postgres://outbox_relay@localhost:5432/app\"\n",
+            Path::new("minimal.toml"),
+            std::iter::empty(),
+        )
+        .unwrap();
+        assert_eq!(
+            format!("{printed:?}"),
+            format!("{minimal:?}"),
+            "every value in default-config.toml is the default"
+        );
+        let mut section = "";
+        let mut present = std::collections::BTreeSet::new();
+        for line in DEFAULT_CONFIG.lines() {
+            let line = line.trim();
+            if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = name;
+            } else if let Some((key, _)) = line.trim_start_matches("# ").split_once(" = ") {
+                present.insert(format!("{section}.{key}"));
+            }
+        }
+        let keys = keys();
+        assert!(keys.len() > 50, "{keys:?}");
+        let missing: Vec<_> = keys.iter().filter(|k| !present.contains(*k)).collect();
+        assert!(missing.is_empty(), "default-config.toml lacks {missing:?}");
+    }
+
+    #[test]
+    fn every_key_is_documented_with_its_environment_variable() {
+        let doc = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/configuration.md"),
+        )
+        .expect("docs/configuration.md");
+        let undocumented: Vec<String> = keys()
+            .into_iter()
+            .filter(|key| {
+                !doc.lines().any(|l| {
+                    l.starts_with(&format!("| `{key}` |"))
+                        && l.contains(&format!("`{}`", env_var(key)))
+                })
+            })
+            .collect();
+        assert!(
+            undocumented.is_empty(),
+            "docs/configuration.md has no row `| `key` | … `OUTBOX_RELAY__…` |` for {undocumented:?}"
+        );
     }
 }
