@@ -76,3 +76,9 @@ if ! python3 -c 'import moto.server, flask' >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
     echo "install-deps: installed moto[server] $(python3 -c 'import moto; print(moto.__version__)')"
 fi
+
+# The compose validation test (scripts/validate-compose.py).
+if ! python3 -c 'import yaml, jsonschema' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check pyyaml jsonschema
+    echo "install-deps: installed pyyaml and jsonschema"
+fi

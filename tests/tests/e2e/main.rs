@@ -4,6 +4,7 @@ mod harness_smoke;
 mod lifecycle;
 mod operations;
 mod outbox;
+mod packaging;
 mod process;
 mod sns;
 mod sns_fixture;
