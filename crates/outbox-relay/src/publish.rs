@@ -111,7 +111,7 @@ struct Publisher<S> {
     recorder: Option<Arc<Recorder>>,
     marker: Option<Marker>,
     backoff: Backoff,
-    done: mpsc::UnboundedSender<Completion>,
+    done: mpsc::UnboundedSender<Vec<Completion>>,
     queue: VecDeque<Queued>,
     blocked: HashMap<Text, Block>,
     /// Consecutive failed attempts per group.
@@ -123,14 +123,15 @@ struct Publisher<S> {
 }
 
 /// Drive `sink` until `input` closes and everything is settled; report every
-/// message's final outcome on `done`. Rejections are recorded with
+/// message's final outcome on `done` (a finished batch's outcomes together:
+/// one wake-up of the replication loop per batch, not per message). Rejections are recorded with
 /// `recorder`; deliveries are marked with `marker`.
 pub async fn run<S: Sink>(
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
     marker: Option<Marker>,
     mut input: mpsc::Receiver<Dispatch>,
-    done: mpsc::UnboundedSender<Completion>,
+    done: mpsc::UnboundedSender<Vec<Completion>>,
     backoff: Backoff,
 ) {
     let mut p = Publisher {
@@ -155,15 +156,16 @@ pub async fn run<S: Sink>(
         }
         tokio::select! {
             received = input.recv(), if open => match received {
-                Some(Dispatch::Publish(message)) => p.queue.push_back(Queued { arrived: Instant::now(), message }),
-                Some(Dispatch::Reject { ticket, id, reason }) => {
-                    let recorder = p.recorder.clone();
-                    p.tasks.spawn(async move {
-                        if let Some(recorder) = recorder {
-                            recorder.record(&id, None, None, &reason).await?;
+                Some(first) => {
+                    // Take what else is waiting too: one pass of the loop
+                    // (and one batch pick) per burst, not per message.
+                    p.accept(first);
+                    for _ in 0..p.max_batch {
+                        match input.try_recv() {
+                            Ok(more) => p.accept(more),
+                            Err(_) => break,
                         }
-                        Ok(Done::Rejected { ticket, id, reason })
-                    });
+                    }
                 }
                 None => open = false,
             },
@@ -174,7 +176,7 @@ pub async fn run<S: Sink>(
                     }
                 }
                 Ok(Ok(Done::Rejected { ticket, id, reason })) => {
-                    if p.done.send(Completion::Rejected { ticket, id, reason }).is_err() {
+                    if p.done.send(vec![Completion::Rejected { ticket, id, reason }]).is_err() {
                         return;
                     }
                 }
@@ -202,6 +204,25 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 impl<S: Sink> Publisher<S> {
+    /// Queue a message, or start recording a row that cannot be published.
+    fn accept(&mut self, dispatch: Dispatch) {
+        match dispatch {
+            Dispatch::Publish(message) => self.queue.push_back(Queued {
+                arrived: Instant::now(),
+                message,
+            }),
+            Dispatch::Reject { ticket, id, reason } => {
+                let recorder = self.recorder.clone();
+                self.tasks.spawn(async move {
+                    if let Some(recorder) = recorder {
+                        recorder.record(&id, None, None, &reason).await?;
+                    }
+                    Ok(Done::Rejected { ticket, id, reason })
+                });
+            }
+        }
+    }
+
     /// Start as many batches as allowed; when to look again (a linger or
     /// backoff ending), if anything waits on time.
     fn dispatch(&mut self, open: bool) -> Option<Instant> {
@@ -331,6 +352,7 @@ impl<S: Sink> Publisher<S> {
         let mut failed: HashMap<Text, String> = HashMap::new();
         // The batch's groups, each once (a set: batches hold up to 1024 messages).
         let mut groups: HashSet<Text> = HashSet::new();
+        let mut completions = Vec::with_capacity(settled.len());
         for (message, verdict) in settled {
             let group = message.event.group.clone();
             groups.insert(group.clone());
@@ -359,9 +381,10 @@ impl<S: Sink> Publisher<S> {
                     continue;
                 }
             };
-            if self.done.send(completion).is_err() {
-                return false;
-            }
+            completions.push(completion);
+        }
+        if !completions.is_empty() && self.done.send(completions).is_err() {
+            return false;
         }
         let now = Instant::now();
         let mut worst = 0;
@@ -526,13 +549,15 @@ mod tests {
             drop(tx);
             task.await.unwrap();
             let mut reported = 0;
-            while let Ok(c) = done_rx.try_recv() {
-                assert!(matches!(c, Completion::Delivered(_)));
-                tracker.finish(match c {
-                    Completion::Delivered(t) => t,
-                    Completion::Rejected { ticket, .. } => ticket,
-                });
-                reported += 1;
+            while let Ok(batch) = done_rx.try_recv() {
+                for c in batch {
+                    assert!(matches!(c, Completion::Delivered(_)));
+                    tracker.finish(match c {
+                        Completion::Delivered(t) => t,
+                        Completion::Rejected { ticket, .. } => ticket,
+                    });
+                    reported += 1;
+                }
             }
             assert_eq!(reported, 400, "each message reported once");
             assert_eq!(tracker.unfinished(), 0);

@@ -628,8 +628,8 @@ async fn session<S: Sink>(
         let read = (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight;
         tokio::select! {
             biased;
-            completion = done.recv() => match completion {
-                Some(c) => stream.completed(c),
+            completions = done.recv() => match completions {
+                Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
                 None => return Err(RelayError::PublisherStopped),
             },
             _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
