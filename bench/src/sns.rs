@@ -78,7 +78,7 @@ async fn answer(req: Request<Incoming>, counts: &Counts) -> Response<Full<Bytes>
         if key == "Action" {
             action = value;
         } else if key.starts_with("PublishBatchRequestEntries.member.") && key.ends_with(".Id") {
-            ids.push(decode(value));
+            ids.push(outbox_relay::tls::percent_decode(value));
         }
     }
     let xml = if action == "PublishBatch" {
@@ -115,34 +115,6 @@ async fn answer(req: Request<Incoming>, counts: &Counts) -> Response<Full<Bytes>
         .header("content-type", "text/xml")
         .body(Full::new(Bytes::from(xml)))
         .expect("a response")
-}
-
-/// Form decoding of one value.
-fn decode(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn escape(text: &str) -> String {

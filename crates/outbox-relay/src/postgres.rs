@@ -182,30 +182,31 @@ impl ConnInfo {
             .as_ref()
             .map(|p| p.expose().to_owned())
             .unwrap_or_default();
-        let base = match (&self.host, bridge) {
-            (_, Some(bridge)) => ReplicationConfig::unix(
-                bridge.dir().to_string_lossy(),
-                self.port,
-                &self.user,
-                password,
-                &self.dbname,
-                slot,
-                publication,
-            ),
-            (Endpoint::Tcp(h), None) => {
-                ReplicationConfig::new(h, &self.user, password, &self.dbname, slot, publication)
-                    .with_port(self.port)
-                    .with_tls(self.tls.replication(h))
-            }
-            (Endpoint::Unix(dir), None) => ReplicationConfig::unix(
+        // A unix socket: the server's, or the verify-ca bridge's.
+        let unix = |dir: &std::path::Path| {
+            ReplicationConfig::unix(
                 dir.to_string_lossy(),
                 self.port,
                 &self.user,
-                password,
+                password.clone(),
                 &self.dbname,
                 slot,
                 publication,
-            ),
+            )
+        };
+        let base = match (&self.host, bridge) {
+            (_, Some(bridge)) => unix(bridge.dir()),
+            (Endpoint::Unix(dir), None) => unix(dir),
+            (Endpoint::Tcp(h), None) => ReplicationConfig::new(
+                h,
+                &self.user,
+                password.clone(),
+                &self.dbname,
+                slot,
+                publication,
+            )
+            .with_port(self.port)
+            .with_tls(self.tls.replication(h)),
         };
         base.with_start_lsn(start)
             .with_application_name(&self.application_name)

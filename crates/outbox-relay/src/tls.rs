@@ -191,7 +191,8 @@ pub fn split_url(url: &str) -> (String, UrlTls) {
     (rest, tls)
 }
 
-fn percent_decode(text: &str) -> String {
+/// Decode `%XX` escapes and `+` (URL query and form encoding).
+pub fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
