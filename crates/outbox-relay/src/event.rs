@@ -529,6 +529,15 @@ mod tests {
     }
 
     #[test]
+    fn text_that_is_not_utf8_is_refused_naming_the_column() {
+        // A SQL_ASCII database can hand out any bytes as text.
+        assert!(Text::new(Bytes::from_static(b"ok \xe2\x9c\x93")).is_ok());
+        assert!(Text::new(Bytes::from_static(b"bad \xff")).is_err());
+        let error = RowError::NotUtf8("aggregate_id".into()).to_string();
+        assert_eq!(error, "column \"aggregate_id\" is not valid UTF-8");
+    }
+
+    #[test]
     fn bytea_hex_is_decoded() {
         assert_eq!(&decode_bytea(b"\\x00ff10", "p").unwrap()[..], &[0, 255, 16]);
         assert!(decode_bytea(b"\\x0", "p").is_err());

@@ -816,6 +816,19 @@ impl Stream<'_> {
             Pgoutput::Relation(relation) => {
                 let ours =
                     relation.namespace == self.table.schema && relation.name == self.table.name;
+                if !ours && matches!(self.relations.get(&relation.oid), Some(Some(_))) {
+                    // The outbox table under another name: its rows would be
+                    // taken for another table's and skipped. Stop before that.
+                    return Err(RelayError::Unusable {
+                        message: format!(
+                            "the outbox table {} was renamed to {}.{}: its rows are not published under                              another name. Rename it back, or set postgres.table = \"{}.{}\", then restart \
+                             (nothing after the rename was acknowledged)",
+                            self.table, relation.namespace, relation.name, relation.namespace, relation.name
+                        ),
+                        transient: false,
+                        lost: false,
+                    });
+                }
                 let mapping = if ours {
                     let mapping = RowMapping::new(&relation, &self.config.columns)?;
                     for (key, column) in &mapping.absent_optional {

@@ -1,5 +1,6 @@
 //! End-to-end tests of outbox-relay, one binary (see `harness` for the helpers).
 
+mod bad_input;
 mod harness_smoke;
 mod lifecycle;
 mod operations;

@@ -1,0 +1,261 @@
+//! The bad-input catalogue's entries that change the table under a running
+//! relay (docs/bad-input.md lists every entry and its test): each ends with a
+//! clear error or a stream that moves on, and nothing lost.
+
+use std::time::Duration;
+
+use harness::wait_until;
+use outbox_relay::replication::ErrorClass;
+
+use crate::outbox::{Collect, Outbox, Running};
+
+/// The relay's result, once it stopped by itself.
+async fn stopped(relay: Running) -> Result<outbox_relay::Summary, outbox_relay::RelayError> {
+    tokio::time::timeout(Duration::from_secs(20), relay.task)
+        .await
+        .expect("the relay stops by itself")
+        .expect("the relay task does not panic")
+}
+
+async fn delivered(sink: &Collect, ids: &[String]) {
+    wait_until(
+        Duration::from_secs(20),
+        "the events are delivered",
+        || async {
+            let got = sink.ids();
+            ids.iter().all(|id| got.contains(id))
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(""), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    outbox
+        .sql
+        .batch_execute("ALTER TABLE outbox ADD COLUMN note text DEFAULT 'n'")
+        .await
+        .unwrap();
+    ids.extend(outbox.insert_tx(&[("a".into(), "Added".into())]).await);
+    outbox
+        .sql
+        .batch_execute("ALTER TABLE outbox DROP COLUMN headers")
+        .await
+        .unwrap();
+    ids.extend(outbox.insert_tx(&[("a".into(), "Dropped".into())]).await);
+    delivered(&sink, &ids).await;
+    assert_eq!(sink.ids(), ids, "in commit order, each once");
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(Duration::from_secs(20), "the slot moves on", || async {
+        outbox.confirmed_flush().await >= last
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(""), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    delivered(&sink, &ids).await;
+    outbox
+        .sql
+        .batch_execute(
+            "ALTER TABLE outbox DROP COLUMN event_type;
+             INSERT INTO outbox (aggregate_type, aggregate_id, payload) VALUES ('o', 'a', '{}');",
+        )
+        .await
+        .unwrap();
+    let error = stopped(relay).await.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    assert!(text.contains("columns.event_type"), "{text}");
+    let after = outbox.commits().await.last().unwrap().end_lsn;
+    let now = outbox.confirmed_flush().await;
+    assert!(
+        now < after,
+        "nothing after the drop is acknowledged ({now} < {after})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(""), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    delivered(&sink, &ids).await;
+    outbox.sql.batch_execute("TRUNCATE outbox").await.unwrap();
+    ids.extend(outbox.insert_tx(&[("a".into(), "After".into())]).await);
+    delivered(&sink, &ids).await;
+    assert_eq!(sink.ids(), ids);
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(Duration::from_secs(20), "the slot moves on", || async {
+        outbox.confirmed_flush().await >= last
+    })
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renamed_table_stops_the_relay_before_its_rows_are_skipped() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    delivered(&sink, &before).await;
+    outbox
+        .sql
+        .batch_execute("ALTER TABLE outbox RENAME TO outbox_renamed")
+        .await
+        .unwrap();
+    let renamed: Vec<String> = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox_renamed (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('o', 'a', 'Renamed', '{}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let error = stopped(relay).await.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    assert!(
+        text.contains("renamed to public.outbox_renamed")
+            && text.contains("postgres.table = \"public.outbox_renamed\""),
+        "{text}"
+    );
+    assert!(!sink.ids().contains(&renamed[0]));
+
+    // The operator follows the message: the event written after the rename arrives.
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config("table = \"public.outbox_renamed\"\n[poller]\nenabled = false"),
+        sink.clone(),
+    );
+    delivered(&sink, &renamed).await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_while_marking_rows_loses_no_event_and_marking_resumes() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
+    outbox.wait_slot_active(true).await;
+    outbox
+        .sql
+        .batch_execute(&format!("REVOKE UPDATE ON outbox FROM {}", outbox.role))
+        .await
+        .unwrap();
+    let unmarked = outbox.insert_tx(&[("a".into(), "Unmarked".into())]).await;
+    delivered(&sink, &unmarked).await;
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(Duration::from_secs(20), "the slot moves on", || async {
+        outbox.confirmed_flush().await >= last
+    })
+    .await;
+    let state = |id: String| {
+        let sql = &outbox.sql;
+        async move {
+            sql.query_one(
+                "SELECT publish_state FROM outbox WHERE id = $1::text::uuid",
+                &[&id],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+        }
+    };
+    // Delivered, acknowledged, and left PENDING: the poller may send it once more later.
+    assert_eq!(state(unmarked[0].clone()).await, "PENDING");
+
+    outbox
+        .sql
+        .batch_execute(&format!("GRANT UPDATE ON outbox TO {}", outbox.role))
+        .await
+        .unwrap();
+    let marked = outbox.insert_tx(&[("a".into(), "Marked".into())]).await;
+    delivered(&sink, &marked).await;
+    wait_until(Duration::from_secs(30), "marking resumes", || async {
+        state(marked[0].clone()).await == "PUBLISHED"
+    })
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_stops_the_relay_with_the_servers_reason() {
+    let outbox = Outbox::new().await;
+    let mut config = outbox.config("");
+    let url = outbox
+        .relay_url()
+        .replacen(crate::outbox::ROLE_PASSWORD, "not-the-password", 1);
+    config.postgres.url = Some(outbox_relay::config::Secret::new(url));
+    let relay = Running::start(config, Collect::default());
+    let error = stopped(relay).await.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    assert!(
+        text.contains("password authentication failed") && !text.contains("not-the-password"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_wrong_publication_stops_the_relay_with_the_fix() {
+    let outbox = Outbox::new().await;
+    let ids = outbox.insert_tx(&[("a".into(), "Waiting".into())]).await;
+    let before = outbox.confirmed_flush().await;
+    for (change, expected) in [
+        (
+            "ALTER PUBLICATION outbox_relay SET TABLE outbox WHERE (aggregate_id <> 'x')",
+            "has a row filter",
+        ),
+        (
+            "ALTER PUBLICATION outbox_relay SET TABLE outbox;
+             ALTER PUBLICATION outbox_relay SET (publish = 'update')",
+            "ALTER PUBLICATION outbox_relay SET (publish = 'insert')",
+        ),
+        ("DROP PUBLICATION outbox_relay", "does not exist"),
+    ] {
+        outbox.sql.batch_execute(change).await.unwrap();
+        let relay = Running::start(outbox.config(""), Collect::default());
+        let error = stopped(relay).await.expect_err("a fatal error");
+        assert_eq!(error.class(), ErrorClass::Fatal);
+        let text = error.to_string();
+        assert!(text.contains(expected), "{change}: {text}");
+    }
+    assert_eq!(
+        outbox.confirmed_flush().await,
+        before,
+        "nothing acknowledged"
+    );
+    // Put right, the waiting event arrives.
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)",
+        )
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(""), sink.clone());
+    delivered(&sink, &ids).await;
+    relay.stop().await;
+}
