@@ -29,6 +29,15 @@ async fn delivered(sink: &Collect, ids: &[String]) {
     .await;
 }
 
+/// Wait until the slot is confirmed past the last commit.
+async fn acknowledged(outbox: &Outbox) {
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(Duration::from_secs(20), "the slot moves on", || async {
+        outbox.confirmed_flush().await >= last
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
     let outbox = Outbox::new().await;
@@ -50,11 +59,7 @@ async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
     ids.extend(outbox.insert_tx(&[("a".into(), "Dropped".into())]).await);
     delivered(&sink, &ids).await;
     assert_eq!(sink.ids(), ids, "in commit order, each once");
-    let last = outbox.commits().await.last().unwrap().end_lsn;
-    wait_until(Duration::from_secs(20), "the slot moves on", || async {
-        outbox.confirmed_flush().await >= last
-    })
-    .await;
+    acknowledged(&outbox).await;
     relay.stop().await;
 }
 
@@ -98,11 +103,7 @@ async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
     ids.extend(outbox.insert_tx(&[("a".into(), "After".into())]).await);
     delivered(&sink, &ids).await;
     assert_eq!(sink.ids(), ids);
-    let last = outbox.commits().await.last().unwrap().end_lsn;
-    wait_until(Duration::from_secs(20), "the slot moves on", || async {
-        outbox.confirmed_flush().await >= last
-    })
-    .await;
+    acknowledged(&outbox).await;
     let summary = relay.stop().await;
     assert_eq!((summary.delivered, summary.rejected), (2, 0));
 }
@@ -165,11 +166,7 @@ async fn a_failure_while_marking_rows_loses_no_event_and_marking_resumes() {
         .unwrap();
     let unmarked = outbox.insert_tx(&[("a".into(), "Unmarked".into())]).await;
     delivered(&sink, &unmarked).await;
-    let last = outbox.commits().await.last().unwrap().end_lsn;
-    wait_until(Duration::from_secs(20), "the slot moves on", || async {
-        outbox.confirmed_flush().await >= last
-    })
-    .await;
+    acknowledged(&outbox).await;
     let state = |id: String| {
         let sql = &outbox.sql;
         async move {
