@@ -68,7 +68,7 @@ impl TestPki {
                 &format!("{ca}.crt"),
             ]);
         }
-        pki.sign("server", "localhost", "server");
+        pki.sign("server", "localhost", "server", "ca");
         pki
     }
 
@@ -89,15 +89,24 @@ impl TestPki {
 
     /// A client certificate and key for `user` (its common name), signed by the CA.
     pub fn client(&self, user: &str) -> (PathBuf, PathBuf) {
-        let name = format!("client-{user}");
-        self.sign(&name, user, "client");
+        self.client_of("ca", user)
+    }
+
+    /// Like [`TestPki::client`], but signed by the unrelated CA.
+    pub fn untrusted_client(&self, user: &str) -> (PathBuf, PathBuf) {
+        self.client_of("other-ca", user)
+    }
+
+    fn client_of(&self, ca: &str, user: &str) -> (PathBuf, PathBuf) {
+        let name = format!("client-{user}-{ca}");
+        self.sign(&name, user, "client", ca);
         (
             self.path(&format!("{name}.crt")),
             self.path(&format!("{name}.key")),
         )
     }
 
-    fn sign(&self, name: &str, common_name: &str, section: &str) {
+    fn sign(&self, name: &str, common_name: &str, section: &str, ca: &str) {
         self.openssl(&[
             "req",
             "-new",
@@ -124,9 +133,9 @@ impl TestPki {
             "-in",
             &format!("{name}.csr"),
             "-CA",
-            "ca.crt",
+            &format!("{ca}.crt"),
             "-CAkey",
-            "ca.key",
+            &format!("{ca}.key"),
             "-set_serial",
             &serial.to_string(),
             "-days",

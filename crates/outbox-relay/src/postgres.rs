@@ -105,8 +105,13 @@ impl ConnInfo {
             None => return Err(ConnInfoError::Url("names no host".into())),
         };
         let port = sql.get_ports().first().copied().unwrap_or(5432);
+        // libpq ignores sslmode on unix sockets; so do we (and tokio-postgres
+        // would ask the connector for a host name a socket does not have).
+        let unix = matches!(host, Endpoint::Unix(_));
+        let connector = if unix { None } else { connector };
         // tokio-postgres only knows whether to ask; verification is the connector's.
         sql.ssl_mode(match tls.mode {
+            _ if unix => tokio_postgres::config::SslMode::Disable,
             crate::tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             crate::tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
             _ => tokio_postgres::config::SslMode::Require,

@@ -170,15 +170,19 @@ impl RelayError {
                 } else if source.code().is_some_and(|c| {
                     // 53xxx (too many connections, out of resources) passes.
                     c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
-                }) {
-                    Fatal // authentication, unknown database, permission
+                }) || crate::tls::is_certificate_problem(
+                    &crate::postgres::Chain(source).to_string(),
+                ) {
+                    // Authentication, unknown database, permission; or the server
+                    // refused our client certificate after the TLS handshake.
+                    Fatal
                 } else {
                     Transient
                 }
             }
             RelayError::Replication(e) => {
                 let text = e.to_string();
-                if e.is_auth() || e.is_tls() {
+                if e.is_auth() || e.is_tls() || crate::tls::is_certificate_problem(&text) {
                     Fatal
                 } else if e.is_transient() || text.contains("is active for PID") {
                     Transient
@@ -494,10 +498,16 @@ async fn session<S: Sink>(
             .map_err(sql("reading wal_sender_timeout"))?,
     );
     // Held for the session: the verify-ca replication connection runs through it.
-    let bridge = conn.bridge().await.map_err(|e| RelayError::Tls {
-        message: e.message,
-        fatal: e.fatal,
-    })?;
+    let bridge = tokio::select! {
+        opened = tokio::time::timeout(START_TIMEOUT, conn.bridge()) => match opened {
+            Ok(bridge) => bridge.map_err(|e| RelayError::Tls { message: e.message, fatal: e.fatal })?,
+            Err(_) => return Err(RelayError::Tls {
+                message: format!("no TLS connection to the server within {} s", START_TIMEOUT.as_secs()),
+                fatal: false,
+            }),
+        },
+        _ = stop.cancelled() => return Ok(()),
+    };
     let replication = conn
         .replication(
             slot,
@@ -592,6 +602,7 @@ async fn session<S: Sink>(
     let mut stream = Stream {
         config,
         table,
+        table_oid: table_info.oid,
         outgoing: Outgoing::new(config, &conn.dbname),
         tracker: AckTracker::new(start),
         relations: HashMap::new(),
@@ -741,6 +752,8 @@ struct Stream<'a> {
     tracker: AckTracker,
     /// Relation oid → mapping for the outbox table, `None` for other tables.
     relations: HashMap<u32, Option<RowMapping>>,
+    /// The outbox table's oid (Relation messages carry it).
+    table_oid: u32,
     /// Commit time of the open transaction.
     commit_time: i64,
     to_publisher: mpsc::Sender<Dispatch>,
@@ -814,20 +827,18 @@ impl Stream<'_> {
         })?;
         match message {
             Pgoutput::Relation(relation) => {
-                let ours =
+                // By oid, not by name: a row written before a rename is
+                // announced under the old name, one written after under the new.
+                let ours = relation.oid == self.table_oid;
+                let named =
                     relation.namespace == self.table.schema && relation.name == self.table.name;
-                if !ours && matches!(self.relations.get(&relation.oid), Some(Some(_))) {
-                    // The outbox table under another name: its rows would be
-                    // taken for another table's and skipped. Stop before that.
-                    return Err(RelayError::Unusable {
-                        message: format!(
-                            "the outbox table {} was renamed to {}.{}: its rows are not published under                              another name. Rename it back, or set postgres.table = \"{}.{}\", then restart \
-                             (nothing after the rename was acknowledged)",
-                            self.table, relation.namespace, relation.name, relation.namespace, relation.name
-                        ),
-                        transient: false,
-                        lost: false,
-                    });
+                if ours && !named {
+                    tracing::warn!(
+                        table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
+                        "the outbox table was renamed; its rows are still published, but marking, the poller \
+                         and retention use postgres.table: set it to the new name (the relay will not start \
+                         with the old one)"
+                    );
                 }
                 let mapping = if ours {
                     let mapping = RowMapping::new(&relation, &self.config.columns)?;

@@ -31,6 +31,9 @@ pub struct Table {
     pub managed: bool,
     /// Whether the table is partitioned.
     pub partitioned: bool,
+    /// The table's oid: what pgoutput's Relation messages identify it by,
+    /// whatever the table was called when a row was written.
+    pub oid: u32,
 }
 
 impl Table {
@@ -42,7 +45,7 @@ impl Table {
         let name = config.table();
         let rows = client
             .query(
-                "SELECT a.attname::text, a.atttypid::oid, format_type(a.atttypid, a.atttypmod), c.relkind::text \
+                "SELECT a.attname::text, a.atttypid::oid, format_type(a.atttypid, a.atttypmod), c.relkind::text, c.oid \
                  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid \
                  JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
@@ -69,6 +72,7 @@ impl Table {
                 .then(|| quote_ident(created_at)),
             managed: MANAGED.iter().all(|c| has(c)),
             partitioned: rows[0].get::<_, &str>(3) == "p",
+            oid: rows[0].get(4),
             columns,
         }))
     }

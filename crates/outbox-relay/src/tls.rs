@@ -13,7 +13,8 @@
 //! | `verify-ca` | yes | yes | no |
 //! | `verify-full` | yes | yes | yes |
 //!
-//! `verify-ca` and `verify-full` need `ssl_root_cert`: a PEM file with the CA
+//! As in libpq, `require` with `ssl_root_cert` set is `verify-ca`. TLS does not
+//! apply to unix sockets. `verify-ca` and `verify-full` need `ssl_root_cert`: a PEM file with the CA
 //! that signed the server's certificate, or `system` for the public web PKI
 //! roots (Mozilla's list, compiled in). Unlike libpq there is no implicit
 //! `~/.postgresql/root.crt`: a verifying mode without a CA is refused at
@@ -191,7 +192,7 @@ pub fn split_url(url: &str) -> (String, UrlTls) {
     (rest, tls)
 }
 
-/// Decode `%XX` escapes and `+` (URL query and form encoding).
+/// Decode `%XX` escapes (a URL's query; `+` stays `+`, as libpq reads it).
 pub fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -207,7 +208,6 @@ pub fn percent_decode(text: &str) -> String {
                 }
                 _ => out.push(b'%'),
             },
-            b'+' => out.push(b' '),
             b => out.push(b),
         }
         i += 1;
@@ -280,6 +280,12 @@ impl TlsSettings {
                 problems.push((mode_key.into(), message));
                 SslMode::default()
             }
+        };
+        // As libpq: `require` with a root certificate checks the chain (verify-ca).
+        let mode = if mode == SslMode::Require && roots.is_some() {
+            SslMode::VerifyCa
+        } else {
+            mode
         };
         let settings = TlsSettings {
             mode,
@@ -464,7 +470,15 @@ pub fn explain(detail: &str, settings: &TlsSettings, host: &str) -> String {
     } else if detail.contains("CertificateRequired") || detail.contains("certificate required") {
         "the server wants a client certificate: set postgres.ssl_cert and postgres.ssl_key"
             .to_owned()
-    } else if detail.contains("UnknownCA") || detail.contains("BadCertificate") {
+    } else if [
+        "UnknownCA",
+        "BadCertificate",
+        "CertificateUnknown",
+        "AccessDenied",
+    ]
+    .iter()
+    .any(|s| detail.contains(s))
+    {
         "the server did not accept the client certificate (postgres.ssl_cert): \
          is it signed by a CA in the server's ssl_ca_file?"
             .to_owned()
@@ -486,6 +500,14 @@ pub fn is_certificate_problem(detail: &str) -> bool {
         "UnknownCA",
         "BadCertificate",
         "TLS config error",
+        // With TLS 1.3 the server judges the client certificate after the
+        // handshake: its alert arrives with the first read.
+        "fatal alert: UnknownCA",
+        "fatal alert: BadCertificate",
+        "fatal alert: CertificateRequired",
+        "fatal alert: CertificateUnknown",
+        "fatal alert: CertificateExpired",
+        "fatal alert: AccessDenied",
     ]
     .iter()
     .any(|s| detail.contains(s))
@@ -673,8 +695,13 @@ impl Bridge {
             .mode(0o700)
             .create(&dir)
             .map_err(private)?;
-        let listener = tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{port}")))
-            .map_err(private)?;
+        let listener = match tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{port}"))) {
+            Ok(listener) => listener,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(private(e));
+            }
+        };
         let task = tokio::spawn(async move {
             if let Ok((mut unix, _)) = listener.accept().await {
                 drop(listener);

@@ -13,9 +13,10 @@ use outbox_relay::replication::ErrorClass;
 
 use crate::outbox::{Collect, Outbox, Running, ROLE_PASSWORD};
 
-/// A private cluster with TLS on, its outbox, and the CA. The relay's role may
-/// only connect over TLS, authenticated by `method` (`scram-sha-256` or
-/// `cert`); the harness's superuser keeps plain TCP.
+/// A private cluster with TLS on, its outbox, and the CA. The relay's role
+/// authenticates by `method` (`scram-sha-256` or `cert`) over TLS; with a
+/// password it may also connect in plain text, so encryption is the relay's
+/// own doing. The harness's superuser keeps plain TCP.
 async fn tls_outbox(method: &str) -> (Outbox, Arc<TestPki>) {
     let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
     let mut outbox = Outbox::on(&cluster).await;
@@ -24,9 +25,14 @@ async fn tls_outbox(method: &str) -> (Outbox, Arc<TestPki>) {
         "local all all trust\n\
          host all {superuser} 127.0.0.1/32 scram-sha-256\n\
          hostssl all {role} 127.0.0.1/32 {method}\n\
-         hostnossl all all 127.0.0.1/32 reject\n",
+         {plain}\n",
         superuser = harness::SUPERUSER,
         role = outbox.role,
+        plain = if method == "cert" {
+            "hostnossl all all 127.0.0.1/32 reject".to_owned()
+        } else {
+            format!("hostnossl all {} 127.0.0.1/32 {method}", outbox.role)
+        },
     );
     let pki = Arc::new(pki);
     tokio::task::spawn_blocking({
@@ -229,7 +235,24 @@ async fn client_certificates_authenticate_both_connections() {
 
     // Without a certificate the server says what it wants.
     let text = refused(without_password(&verify)).await.to_string();
-    assert!(text.contains("certificate"), "{text}");
+    assert!(
+        text.contains("connection requires a valid client certificate"),
+        "{text}"
+    );
+    // One the server's CA did not sign is refused, and retrying would not help.
+    let (bad_cert, bad_key) = pki.untrusted_client(&outbox.role);
+    let error = refused(without_password(&format!(
+        "{verify}\nssl_cert = {}\nssl_key = {}",
+        toml_path(&bad_cert),
+        toml_path(&bad_key)
+    )))
+    .await;
+    assert_eq!(error.class(), ErrorClass::Fatal, "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains("UnknownCA") || text.contains("unknown ca"),
+        "{text}"
+    );
 
     let config = without_password(&format!(
         "{verify}\nssl_cert = {}\nssl_key = {}",
