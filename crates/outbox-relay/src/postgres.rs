@@ -333,6 +333,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_unix_socket_takes_no_tls_whatever_the_mode() {
+        for mode in ["prefer", "require"] {
+            let pg = PostgresConfig {
+                url: Some(Secret::new(format!(
+                    "postgres://relay@%2Fvar%2Frun%2Fpostgresql/app?sslmode={mode}"
+                ))),
+                ..PostgresConfig::default()
+            };
+            let conn = ConnInfo::new(&pg).unwrap();
+            assert!(conn.connector.is_none(), "{mode}");
+            assert_eq!(
+                conn.sql.get_ssl_mode(),
+                tokio_postgres::config::SslMode::Disable
+            );
+        }
+    }
+
+    #[test]
     fn status_updates_come_at_least_twice_per_sender_timeout() {
         assert_eq!(
             status_interval(Duration::from_secs(60)),

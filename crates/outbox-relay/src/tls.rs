@@ -890,6 +890,17 @@ mod tests {
     }
 
     #[test]
+    fn require_with_a_root_certificate_checks_the_chain_as_in_libpq() {
+        let settings = resolve(
+            "postgres://u@h/db?sslmode=require&sslrootcert=/etc/ca.pem",
+            KeyValues::default(),
+        )
+        .unwrap();
+        assert_eq!(settings.mode, SslMode::VerifyCa);
+        assert_eq!(percent_decode("/etc/ca+bundle.pem"), "/etc/ca+bundle.pem");
+    }
+
+    #[test]
     fn explanations_say_what_to_do() {
         let settings = TlsSettings {
             mode: SslMode::VerifyFull,
