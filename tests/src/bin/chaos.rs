@@ -1,0 +1,337 @@
+//! The chaos run (docs/chaos.md): a producer commits events continuously into
+//! an outbox relayed to a FIFO SNS topic (moto) with a FIFO SQS queue, while a
+//! driver injects faults at random: kill -9 of the relay (then a restart),
+//! PostgreSQL restarts (fast and immediate), the SNS endpoint cut, and
+//! throttling answers. A checker reads everything back from SQS and the table
+//! and verifies: every committed event delivered at least once, each
+//! aggregate's events in commit order, no row left PENDING, the slot caught up.
+//!
+//! ```sh
+//! cargo run --release -p outbox-relay-tests --bin chaos -- 240   # seconds of faults
+//! ```
+//!
+//! Exit 0 only when every check holds; the summary is printed either way.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use harness::{Cluster, FaultProxy, Mode, RelayProcess, StopMode, TestDb};
+
+const AGGREGATES: u64 = 12;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let seconds: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(240);
+    let started = Instant::now();
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
+    let db = TestDb::on(&cluster).await;
+    let moto = harness::moto_endpoint().await;
+    let topic =
+        harness::topic_with_queue(moto.as_str(), &harness::unique_name("chaos"), true, true).await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("relay.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[postgres]\nurl = \"{}\"\nslot = \"chaos\"\n[sink]\nkind = \"sns\"\n\
+             [sns]\ntopic_arn = \"{}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n\
+             [poller]\ninterval = \"1s\"\ngrace = \"20s\"\n[retry]\nmax = \"2s\"\n\
+             [http]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n",
+            db.url(),
+            topic.arn,
+            proxy.endpoint(),
+            harness::TEST_REGION
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let env: Vec<(&str, String)> = harness::aws_env(&proxy.endpoint());
+    let env_refs = || {
+        env.iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect::<Vec<_>>()
+    };
+    let mut setup = RelayProcess::spawn(&["--config", &config, "setup", "--apply"], &env_refs());
+    assert!(
+        setup
+            .wait_exit_async(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .success(),
+        "setup: {}",
+        setup.stderr_text()
+    );
+    let mut relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
+
+    // The reader: drains the queue all along (moto's FIFO queues slow down as they fill).
+    let received: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
+    let stop_reading = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let received = Arc::clone(&received);
+        let stop = Arc::clone(&stop_reading);
+        let sqs = harness::sqs_client(moto.as_str()).await;
+        let queue = topic.queue_url.clone();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                for m in harness::receive_all(&sqs, &queue, 0, Duration::from_millis(500)).await {
+                    let v: serde_json::Value = serde_json::from_str(&m.body).unwrap();
+                    received.lock().unwrap().push((
+                        v["subject"].as_str().unwrap().to_owned(),
+                        v["data"]["n"].as_u64().unwrap(),
+                        v["id"].as_str().unwrap().to_owned(),
+                    ));
+                }
+            }
+        })
+    };
+
+    // The producer: one single-row transaction every 25 ms, reconnecting through restarts.
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let attempted = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let url = db.url().to_owned();
+        let stop = Arc::clone(&stop_producing);
+        let attempted = Arc::clone(&attempted);
+        tokio::spawn(async move {
+            let mut client: Option<tokio_postgres::Client> = None;
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                if client.as_ref().is_none_or(|c| c.is_closed()) {
+                    client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                        Ok((c, conn)) => {
+                            tokio::spawn(conn);
+                            Some(c)
+                        }
+                        Err(_) => continue,
+                    };
+                }
+                n += 1;
+                attempted.fetch_add(1, Ordering::Relaxed);
+                let aggregate = format!("agg-{}", n % AGGREGATES);
+                let _ = client
+                    .as_ref()
+                    .unwrap()
+                    .execute(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                         VALUES ('order', $1, 'Changed', jsonb_build_object('n', $2::bigint))",
+                        &[&aggregate, &(n as i64)],
+                    )
+                    .await;
+            }
+        })
+    };
+
+    // The driver.
+    let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
+    let mut longest_recovery = Duration::ZERO;
+    let sql_url = db.url().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(2000..6000))).await;
+        let kind = [
+            "kill -9 relay",
+            "postgres fast restart",
+            "postgres immediate restart",
+            "sns cut",
+            "sns throttling",
+        ][fastrand::usize(..5)];
+        match kind {
+            "kill -9 relay" => {
+                relay.kill9();
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..2000))).await;
+                relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
+            }
+            "postgres fast restart" | "postgres immediate restart" => {
+                let mode = if kind.contains("fast") {
+                    StopMode::Fast
+                } else {
+                    StopMode::Immediate
+                };
+                let c = Arc::clone(&cluster);
+                tokio::task::spawn_blocking(move || c.restart(mode))
+                    .await
+                    .unwrap();
+            }
+            "sns cut" | "sns throttling" => {
+                proxy.set_mode(if kind == "sns cut" {
+                    Mode::Cut
+                } else {
+                    Mode::Throttle
+                });
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(2000..6000))).await;
+                proxy.set_mode(Mode::Pass);
+            }
+            _ => unreachable!(),
+        }
+        *faults.entry(kind).or_default() += 1;
+        // Recovery: until the slot confirms what was written when the fault ended.
+        let ended = Instant::now();
+        let recovered = wait_caught_up(&sql_url, Duration::from_secs(120)).await;
+        let took = ended.elapsed();
+        longest_recovery = longest_recovery.max(took);
+        if !recovered {
+            eprintln!("chaos: no recovery within 120 s after {kind}");
+            break;
+        }
+        if !relay.is_running() {
+            eprintln!("chaos: the relay exited: {}", relay.stderr_text());
+            break;
+        }
+    }
+    stop_producing.store(true, Ordering::Relaxed);
+    producer.await.unwrap();
+    let caught_up = wait_caught_up(&sql_url, Duration::from_secs(120)).await;
+
+    // The truth: every committed row.
+    let sql = harness::connect(&sql_url).await;
+    let rows = sql
+        .query(
+            "SELECT id::text, aggregate_id, (payload->>'n')::bigint FROM outbox",
+            &[],
+        )
+        .await
+        .unwrap();
+    let committed: HashMap<String, (String, u64)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get::<_, i64>(2) as u64)))
+        .collect();
+    // Wait for the queue to hand out everything.
+    let wait_until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let ids: HashSet<String> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.2.clone())
+            .collect();
+        if committed.keys().all(|id| ids.contains(id)) || Instant::now() > wait_until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop_reading.store(true, Ordering::Relaxed);
+    reader.await.unwrap();
+    let pending_wait = Instant::now() + Duration::from_secs(60);
+    let pending = loop {
+        let pending: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE publish_state <> 'PUBLISHED'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if pending == 0 || Instant::now() > pending_wait {
+            break pending;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let lag: i64 = sql
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint \
+             FROM pg_replication_slots WHERE slot_name = 'chaos'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    relay.sigterm();
+    let _ = relay.wait_exit_async(Duration::from_secs(30)).await;
+
+    // The checks.
+    let received = received.lock().unwrap().clone();
+    let unique: HashSet<&str> = received.iter().map(|r| r.2.as_str()).collect();
+    let lost: Vec<&String> = committed
+        .keys()
+        .filter(|id| !unique.contains(id.as_str()))
+        .collect();
+    let mut order_violations = 0;
+    let mut last: HashMap<&str, u64> = HashMap::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for (aggregate, n, id) in &received {
+        if !seen.insert(id) {
+            continue; // a repeat: at-least-once
+        }
+        if let Some(prev) = last.insert(aggregate, *n) {
+            if prev > *n {
+                order_violations += 1;
+            }
+        }
+    }
+    let total_faults: u32 = faults.values().sum();
+    println!(
+        "== chaos summary ({:.0} s)",
+        started.elapsed().as_secs_f64()
+    );
+    println!("events committed        {}", committed.len());
+    println!(
+        "insert attempts         {}",
+        attempted.load(Ordering::Relaxed)
+    );
+    println!("messages received       {}", received.len());
+    println!("repeats                 {}", received.len() - unique.len());
+    println!("lost                    {}", lost.len());
+    println!("order violations        {order_violations} (per aggregate, first deliveries)");
+    println!("faults injected         {total_faults}");
+    for (kind, n) in &faults {
+        println!("  {kind:<24}{n}");
+    }
+    println!(
+        "longest recovery        {:.1} s",
+        longest_recovery.as_secs_f64()
+    );
+    println!("rows not PUBLISHED      {pending}");
+    println!("slot lag at the end     {lag} bytes");
+    let ok =
+        lost.is_empty() && order_violations == 0 && pending == 0 && caught_up && total_faults >= 20;
+    println!(
+        "result                  {}",
+        if ok { "PASS" } else { "FAIL" }
+    );
+    drop(proxy);
+    drop(db);
+    if !ok {
+        std::process::exit(1);
+    }
+}
+
+/// Until the slot confirms `pg_current_wal_lsn()` as it was when called (or `limit` passes).
+async fn wait_caught_up(url: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut target: Option<String> = None;
+    while Instant::now() < deadline {
+        if let Ok((client, conn)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            if target.is_none() {
+                target = client
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .await
+                    .ok()
+                    .map(|r| r.get(0));
+            }
+            if let Some(t) = &target {
+                let done = client
+                    .query_one(
+                        "SELECT coalesce(confirmed_flush_lsn >= $1::text::pg_lsn, false) \
+                         FROM pg_replication_slots WHERE slot_name = 'chaos'",
+                        &[t],
+                    )
+                    .await
+                    .map(|r| r.get::<_, bool>(0))
+                    .unwrap_or(false);
+                if done {
+                    return true;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
