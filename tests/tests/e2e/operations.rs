@@ -322,10 +322,18 @@ async fn alert_rules_dashboard_and_docs_name_only_metrics_the_relay_exports() {
     outbox.wait_slot_active(true).await;
     // Labelled families appear with their first sample: publish one event.
     outbox.insert_tx(&[("a".into(), "E".into())]).await;
-    wait_until(Duration::from_secs(20), "one event published", || async {
-        let (_, scrape) = get(&addr, "/metrics").await;
-        sink.ids().len() == 1 && scrape.contains("outbox_relay_heartbeat_round_trip_seconds_count")
-    })
+    // ... and let the slot monitor's first round report (rows, wal_status).
+    wait_until(
+        Duration::from_secs(45),
+        "one event published, the monitor reporting",
+        || async {
+            let (_, scrape) = get(&addr, "/metrics").await;
+            sink.ids().len() == 1
+                && scrape.contains("outbox_relay_heartbeat_round_trip_seconds_count")
+                && scrape.contains("outbox_relay_slot_wal_status{")
+                && scrape.contains("outbox_relay_rows{")
+        },
+    )
     .await;
     let (_, scrape) = get(&addr, "/metrics").await;
     relay.stop().await;
