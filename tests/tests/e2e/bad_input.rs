@@ -29,6 +29,14 @@ async fn delivered(sink: &Collect, ids: &[String]) {
     .await;
 }
 
+/// A relay on `outbox` with `extra` configuration, streaming; what it delivers.
+async fn streaming(outbox: &Outbox, extra: &str) -> (Collect, Running) {
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(extra), sink.clone());
+    outbox.wait_slot_active(true).await;
+    (sink, relay)
+}
+
 /// Wait until the slot is confirmed past the last commit.
 async fn acknowledged(outbox: &Outbox) {
     let last = outbox.commits().await.last().unwrap().end_lsn;
@@ -41,9 +49,7 @@ async fn acknowledged(outbox: &Outbox) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = streaming(&outbox, "").await;
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     outbox
         .sql
@@ -66,9 +72,7 @@ async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = streaming(&outbox, "").await;
     let ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
     outbox
@@ -94,9 +98,7 @@ async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = streaming(&outbox, "").await;
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
     outbox.sql.batch_execute("TRUNCATE outbox").await.unwrap();
@@ -111,9 +113,7 @@ async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_renamed_mid_stream_loses_nothing_and_the_old_name_is_refused_at_start() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = streaming(&outbox, "[poller]\nenabled = false").await;
     // An event before the rename, one after it.
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     outbox
@@ -175,9 +175,7 @@ async fn a_table_renamed_mid_stream_loses_nothing_and_the_old_name_is_refused_at
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_while_marking_rows_loses_no_event_and_marking_resumes() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = streaming(&outbox, "[poller]\nenabled = false").await;
     outbox
         .sql
         .batch_execute(&format!("REVOKE UPDATE ON outbox FROM {}", outbox.role))

@@ -24,6 +24,26 @@ async fn states(outbox: &Outbox) -> HashMap<String, (String, i32)> {
         .collect()
 }
 
+/// Run `outbox-relay purge --older-than AGE` with `config`; it must succeed. Its stderr.
+async fn purge(config: &std::path::Path, age: &str) -> String {
+    let mut purge = RelayProcess::spawn(
+        &[
+            "purge",
+            "--older-than",
+            age,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let status = purge
+        .wait_exit_async(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(status.success(), "{}", purge.stderr_text());
+    purge.stderr_text()
+}
+
 async fn count_in_state(outbox: &Outbox, state: &str) -> i64 {
     outbox
         .sql
@@ -336,29 +356,15 @@ async fn retention_removes_only_old_published_rows_in_bounded_batches_under_conc
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    let config = outbox.config_file("[retention]\nbatch_size = 1000\n");
-    let mut purge = RelayProcess::spawn(
-        &[
-            "purge",
-            "--older-than",
-            "1d",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[],
-    );
-    let status = purge
-        .wait_exit_async(Duration::from_secs(30))
-        .await
-        .unwrap();
+    let stderr = purge(
+        &outbox.config_file("[retention]\nbatch_size = 1000\n"),
+        "1d",
+    )
+    .await;
     producer.await.unwrap();
-    assert!(status.success(), "{}", purge.stderr_text());
     assert!(
-        purge
-            .stderr_text()
-            .contains("deleted 2500 published rows in 3 batches"),
-        "{}",
-        purge.stderr_text()
+        stderr.contains("deleted 2500 published rows in 3 batches"),
+        "{stderr}"
     );
     for (state, n) in [("PUBLISHED", 40), ("FAILED", 10), ("DEAD", 10)] {
         assert_eq!(count_in_state(&outbox, state).await, n, "{state}");
@@ -413,26 +419,12 @@ async fn a_partitioned_outbox_streams_like_a_plain_one_and_retention_drops_an_ex
         )
         .await
         .unwrap();
-    let purge = |config: std::path::PathBuf| async move {
-        let mut purge = RelayProcess::spawn(
-            &[
-                "purge",
-                "--older-than",
-                "7d",
-                "--config",
-                config.to_str().unwrap(),
-            ],
-            &[],
-        );
-        let status = purge
-            .wait_exit_async(Duration::from_secs(30))
-            .await
-            .unwrap();
-        assert!(status.success(), "{}", purge.stderr_text());
-        purge.stderr_text()
-    };
     // The least-privilege role may not drop partitions: it says so and deletes the rows.
-    let stderr = purge(outbox.config_file("[retention]\ndrop_partitions = true\n")).await;
+    let stderr = purge(
+        &outbox.config_file("[retention]\ndrop_partitions = true\n"),
+        "7d",
+    )
+    .await;
     assert!(
         stderr.contains("must be owner of table")
             && stderr.contains("needs the table's owner")
@@ -441,7 +433,11 @@ async fn a_partitioned_outbox_streams_like_a_plain_one_and_retention_drops_an_ex
         "{stderr}"
     );
     // The owner may.
-    let stderr = purge(outbox.owner_config_file("[retention]\ndrop_partitions = true\n")).await;
+    let stderr = purge(
+        &outbox.owner_config_file("[retention]\ndrop_partitions = true\n"),
+        "7d",
+    )
+    .await;
     assert!(stderr.contains("dropped 1 partitions"), "{stderr}");
     let partitions: Vec<String> = outbox
         .sql
