@@ -20,9 +20,10 @@
 //! `~/.postgresql/root.crt`: a verifying mode without a CA is refused at
 //! start-up rather than quietly trusting something.
 //!
-//! The replication connection is pgwire-replication's (rustls); the ordinary
-//! one is tokio-postgres with the [`MakeRustls`] connector below. Both use the
-//! `ring` provider, which pgwire-replication already brings.
+//! The replication connection is pgwire-replication's (rustls), except in
+//! `verify-ca`, where the relay negotiates TLS itself ([`Bridge`]); the
+//! ordinary one is tokio-postgres with the [`MakeRustls`] connector below. All
+//! use the `ring` provider, which pgwire-replication already brings.
 //!
 //! Certificate problems are fatal and explained ([`explain`]): a wrong CA, a
 //! name mismatch or an expired certificate does not heal by retrying.
