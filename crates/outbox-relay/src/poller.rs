@@ -7,7 +7,7 @@
 //!
 //! | due rows | |
 //! |---|---|
-//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); not claimed while the slot is active and more than 16 MiB behind (the stream still has them) |
+//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); while the slot is active, only once the slot has passed them (see [`Passed`]) |
 //! | `PENDING`, created before a slot was recreated | swept at once by this instance's poller, without waiting for the grace period |
 //! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
 //!
@@ -38,9 +38,43 @@ use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::sink::{Message, Outcome, Sink};
 use crate::table::Table;
 
-/// Slot lag over which a streaming relay is taken to be still working through
-/// a backlog: the poller leaves PENDING rows past their grace period to it.
-const GRACE_LAG_LIMIT: i64 = 16 << 20;
+/// Samples kept by [`Passed`]: at one a second, ten minutes of backlog.
+const PASSED_SAMPLES: usize = 600;
+
+/// Which PENDING rows an active slot has already passed.
+///
+/// A PENDING row past `poller.grace` is missed only if the stream has gone
+/// past it (published but not marked: a crash in between, a marking failure).
+/// One the stream has not reached yet is still its to publish; claiming it
+/// would publish a backlog twice. Rows carry no LSN, so each round samples
+/// the server's clock with `pg_current_wal_lsn()`: every transaction that
+/// committed before the sample's time lies before its LSN. Once the slot's
+/// `confirmed_flush_lsn` reaches a sample, the stream has passed every row
+/// committed before that time. The poller then claims PENDING rows created
+/// more than `poller.grace` before the newest passed sample: a transaction
+/// open longer than `grace` may be published twice, never missed.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// (server time in seconds since the epoch, WAL position), oldest first.
+    samples: std::collections::VecDeque<(f64, i64)>,
+}
+
+impl Passed {
+    /// Record a sample; the time of the newest sample at or before `confirmed`, if any.
+    pub fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
+        if self.samples.len() == PASSED_SAMPLES {
+            self.samples.pop_front();
+        }
+        self.samples.push_back((now, current));
+        let confirmed = confirmed?;
+        let newest = self
+            .samples
+            .iter()
+            .rposition(|(_, lsn)| *lsn <= confirmed)?;
+        self.samples.drain(..newest);
+        self.samples.front().map(|(at, _)| *at)
+    }
+}
 
 /// `created_at` (Postgres timestamptz text) before which PENDING rows are
 /// swept without grace, after a slot was recreated.
@@ -70,6 +104,7 @@ pub struct Poller<S> {
     sink: Arc<S>,
     sweep: Sweep,
     backoff: Backoff,
+    passed: Passed,
 }
 
 impl<S: Sink> Poller<S> {
@@ -89,6 +124,7 @@ impl<S: Sink> Poller<S> {
             config: config.clone(),
             sink,
             sweep,
+            passed: Passed::default(),
         })
     }
 
@@ -189,27 +225,33 @@ impl<S: Sink> Poller<S> {
             }
         };
         let sweep = self.sweep.borrow().clone();
-        // PENDING rows past the grace period are the stream's to publish while
-        // it streams and is not behind: claiming them then would publish a
-        // backlog twice. While it is down or caught up, they are missed rows.
-        let (streaming, lag): (bool, i64) = {
+        // PENDING rows past the grace period: while the slot streams, only
+        // those it has passed (see `Passed`); while it is down, all of them.
+        let (streaming, passed): (bool, Option<f64>) = {
             let row = client
                 .query_one(
-                    "SELECT coalesce(bool_or(active), false), \
-                            coalesce(max((pg_current_wal_lsn() - confirmed_flush_lsn)::bigint), 0) \
+                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_lsn() - '0/0')::bigint, \
+                            coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
                      FROM pg_replication_slots WHERE slot_name = $1",
                     &[&config.postgres.slot],
                 )
                 .await?;
-            (row.get(0), row.get(1))
+            let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
+            (row.get(2), passed)
         };
-        let claim_missed = !streaming || lag < GRACE_LAG_LIMIT;
+        // NULL: nothing missed can be told from the backlog yet.
+        let missed_before: Option<f64> = if streaming {
+            passed
+        } else {
+            Some(f64::INFINITY)
+        };
         let tx = client.transaction().await?;
         tx.batch_execute(TEXT_SETTINGS).await?;
         let claim = format!(
             "SELECT {cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})) \
              FROM {t} AS o \
-             WHERE (o.publish_state = 'PENDING' AND (($2 AND o.{created_at} < now() - make_interval(secs => {grace})) \
+             WHERE (o.publish_state = 'PENDING' AND ((o.{created_at} < now() - make_interval(secs => {grace}) \
+                                                      AND o.{created_at} < to_timestamp($2::float8) - make_interval(secs => {grace})) \
                                                      OR o.{created_at} <= $1::text::timestamptz)) \
                 OR (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
                     AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
@@ -222,7 +264,7 @@ impl<S: Sink> Poller<S> {
             max_attempts = poller.max_attempts,
             limit = poller.batch_size,
         );
-        let rows = tx.query(&claim, &[&sweep, &claim_missed]).await?;
+        let rows = tx.query(&claim, &[&sweep, &missed_before]).await?;
         let metrics = crate::metrics::get();
         metrics.poller_ran();
         for _ in &rows {
@@ -357,5 +399,34 @@ impl<S: Sink> Poller<S> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Passed;
+
+    #[test]
+    fn the_newest_sample_the_slot_confirmed_is_the_cutoff() {
+        let mut passed = Passed::default();
+        // The slot has confirmed nothing we sampled: nothing is passed yet.
+        assert_eq!(passed.update(10.0, 1000, Some(900)), None);
+        assert_eq!(passed.update(11.0, 2000, Some(999)), None);
+        // It reached the first sample, then went past the second.
+        assert_eq!(passed.update(12.0, 3000, Some(1000)), Some(10.0));
+        assert_eq!(passed.update(13.0, 4000, Some(2500)), Some(11.0));
+        // Caught up: the round's own sample.
+        assert_eq!(passed.update(14.0, 5000, Some(5000)), Some(14.0));
+        // No slot: nothing is passed.
+        assert_eq!(passed.update(15.0, 6000, None), None);
+    }
+
+    #[test]
+    fn samples_stay_bounded_while_the_slot_stands_still() {
+        let mut passed = Passed::default();
+        for i in 0..(super::PASSED_SAMPLES as i64 * 3) {
+            passed.update(i as f64, 1000 + i, Some(0));
+        }
+        assert_eq!(passed.samples.len(), super::PASSED_SAMPLES);
     }
 }

@@ -241,6 +241,66 @@ async fn a_row_failing_three_times_ends_published_and_one_failing_always_ends_de
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_poller_leaves_rows_the_stream_has_not_reached_and_takes_up_rows_it_passed_unmarked() {
+    let outbox = Outbox::new().await;
+    // The sink holds these: the slot stays active and stands still before them.
+    let sink = Collect::holding(|m| m.event.event_type.as_str() == "Held");
+    let relay = Running::start(outbox.config(FAST_POLLER), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let held = outbox
+        .insert_tx(&[("a".into(), "Held".into()), ("b".into(), "Held".into())])
+        .await;
+    wait_until(
+        Duration::from_secs(15),
+        "the stream hands the held events to the sink",
+        || async { !sink.waiting.lock().unwrap().is_empty() },
+    )
+    .await;
+    // Four grace periods, twenty poller rounds: the rows are PENDING and past
+    // their grace, but the stream has not passed them, so they are its own.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = sink.waiting.lock().unwrap().clone();
+    // (A batch waits at its first held message.)
+    assert_eq!(
+        waiting,
+        held[..1],
+        "only the stream took the held rows; the poller left them"
+    );
+    assert_eq!(count_in_state(&outbox, "PENDING").await, 2);
+
+    sink.release();
+    wait_until(
+        Duration::from_secs(15),
+        "both rows published and marked",
+        || async { count_in_state(&outbox, "PUBLISHED").await == 2 },
+    )
+    .await;
+    let delivered = |id: &String| sink.ids().iter().filter(|d| *d == id).count();
+    assert!(held.iter().all(|id| delivered(id) >= 1));
+
+    // A crash between publish and marking leaves a row the stream passed
+    // PENDING: once past its grace, that one is the poller's to publish again.
+    let before = delivered(&held[0]);
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox SET publish_state = 'PENDING', published_at = NULL WHERE id::text = $1",
+            &[&held[0]],
+        )
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the poller publishes the unmarked row again and marks it",
+        || async {
+            delivered(&held[0]) > before && count_in_state(&outbox, "PUBLISHED").await == 2
+        },
+    )
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_polling_one_table_publish_each_due_row_once() {
     let outbox = Outbox::new().await;
     // Rows the stream never saw (e.g. written while the slot was gone), well past the grace period.
