@@ -89,6 +89,9 @@ pub struct Config {
     /// Logging.
     #[serde(default)]
     pub log: LogConfig,
+    /// The async runtime.
+    #[serde(default)]
+    pub runtime: RuntimeConfig,
 }
 
 /// `[postgres]`: the database whose outbox is relayed.
@@ -573,6 +576,24 @@ impl Default for LogConfig {
     }
 }
 
+/// `[runtime]`: the threads the relay runs on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeConfig {
+    /// 1: every task on one thread. The relay's work per event is far less
+    /// than the walsender's, and one thread pays nothing to hand events
+    /// between threads. More: a multi-threaded runtime with this many
+    /// workers, which lets the SNS sink sign and send batches in parallel on
+    /// a machine with cores to spare.
+    pub worker_threads: usize,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self { worker_threads: 1 }
+    }
+}
+
 /// Log formats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -829,6 +850,9 @@ impl Config {
                 "poller.dead_letter_topic",
                 "a dead-letter topic needs sink.kind = \"sns\"".into(),
             );
+        }
+        if self.runtime.worker_threads == 0 {
+            bad("runtime.worker_threads", "must be at least 1".into());
         }
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
@@ -1197,6 +1221,7 @@ pub fn keys() -> Vec<String> {
             "filter" => field_names::<FilterConfig>(),
             "http" => field_names::<HttpConfig>(),
             "log" => field_names::<LogConfig>(),
+            "runtime" => field_names::<RuntimeConfig>(),
             other => panic!("config section {other:?} is missing from config::keys"),
         };
         keys.extend(fields.iter().map(|f| format!("{section}.{f}")));
@@ -1329,6 +1354,8 @@ payload = ""
 max_in_flight = 0
 [retry]
 jitter = 3.0
+[runtime]
+worker_threads = 0
 "#;
         let keys: Vec<String> = problems(load(text, &[]).unwrap_err())
             .into_iter()
@@ -1341,6 +1368,7 @@ jitter = 3.0
             "columns.payload",
             "stream.max_in_flight",
             "retry.jitter",
+            "runtime.worker_threads",
         ] {
             assert!(
                 keys.contains(&key.to_string()),

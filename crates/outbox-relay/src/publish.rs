@@ -3,7 +3,7 @@
 //! message's final outcome back to the replication loop.
 //!
 //! ```text
-//!  replication loop ──Dispatch──► queue (commit order) ──batch (one destination, ≤ max_batch)──► sink.publish
+//!  replication loop ──[Dispatch] (one Vec per burst)──► queue (commit order) ──batch (one destination, ≤ max_batch)──► sink.publish
 //!         ▲                                  ▲ failed entries go back to the front, their group waits (backoff)
 //!         └──── Completion (Delivered | Rejected, after recording) ◄──────────────────────────────┘
 //! ```
@@ -130,7 +130,7 @@ pub async fn run<S: Sink>(
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
     marker: Option<Marker>,
-    mut input: mpsc::Receiver<Dispatch>,
+    mut input: mpsc::Receiver<Vec<Dispatch>>,
     done: mpsc::UnboundedSender<Vec<Completion>>,
     backoff: Backoff,
 ) {
@@ -159,10 +159,14 @@ pub async fn run<S: Sink>(
                 Some(first) => {
                     // Take what else is waiting too: one pass of the loop
                     // (and one batch pick) per burst, not per message.
-                    p.accept(first);
-                    for _ in 0..p.max_batch {
+                    let mut taken = first.len();
+                    first.into_iter().for_each(|d| p.accept(d));
+                    while taken < p.max_batch {
                         match input.try_recv() {
-                            Ok(more) => p.accept(more),
+                            Ok(more) => {
+                                taken += more.len();
+                                more.into_iter().for_each(|d| p.accept(d));
+                            }
                             Err(_) => break,
                         }
                     }
@@ -544,7 +548,7 @@ mod tests {
                     .entry(group)
                     .or_default()
                     .push(m.event.id.to_string());
-                tx.send(Dispatch::Publish(m)).await.unwrap();
+                tx.send(vec![Dispatch::Publish(m)]).await.unwrap();
             }
             drop(tx);
             task.await.unwrap();

@@ -77,6 +77,21 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait for the server to show the final acknowledgement.
 const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most events the loop reads in one burst before it looks at completions,
+/// the heartbeat and the stop signal again.
+const BURST_MAX: usize = 1024;
+
+/// Poll `future` once: its output if it is ready now. For cancel-safe futures
+/// only (a pending one is dropped).
+fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// Whether an error ends the relay or only the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -589,7 +604,8 @@ async fn session<S: Sink>(
         Some((marker, task)) => (Some(marker), Some(task)),
         None => (None, None),
     };
-    let (to_publisher, from_stream) = mpsc::channel(config.stream.max_in_flight);
+    // Bursts, not events: `max_in_flight` bounds the events (the read condition below).
+    let (to_publisher, from_stream) = mpsc::channel(64);
     let (done_tx, mut done) = mpsc::unbounded_channel();
     let publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
@@ -608,6 +624,7 @@ async fn session<S: Sink>(
         relations: HashMap::new(),
         commit_time: 0,
         to_publisher,
+        burst: Vec::new(),
         marker,
         summary,
     };
@@ -629,14 +646,17 @@ async fn session<S: Sink>(
         heartbeat
     });
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Draining: read on only to the end of the open transaction.
+    let may_read = |tracker: &AckTracker, draining: bool| {
+        (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight
+    };
     loop {
         let draining = deadline.is_some();
         let tracker = &stream.tracker;
         if draining && !tracker.in_transaction() && tracker.unfinished() == 0 {
             break;
         }
-        // Draining: read on only to the end of the open transaction.
-        let read = (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight;
+        let read = may_read(tracker, draining);
         tokio::select! {
             biased;
             completions = done.recv() => match completions {
@@ -661,11 +681,26 @@ async fn session<S: Sink>(
                 tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
                 deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
             }
-            event = client.recv(), if read => match event {
-                Ok(Some(event)) => stream.received(event).await?,
-                Ok(None) => return Err(RelayError::StreamEnded),
-                Err(e) => return Err(RelayError::Replication(e)),
-            },
+            event = client.recv(), if read => {
+                match event {
+                    Ok(Some(event)) => stream.received(event)?,
+                    Ok(None) => return Err(RelayError::StreamEnded),
+                    Err(e) => return Err(RelayError::Replication(e)),
+                }
+                // Take what is already buffered without a round through select.
+                let mut taken = 1;
+                while taken < BURST_MAX && may_read(&stream.tracker, draining) {
+                    match now_or_never(client.recv()) {
+                        Some(Ok(Some(event))) => stream.received(event)?,
+                        Some(Ok(None)) => return Err(RelayError::StreamEnded),
+                        Some(Err(e)) => return Err(RelayError::Replication(e)),
+                        None => break,
+                    }
+                    taken += 1;
+                }
+                stream.flush().await?;
+
+            }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
                 tracing::warn!(
                     unfinished = stream.tracker.unfinished(),
@@ -756,7 +791,9 @@ struct Stream<'a> {
     table_oid: u32,
     /// Commit time of the open transaction.
     commit_time: i64,
-    to_publisher: mpsc::Sender<Dispatch>,
+    to_publisher: mpsc::Sender<Vec<Dispatch>>,
+    /// Dispatches of the burst being read, handed over by [`Stream::flush`].
+    burst: Vec<Dispatch>,
     marker: Option<Marker>,
     summary: &'a mut Summary,
 }
@@ -778,14 +815,18 @@ impl Stream<'_> {
         self.tracker.finish(ticket);
     }
 
-    async fn dispatch(&mut self, dispatch: Dispatch) -> Result<(), RelayError> {
+    /// Hand the burst's dispatches to the publisher in one piece.
+    async fn flush(&mut self) -> Result<(), RelayError> {
+        if self.burst.is_empty() {
+            return Ok(());
+        }
         self.to_publisher
-            .send(dispatch)
+            .send(std::mem::take(&mut self.burst))
             .await
             .map_err(|_| RelayError::PublisherStopped)
     }
 
-    async fn received(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
+    fn received(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
         match event {
             ReplicationEvent::Begin {
                 commit_time_micros, ..
@@ -801,7 +842,7 @@ impl Stream<'_> {
             }
             ReplicationEvent::XLogData {
                 wal_start, data, ..
-            } => self.data(wal_start, data).await?,
+            } => self.data(wal_start, data)?,
             ReplicationEvent::Message {
                 prefix, content, ..
             } if prefix == HEARTBEAT_PREFIX => {
@@ -820,7 +861,7 @@ impl Stream<'_> {
         Ok(())
     }
 
-    async fn data(&mut self, at: Lsn, data: Bytes) -> Result<(), RelayError> {
+    fn data(&mut self, at: Lsn, data: Bytes) -> Result<(), RelayError> {
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
             lsn: at.to_string(),
             source,
@@ -890,7 +931,7 @@ impl Stream<'_> {
                         }
                     }
                 };
-                self.dispatch(dispatch).await?;
+                self.burst.push(dispatch);
             }
             Pgoutput::Begin(_) | Pgoutput::Commit(_) => {
                 // The replication client turns these into Begin/Commit events.
