@@ -40,9 +40,9 @@ async fn main() {
         &config,
         format!(
             "[postgres]\nurl = \"{}\"\nslot = \"chaos\"\n[sink]\nkind = \"sns\"\n\
-             [sns]\ntopic_arn = \"{}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\n\
+             [sns]\ntopic_arn = \"{}\"\nendpoint_url = \"{}\"\nregion = \"{}\"\nmax_in_flight_batches = 1\n\
              [poller]\ninterval = \"1s\"\ngrace = \"20s\"\n[retry]\nmax = \"2s\"\n\
-             [http]\nlisten = \"\"\n[log]\nlevel = \"warn\"\n",
+             [http]\nlisten = \"\"\n[log]\nlevel = \"info\"\n",
             db.url(),
             topic.arn,
             proxy.endpoint(),
@@ -68,6 +68,9 @@ async fn main() {
         setup.stderr_text()
     );
     let mut relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
+    // Every relay's stderr, one after the other, for a look after the run.
+    let relay_log = std::env::temp_dir().join("outbox-relay-chaos-relay.log");
+    std::fs::write(&relay_log, "").unwrap();
 
     // The reader: drains the queue all along (moto's FIFO queues slow down as they fill).
     let received: Arc<Mutex<Vec<(String, u64, String)>>> = Arc::default();
@@ -91,7 +94,8 @@ async fn main() {
         })
     };
 
-    // The producer: one single-row transaction every 25 ms, reconnecting through restarts.
+    // The producer: one single-row transaction every 50 ms (what moto's FIFO
+    // queues pass with room to spare), reconnecting through restarts.
     let stop_producing = Arc::new(AtomicBool::new(false));
     let attempted = Arc::new(AtomicU64::new(0));
     let producer = {
@@ -102,7 +106,7 @@ async fn main() {
             let mut client: Option<tokio_postgres::Client> = None;
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(25)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 if client.as_ref().is_none_or(|c| c.is_closed()) {
                     client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
                         Ok((c, conn)) => {
@@ -145,6 +149,7 @@ async fn main() {
         match kind {
             "kill -9 relay" => {
                 relay.kill9();
+                keep_log(&relay_log, &relay);
                 tokio::time::sleep(Duration::from_millis(fastrand::u64(0..2000))).await;
                 relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
             }
@@ -176,6 +181,11 @@ async fn main() {
         let recovered = wait_caught_up(&sql_url, Duration::from_secs(120)).await;
         let took = ended.elapsed();
         longest_recovery = longest_recovery.max(took);
+        eprintln!(
+            "chaos: {:>5.1} s  {kind:<28} recovered in {:.1} s",
+            started.elapsed().as_secs_f64(),
+            took.as_secs_f64()
+        );
         if !recovered {
             eprintln!("chaos: no recovery within 120 s after {kind}");
             break;
@@ -244,6 +254,7 @@ async fn main() {
         .get(0);
     relay.sigterm();
     let _ = relay.wait_exit_async(Duration::from_secs(30)).await;
+    keep_log(&relay_log, &relay);
 
     // The checks.
     let received = received.lock().unwrap().clone();
@@ -289,6 +300,7 @@ async fn main() {
     );
     println!("rows not PUBLISHED      {pending}");
     println!("slot lag at the end     {lag} bytes");
+    println!("relay logs              {}", relay_log.display());
     let ok =
         lost.is_empty() && order_violations == 0 && pending == 0 && caught_up && total_faults >= 20;
     println!(
@@ -300,6 +312,13 @@ async fn main() {
     if !ok {
         std::process::exit(1);
     }
+}
+
+/// Append what `relay` wrote to stderr to `path`.
+fn keep_log(path: &std::path::Path, relay: &RelayProcess) {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    writeln!(file, "==== relay\n{}", relay.stderr_text()).unwrap();
 }
 
 /// Until the slot confirms `pg_current_wal_lsn()` as it was when called (or `limit` passes).
