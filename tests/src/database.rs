@@ -110,11 +110,28 @@ impl TestDb {
         Self::create(cluster.admin_url(), Some(Arc::clone(cluster))).await
     }
 
+    /// Creates a database on the shared cluster with `options` after
+    /// `CREATE DATABASE name`, e.g. `ENCODING 'SQL_ASCII' ... TEMPLATE template0`.
+    pub async fn with_options(options: &str) -> TestDb {
+        let shared = tokio::task::spawn_blocking(shared_admin_url)
+            .await
+            .unwrap_or_else(|e| panic!("starting the shared test cluster: {e}"));
+        Self::create_with(shared.url, shared.cluster, options).await
+    }
+
     async fn create(admin_url: String, cluster: Option<Arc<Cluster>>) -> TestDb {
+        Self::create_with(admin_url, cluster, "").await
+    }
+
+    async fn create_with(
+        admin_url: String,
+        cluster: Option<Arc<Cluster>>,
+        options: &str,
+    ) -> TestDb {
         let name = format!("t_{:016x}", fastrand::u64(..));
         let admin = connect(&admin_url).await;
         admin
-            .batch_execute(&format!("CREATE DATABASE {}", quote_ident(&name)))
+            .batch_execute(&format!("CREATE DATABASE {} {options}", quote_ident(&name)))
             .await
             .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
         TestDb {

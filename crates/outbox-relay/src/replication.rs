@@ -81,6 +81,22 @@ const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// the heartbeat and the stop signal again.
 const BURST_MAX: usize = 1024;
 
+/// A replication error, with what to do when the cause is known.
+fn with_advice(error: &PgWireError) -> String {
+    let text = error.to_string();
+    if text.contains("SQLSTATE 22021") {
+        // The walsender converts text to the client's UTF-8 and cannot.
+        format!(
+            "{text}. A row holds text that is not valid UTF-8 (a SQL_ASCII database), and PostgreSQL cannot \
+             send it: the slot cannot move past that change. Nothing after it was acknowledged. Correct the \
+             row's text, then drop the slot and start the relay with lifecycle.recreate_slot = true, or \
+             run `outbox-relay replay --state PENDING` after recreating it (docs/recovery.md)"
+        )
+    } else {
+        text
+    }
+}
+
 /// Poll `future` once: its output if it is ready now. For cancel-safe futures
 /// only (a pending one is dropped).
 fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
@@ -117,7 +133,7 @@ pub enum RelayError {
         source: tokio_postgres::Error,
     },
     /// The replication session failed.
-    #[error("replication stream: {0}")]
+    #[error("replication stream: {}", with_advice(.0))]
     Replication(#[source] PgWireError),
     /// The replication connection's TLS failed (the message says why).
     #[error("replication connection: {message}")]

@@ -273,3 +273,89 @@ async fn a_missing_or_wrong_publication_stops_the_relay_with_the_fix() {
     delivered(&sink, &ids).await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing_is_lost() {
+    let outbox = Outbox::sql_ascii().await;
+    let (sink, relay) = streaming(&outbox, "").await;
+    let before = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    wait_until(Duration::from_secs(15), "the first event", || async {
+        sink.ids() == before
+    })
+    .await;
+    // A SQL_ASCII database stores the bytes 0xe9 and 0xff as they are; the
+    // walsender cannot turn them into the UTF-8 the relay's session asks for.
+    let bad: String = outbox
+        .sql
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', E'caf\\xe9-\\xff', 'Bad', '{}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let after = outbox.insert_tx(&[("a".into(), "After".into())]).await;
+    let error = stopped(relay).await.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    for needle in [
+        "not valid UTF-8",
+        "SQLSTATE 22021",
+        "recreate_slot",
+        "docs/recovery.md",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from: {text}");
+    }
+    assert_eq!(sink.ids(), before, "nothing past the bad row was published");
+    // The slot did not move past it: a restart stops at the same change.
+    // (The witness slot cannot show it either: peeking converts to UTF-8 too.)
+    let again = Collect::default();
+    let relay = Running::start(outbox.config(""), again.clone());
+    let error = stopped(relay).await.expect_err("the same fatal error");
+    assert!(error.to_string().contains("SQLSTATE 22021"), "{error}");
+    assert!(again.ids().is_empty(), "nothing published after a restart");
+
+    // The fix the error gives: correct the text, recreate the slot; the
+    // poller publishes what the old slot held.
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox SET aggregate_id = 'cafe' WHERE id::text = $1",
+            &[&bad],
+        )
+        .await
+        .unwrap();
+    outbox
+        .sql
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .unwrap();
+    let (sink, relay) = streaming(
+        &outbox,
+        "[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"",
+    )
+    .await;
+    let mut expected = vec![bad.clone()];
+    expected.extend(after.iter().cloned());
+    wait_until(
+        Duration::from_secs(20),
+        "the fixed row and the one after it are published",
+        || async {
+            let ids = sink.ids();
+            expected.iter().all(|id| ids.contains(id))
+        },
+    )
+    .await;
+    relay.stop().await;
+    let pending: i64 = outbox
+        .sql
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE publish_state <> 'PUBLISHED'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pending, 0, "every row ends PUBLISHED");
+}

@@ -79,6 +79,16 @@ impl Outbox {
         Self::build(TestDb::new().await, table_sql).await
     }
 
+    /// Like [`Outbox::new`], in a `SQL_ASCII` database: text columns take any
+    /// bytes, so rows can hold text that is not UTF-8.
+    pub async fn sql_ascii() -> Outbox {
+        let db = TestDb::with_options(
+            "ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0",
+        )
+        .await;
+        Self::build(db, None).await
+    }
+
     /// Like [`Outbox::new`], on a private cluster (one the test may restart).
     pub async fn on(cluster: &Arc<harness::Cluster>) -> Outbox {
         Self::build(TestDb::on(cluster).await, None).await
