@@ -359,3 +359,35 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
         .get(0);
     assert_eq!(pending, 0, "every row ends PUBLISHED");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_dropped_mid_stream_still_delivers_what_was_committed_and_the_next_start_says_so() {
+    let outbox = Outbox::new().await;
+    let (sink, relay) = streaming(&outbox, "").await;
+    let mut ids = outbox.insert_tx(&[("a".into(), "First".into())]).await;
+    delivered(&sink, &ids).await;
+    // Committed just before the drop: the WAL still holds them, and the
+    // walsender decodes them with the catalog of their time.
+    ids.extend(
+        outbox
+            .insert_tx(&[("a".into(), "Last".into()), ("b".into(), "Last".into())])
+            .await,
+    );
+    outbox.sql.batch_execute("DROP TABLE outbox").await.unwrap();
+    delivered(&sink, &ids).await;
+    relay.stop().await;
+    assert_eq!(
+        sink.ids(),
+        ids,
+        "every event committed before the drop, once, in order"
+    );
+
+    let relay = Running::start(outbox.config(""), Collect::default());
+    let error = stopped(relay).await.expect_err("a fatal error");
+    assert_eq!(error.class(), ErrorClass::Fatal);
+    let text = error.to_string();
+    assert!(
+        text.contains("public.outbox") && text.contains("setup"),
+        "the error names the table and the fix: {text}"
+    );
+}
