@@ -154,15 +154,19 @@ impl SnsSink {
         Ok((entry, size))
     }
 
-    /// Send one request; fill `outcomes` for its entries.
+    /// Send one request of `entries` (each with its index in `batch`); fill
+    /// `outcomes` for them. The entries move into the request: the rare path
+    /// that needs them again builds them anew from `batch`.
     async fn send(
         &self,
         topic: &str,
+        batch: &[Message],
+        fifo: bool,
         entries: Vec<(usize, PublishBatchRequestEntry)>,
         outcomes: &mut [Option<Outcome>],
     ) {
-        let request: Vec<PublishBatchRequestEntry> =
-            entries.iter().map(|(_, e)| e.clone()).collect();
+        let (indices, request): (Vec<usize>, Vec<PublishBatchRequestEntry>) =
+            entries.into_iter().unzip();
         let result = self
             .client
             .publish_batch()
@@ -202,7 +206,7 @@ impl SnsSink {
                         _ => Outcome::Retryable(reason),
                     });
                 }
-                for (i, _) in &entries {
+                for i in &indices {
                     if outcomes[*i].is_none() {
                         outcomes[*i] = Some(Outcome::Retryable(
                             "SNS did not answer for the entry".into(),
@@ -226,23 +230,31 @@ impl SnsSink {
                         let reason = format!(
                             "topic {topic} does not exist ({reason}): create it or fix the routing"
                         );
-                        for (i, _) in &entries {
+                        for i in &indices {
                             outcomes[*i] = Some(Outcome::Rejected(reason.clone()));
                         }
                     }
-                    Class::Permanent if entries.len() == 1 => {
-                        outcomes[entries[0].0] = Some(Outcome::Rejected(reason));
+                    Class::Permanent if indices.len() == 1 => {
+                        outcomes[indices[0]] = Some(Outcome::Rejected(reason));
                     }
                     Class::Permanent => {
                         // Find the culprit: each entry alone, in order; after a
                         // transient failure the rest wait, so nothing overtakes it.
                         let mut pending: Option<String> = None;
-                        for (i, entry) in entries {
+                        for i in indices {
                             if let Some(reason) = &pending {
                                 outcomes[i] = Some(Outcome::Retryable(reason.clone()));
                                 continue;
                             }
-                            Box::pin(self.send(topic, vec![(i, entry)], outcomes)).await;
+                            let entry = match self.entry(i, &batch[i], fifo) {
+                                Ok((entry, _)) => entry,
+                                Err(reason) => {
+                                    outcomes[i] = Some(Outcome::Rejected(reason));
+                                    continue;
+                                }
+                            };
+                            Box::pin(self.send(topic, batch, fifo, vec![(i, entry)], outcomes))
+                                .await;
                             if let Some(Outcome::Retryable(reason)) = &outcomes[i] {
                                 pending = Some(reason.clone());
                             }
@@ -250,12 +262,12 @@ impl SnsSink {
                     }
                     Class::Auth => {
                         tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                        for (i, _) in &entries {
+                        for i in &indices {
                             outcomes[*i] = Some(Outcome::Retryable(reason.clone()));
                         }
                     }
                     Class::Transient => {
-                        for (i, _) in &entries {
+                        for i in &indices {
                             outcomes[*i] = Some(Outcome::Retryable(reason.clone()));
                         }
                     }
@@ -381,7 +393,7 @@ impl Sink for SnsSink {
                         outcomes[i] = Some(Outcome::Retryable(reason.clone()));
                     }
                 }
-                None => self.send(&topic, request, &mut outcomes).await,
+                None => self.send(&topic, batch, fifo, request, &mut outcomes).await,
             }
         }
         outcomes
