@@ -38,7 +38,7 @@ use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::sink::{Message, Outcome, Sink};
 use crate::table::Table;
 
-/// Samples kept by [`Passed`]: at one a second, ten minutes of backlog.
+/// Samples kept by [`Passed`]; when full, every other one goes.
 const PASSED_SAMPLES: usize = 600;
 
 /// Which PENDING rows an active slot has already passed.
@@ -47,7 +47,7 @@ const PASSED_SAMPLES: usize = 600;
 /// past it (published but not marked: a crash in between, a marking failure).
 /// One the stream has not reached yet is still its to publish; claiming it
 /// would publish a backlog twice. Rows carry no LSN, so each round samples
-/// the server's clock with `pg_current_wal_lsn()`: every transaction that
+/// the server's clock with `pg_current_wal_insert_lsn()`: every transaction that
 /// committed before the sample's time lies before its LSN. Once the slot's
 /// `confirmed_flush_lsn` reaches a sample, the stream has passed every row
 /// committed before that time. The poller then claims PENDING rows created
@@ -63,7 +63,13 @@ impl Passed {
     /// Record a sample; the time of the newest sample at or before `confirmed`, if any.
     pub fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
         if self.samples.len() == PASSED_SAMPLES {
-            self.samples.pop_front();
+            // Thin out rather than forget the oldest: a slot far behind still
+            // reaches a sample, later and coarser.
+            let mut keep = false;
+            self.samples.retain(|_| {
+                keep = !keep;
+                keep
+            });
         }
         self.samples.push_back((now, current));
         let confirmed = confirmed?;
@@ -230,7 +236,7 @@ impl<S: Sink> Poller<S> {
         let (streaming, passed): (bool, Option<f64>) = {
             let row = client
                 .query_one(
-                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_lsn() - '0/0')::bigint, \
+                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
                             coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
                      FROM pg_replication_slots WHERE slot_name = $1",
                     &[&config.postgres.slot],
@@ -422,11 +428,13 @@ mod tests {
     }
 
     #[test]
-    fn samples_stay_bounded_while_the_slot_stands_still() {
+    fn samples_stay_bounded_and_keep_the_oldest_while_the_slot_lags() {
         let mut passed = Passed::default();
         for i in 0..(super::PASSED_SAMPLES as i64 * 3) {
-            passed.update(i as f64, 1000 + i, Some(0));
+            passed.update(i as f64, 1000 + i, Some(999));
+            assert!(passed.samples.len() <= super::PASSED_SAMPLES);
         }
-        assert_eq!(passed.samples.len(), super::PASSED_SAMPLES);
+        // The slot reaches the first sample's position: it still counts.
+        assert_eq!(passed.update(5000.0, 9000, Some(1000)), Some(0.0));
     }
 }

@@ -98,7 +98,9 @@ fn with_advice(error: &PgWireError) -> String {
 }
 
 /// Poll `future` once: its output if it is ready now. For cancel-safe futures
-/// only (a pending one is dropped).
+/// only (a pending one is dropped). Tokio's task budget may make a ready
+/// future look pending: the burst then ends early (after about 128 events),
+/// which also keeps the pipeline, and the memory it holds, shallow.
 fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -704,8 +706,10 @@ async fn session<S: Sink>(
                     Err(e) => return Err(RelayError::Replication(e)),
                 }
                 // Take what is already buffered without a round through select.
+                // Only while the worker runs: once it ended, `recv` takes its
+                // result in two steps, and only select's future survives both.
                 let mut taken = 1;
-                while taken < BURST_MAX && may_read(&stream.tracker, draining) {
+                while taken < BURST_MAX && may_read(&stream.tracker, draining) && client.is_running() {
                     match now_or_never(client.recv()) {
                         Some(Ok(Some(event))) => stream.received(event)?,
                         Some(Ok(None)) => return Err(RelayError::StreamEnded),

@@ -3,26 +3,31 @@
 //! "Delivered" means written and flushed to the file descriptor. Logs go to
 //! standard error, so standard output carries envelopes only.
 //!
-//! A batch is formatted into one buffer and written with one blocking
-//! `write_all`, on the task that publishes it: writing to /dev/null, a file or
-//! a pipe with room takes microseconds, far less than handing the buffer to
-//! tokio's blocking pool and back. A reader that stops reading blocks the
-//! relay, which is the backpressure a pipe means; the slot keeps what is not
-//! yet written.
+//! A batch is formatted into one buffer and handed to a writer thread of the
+//! sink's own, which writes it with one blocking `write_all`: cheaper than
+//! tokio's blocking pool per write, and a reader that stops reading blocks
+//! only that thread. The relay stays responsive (health, metrics, signals);
+//! its in-flight limits stop the stream, and the slot keeps what is not yet
+//! written.
 
 use std::io::Write;
 use std::sync::Mutex;
 
+use tokio::sync::oneshot;
+
 use super::{Message, Outcome, Sink};
+
+/// A buffer to write, and where to say how it went (the buffer comes back for reuse).
+struct Job {
+    buffer: Vec<u8>,
+    done: oneshot::Sender<(Vec<u8>, std::io::Result<()>)>,
+}
 
 /// Writes envelopes as lines to a writer, by default standard output.
 pub struct StdoutSink {
-    out: Mutex<Out>,
-}
-
-struct Out {
-    writer: Box<dyn Write + Send>,
-    buffer: Vec<u8>,
+    jobs: std::sync::mpsc::Sender<Job>,
+    /// A buffer for the next batch.
+    spare: Mutex<Vec<u8>>,
 }
 
 impl StdoutSink {
@@ -32,12 +37,34 @@ impl StdoutSink {
     }
 
     /// A sink on any writer (tests, files).
-    pub fn with_writer(writer: Box<dyn Write + Send>) -> Self {
+    pub fn with_writer(mut writer: Box<dyn Write + Send>) -> Self {
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("stdout-sink".into())
+            .spawn(move || {
+                // Ends when the sink is dropped.
+                for job in queue {
+                    let result = writer.write_all(&job.buffer).and_then(|()| writer.flush());
+                    let _ = job.done.send((job.buffer, result));
+                }
+            })
+            .expect("cannot start the stdout writer thread");
         Self {
-            out: Mutex::new(Out {
-                writer,
-                buffer: Vec::with_capacity(256 * 1024),
-            }),
+            jobs,
+            spare: Mutex::new(Vec::with_capacity(256 * 1024)),
+        }
+    }
+
+    /// Write `buffer`; the buffer back, and how it went.
+    async fn write(&self, buffer: Vec<u8>) -> Result<Vec<u8>, String> {
+        let (done, wait) = oneshot::channel();
+        self.jobs
+            .send(Job { buffer, done })
+            .map_err(|_| "the stdout writer thread stopped".to_owned())?;
+        match wait.await {
+            Ok((buffer, Ok(()))) => Ok(buffer),
+            Ok((_, Err(e))) => Err(e.to_string()),
+            Err(_) => Err("the stdout writer thread stopped".to_owned()),
         }
     }
 }
@@ -58,23 +85,22 @@ impl Sink for StdoutSink {
     }
 
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let result = {
-            let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-            let Out { writer, buffer } = &mut *out;
-            buffer.clear();
-            for message in batch {
-                buffer.extend_from_slice(&message.body);
-                buffer.push(b'\n');
-            }
-            let result = writer.write_all(buffer).and_then(|()| writer.flush());
-            if buffer.capacity() > 4 << 20 {
+        let mut buffer = std::mem::take(&mut *self.spare.lock().unwrap_or_else(|p| p.into_inner()));
+        buffer.clear();
+        // Sized once: growing by doubling leaves garbage behind on the allocator.
+        buffer.reserve(batch.iter().map(|m| m.body.len() + 1).sum());
+        for message in batch {
+            buffer.extend_from_slice(&message.body);
+            buffer.push(b'\n');
+        }
+        let outcome = match self.write(buffer).await {
+            Ok(buffer) => {
                 // One huge batch should not pin its buffer for the process's life.
-                *buffer = Vec::with_capacity(256 * 1024);
+                if buffer.capacity() <= 1 << 20 {
+                    *self.spare.lock().unwrap_or_else(|p| p.into_inner()) = buffer;
+                }
+                Outcome::Delivered
             }
-            result
-        };
-        let outcome = match result {
-            Ok(()) => Outcome::Delivered,
             Err(e) => Outcome::Retryable(format!("writing to standard output failed: {e}")),
         };
         vec![outcome; batch.len()]
@@ -143,5 +169,35 @@ mod tests {
         let broken = StdoutSink::with_writer(Box::new(Broken));
         let outcomes = broken.publish(&[message("x")]).await;
         assert!(matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output")));
+    }
+
+    /// A writer that waits for a go before each write.
+    struct Gate(std::sync::mpsc::Receiver<()>);
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .recv()
+                .map_err(|_| std::io::Error::other("gate closed"))?;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reader_that_stops_reading_does_not_stop_the_runtime() {
+        let (go, gate) = std::sync::mpsc::channel();
+        let sink = Arc::new(StdoutSink::with_writer(Box::new(Gate(gate))));
+        let publishing = tokio::spawn({
+            let sink = Arc::clone(&sink);
+            async move { sink.publish(&[message("x")]).await }
+        });
+        // The one runtime thread keeps running other tasks (timers here).
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!publishing.is_finished(), "the write waits for the reader");
+        go.send(()).unwrap();
+        assert_eq!(publishing.await.unwrap(), vec![Outcome::Delivered]);
     }
 }
