@@ -211,10 +211,13 @@ impl Metrics {
     }
 
     /// An event came in by `path` (`replication` or `poller`).
-    pub fn received(&self, path: &str) {
-        self.events_received
-            .get_or_create(&label("path", path))
-            .inc();
+    /// `n` events read from `path` (`replication` or `poller`).
+    pub fn received(&self, path: &str, n: u64) {
+        if n > 0 {
+            self.events_received
+                .get_or_create(&label("path", path))
+                .inc_by(n);
+        }
     }
 
     /// An envelope's outcome: `delivered`, `rejected`, `retried` or `skipped`.
@@ -363,7 +366,7 @@ mod tests {
     #[test]
     fn the_exposition_uses_the_documented_names() {
         let m = Metrics::new();
-        m.received("replication");
+        m.received("replication", 1);
         m.published("delivered", 3);
         m.slot("reserved", 10, 20, -1);
         let text = m.encode();

@@ -273,9 +273,7 @@ impl<S: Sink> Poller<S> {
         let rows = tx.query(&claim, &[&sweep, &missed_before]).await?;
         let metrics = crate::metrics::get();
         metrics.poller_ran();
-        for _ in &rows {
-            metrics.received("poller");
-        }
+        metrics.received("poller", rows.len() as u64);
         let mut round = Round {
             claimed: rows.len(),
             ..Round::default()
