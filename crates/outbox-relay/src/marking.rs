@@ -13,6 +13,11 @@
 //! Marking is not part of the acknowledgement: a row the relay published but
 //! could not mark (a crash in between) stays PENDING and the poller publishes
 //! it again after its grace period, a bounded, identifiable repeat.
+//!
+//! A statement that fails is retried with backoff. When the connection itself
+//! is gone (PostgreSQL restarted, failed over), the task opens its own and
+//! keeps trying for [`RECONNECT_FOR`], so that a restart does not drop the
+//! marks of events already delivered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +33,8 @@ use crate::table::Table;
 const BATCH: usize = 1000;
 /// How long marks gather before they are written.
 const GATHER: Duration = Duration::from_millis(20);
+/// How long a statement is retried on a lost connection before its marks are given up.
+const RECONNECT_FOR: Duration = Duration::from_secs(60);
 
 /// What to record about a row.
 #[derive(Debug, Clone)]
@@ -53,6 +60,7 @@ impl Marker {
 /// The task ends (after writing what it has) when every [`Marker`] is dropped.
 pub fn spawn(
     client: Arc<tokio_postgres::Client>,
+    conn: crate::postgres::ConnInfo,
     table: &Table,
     mode: OnPublished,
     backoff: Backoff,
@@ -63,6 +71,7 @@ pub fn spawn(
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<Mark>();
     let task = tokio::spawn(async move {
+        let mut client = client;
         let mut marks = Vec::with_capacity(BATCH);
         loop {
             if rx.recv_many(&mut marks, BATCH).await == 0 {
@@ -91,8 +100,10 @@ pub fn spawn(
                     continue;
                 }
                 let mut attempt = 0;
+                let started = tokio::time::Instant::now();
                 while let Err(e) = client.execute(sql.as_str(), &[ids]).await {
-                    if attempt >= 5 {
+                    let lost = client.is_closed();
+                    if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
                         tracing::error!(rows = ids.len(), error = %crate::postgres::Chain(&e), "cannot mark rows; they stay as they were (the poller may publish them again)");
                         break;
                     }
@@ -100,6 +111,14 @@ pub fn spawn(
                     attempt += 1;
                     tracing::warn!(rows = ids.len(), attempt, error = %crate::postgres::Chain(&e), "marking rows failed, retrying");
                     tokio::time::sleep(delay).await;
+                    if lost {
+                        match conn.connect().await {
+                            Ok(fresh) => client = Arc::new(fresh),
+                            Err(e) => {
+                                tracing::debug!(error = %crate::postgres::Chain(&e), "marking cannot reconnect yet")
+                            }
+                        }
+                    }
                 }
             }
             drop(done);

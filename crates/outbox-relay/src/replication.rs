@@ -614,6 +614,7 @@ async fn session<S: Sink>(
     let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
     let marking = marking::spawn(
         Arc::clone(&sql_client),
+        conn.clone(),
         &table_info,
         config.lifecycle.on_published,
         Backoff::new(&config.retry),

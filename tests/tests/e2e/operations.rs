@@ -482,3 +482,75 @@ async fn the_relay_does_its_whole_job_as_the_least_privilege_role() {
         "the relay's role has no privileges beyond sql/004_role.sql"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marks_cut_off_by_a_postgres_restart_are_written_once_it_is_back() {
+    let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
+    let mut outbox = Outbox::on(&cluster).await;
+    // A gate on marking: while closed, an UPDATE of the outbox sleeps in a trigger.
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE TABLE gate (closed bool NOT NULL);
+             INSERT INTO gate VALUES (true);
+             CREATE FUNCTION wait_at_gate() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+             BEGIN
+                 IF (SELECT closed FROM gate) THEN PERFORM pg_sleep(30); END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER wait_at_gate BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION wait_at_gate();",
+        )
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!("{QUICK_RETRY}[poller]\nenabled = false\n")),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    let ids = outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    let end = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(15),
+        "delivered and acknowledged (marking is not part of it)",
+        || async { sink.ids() == ids && outbox.confirmed_flush().await >= end },
+    )
+    .await;
+    // Marking waits at the gate. A restart cuts its connection, and the
+    // server stays down longer than marking's retries on one connection.
+    let stopped = Arc::clone(&cluster);
+    tokio::task::spawn_blocking(move || stopped.stop(StopMode::Fast))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let started = Arc::clone(&cluster);
+    tokio::task::spawn_blocking(move || started.start_again())
+        .await
+        .unwrap();
+    outbox.reconnect().await;
+    outbox
+        .sql
+        .batch_execute("UPDATE gate SET closed = false")
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(45),
+        "marking reconnects and marks the row",
+        || async {
+            let state: String = outbox
+                .sql
+                .query_one(
+                    "SELECT publish_state FROM outbox WHERE id::text = $1",
+                    &[&ids[0]],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            state == "PUBLISHED"
+        },
+    )
+    .await;
+    // The slot had passed the event before the restart: it came out once.
+    relay.stop().await;
+    assert_eq!(sink.ids(), ids);
+}
