@@ -21,6 +21,9 @@ use harness::{Cluster, FaultProxy, Mode, RelayProcess, StopMode, TestDb};
 
 const AGGREGATES: u64 = 12;
 
+/// How long the driver waits for a recovery before the next fault.
+const RECOVERY_WAIT: Duration = Duration::from_secs(30);
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let seconds: u64 = std::env::args()
@@ -135,6 +138,7 @@ async fn main() {
     // The driver.
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let mut longest_recovery = Duration::ZERO;
+    let mut unrecovered = 0u32;
     let sql_url = db.url().to_owned();
     let deadline = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < deadline {
@@ -176,20 +180,26 @@ async fn main() {
             _ => unreachable!(),
         }
         *faults.entry(kind).or_default() += 1;
-        // Recovery: until the slot confirms what was written when the fault ended.
+        // Recovery: until the slot confirms what was written when the fault
+        // ended, or RECOVERY_WAIT passes; then the next fault comes anyway
+        // (the final check waits for everything).
         let ended = Instant::now();
-        let recovered = wait_caught_up(&sql_url, Duration::from_secs(120)).await;
+        let recovered = wait_caught_up(&sql_url, RECOVERY_WAIT).await;
         let took = ended.elapsed();
         longest_recovery = longest_recovery.max(took);
+        if !recovered {
+            unrecovered += 1;
+        }
         eprintln!(
-            "chaos: {:>5.1} s  {kind:<28} recovered in {:.1} s",
+            "chaos: {:>5.1} s  {kind:<28} {} {:.1} s",
             started.elapsed().as_secs_f64(),
+            if recovered {
+                "recovered in"
+            } else {
+                "still behind after"
+            },
             took.as_secs_f64()
         );
-        if !recovered {
-            eprintln!("chaos: no recovery within 120 s after {kind}");
-            break;
-        }
         if !relay.is_running() {
             eprintln!("chaos: the relay exited: {}", relay.stderr_text());
             break;
@@ -295,8 +305,16 @@ async fn main() {
         println!("  {kind:<24}{n}");
     }
     println!(
-        "longest recovery        {:.1} s",
-        longest_recovery.as_secs_f64()
+        "longest recovery        {:.1} s{}",
+        longest_recovery.as_secs_f64(),
+        if unrecovered > 0 {
+            format!(
+                " ({unrecovered} faults still behind after {} s: the next came anyway)",
+                RECOVERY_WAIT.as_secs()
+            )
+        } else {
+            String::new()
+        }
     );
     println!("rows not PUBLISHED      {pending}");
     println!("slot lag at the end     {lag} bytes");
