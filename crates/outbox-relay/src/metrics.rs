@@ -210,8 +210,7 @@ impl Metrics {
         }
     }
 
-    /// An event came in by `path` (`replication` or `poller`).
-    /// `n` events read from `path` (`replication` or `poller`).
+    /// `n` events came in by `path` (`replication` or `poller`).
     pub fn received(&self, path: &str, n: u64) {
         if n > 0 {
             self.events_received

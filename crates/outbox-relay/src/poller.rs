@@ -245,7 +245,8 @@ impl<S: Sink> Poller<S> {
             let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
             (row.get(2), passed)
         };
-        // NULL: nothing missed can be told from the backlog yet.
+        // NULL: nothing missed can be told from the backlog yet. (The claim
+        // keeps it as a condition of its own: `least(now(), NULL)` is now().)
         let missed_before: Option<f64> = if streaming {
             passed
         } else {

@@ -701,27 +701,24 @@ async fn session<S: Sink>(
                 tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
                 deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
             }
-            event = client.recv(), if read => {
-                match event {
-                    Ok(Some(event)) => stream.received(event)?,
-                    Ok(None) => return Err(RelayError::StreamEnded),
-                    Err(e) => return Err(RelayError::Replication(e)),
-                }
-                // Take what is already buffered without a round through select.
+            first = client.recv(), if read => {
+                // Then what is already buffered, without a round through select.
                 // Only while the worker runs: once it ended, `recv` takes its
                 // result in two steps, and only select's future survives both.
-                let mut taken = 1;
-                while taken < BURST_MAX && may_read(&stream.tracker, draining) && client.is_running() {
-                    match now_or_never(client.recv()) {
-                        Some(Ok(Some(event))) => stream.received(event)?,
-                        Some(Ok(None)) => return Err(RelayError::StreamEnded),
-                        Some(Err(e)) => return Err(RelayError::Replication(e)),
-                        None => break,
+                let mut next = Some(first);
+                let mut taken = 0;
+                while let Some(event) = next.take() {
+                    match event {
+                        Ok(Some(event)) => stream.received(event)?,
+                        Ok(None) => return Err(RelayError::StreamEnded),
+                        Err(e) => return Err(RelayError::Replication(e)),
                     }
                     taken += 1;
+                    if taken < BURST_MAX && may_read(&stream.tracker, draining) && client.is_running() {
+                        next = now_or_never(client.recv());
+                    }
                 }
                 stream.flush().await?;
-
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
                 tracing::warn!(

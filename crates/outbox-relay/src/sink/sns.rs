@@ -161,7 +161,6 @@ impl SnsSink {
         &self,
         topic: &str,
         batch: &[Message],
-        fifo: bool,
         entries: Vec<(usize, PublishBatchRequestEntry)>,
         outcomes: &mut [Option<Outcome>],
     ) {
@@ -246,15 +245,14 @@ impl SnsSink {
                                 outcomes[i] = Some(Outcome::Retryable(reason.clone()));
                                 continue;
                             }
-                            let entry = match self.entry(i, &batch[i], fifo) {
+                            let entry = match self.entry(i, &batch[i], topic.ends_with(".fifo")) {
                                 Ok((entry, _)) => entry,
                                 Err(reason) => {
                                     outcomes[i] = Some(Outcome::Rejected(reason));
                                     continue;
                                 }
                             };
-                            Box::pin(self.send(topic, batch, fifo, vec![(i, entry)], outcomes))
-                                .await;
+                            Box::pin(self.send(topic, batch, vec![(i, entry)], outcomes)).await;
                             if let Some(Outcome::Retryable(reason)) = &outcomes[i] {
                                 pending = Some(reason.clone());
                             }
@@ -393,7 +391,7 @@ impl Sink for SnsSink {
                         outcomes[i] = Some(Outcome::Retryable(reason.clone()));
                     }
                 }
-                None => self.send(&topic, batch, fifo, request, &mut outcomes).await,
+                None => self.send(&topic, batch, request, &mut outcomes).await,
             }
         }
         outcomes
