@@ -87,7 +87,7 @@ pub enum Configured {
     /// `stdout`.
     Stdout(StdoutSink),
     /// `sns`.
-    Sns(SnsSink),
+    Sns(Box<SnsSink>),
 }
 
 impl Configured {
@@ -95,7 +95,7 @@ impl Configured {
     pub async fn new(config: &crate::config::Config) -> Result<Self, sns::SnsSetupError> {
         Ok(match config.sink.kind {
             crate::config::SinkKind::Stdout => Self::Stdout(StdoutSink::new()),
-            crate::config::SinkKind::Sns => Self::Sns(SnsSink::new(&config.sns).await?),
+            crate::config::SinkKind::Sns => Self::Sns(Box::new(SnsSink::new(&config.sns).await?)),
         })
     }
 }

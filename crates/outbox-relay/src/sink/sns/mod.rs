@@ -23,22 +23,32 @@
 //!
 //! A request-level permanent error for a batch of several entries does not
 //! condemn them all: the entries are sent again one by one so only the
-//! culprit is rejected. The SDK's own retries are off (the publisher retries
-//! with the configured policy); operation and attempt timeouts are explicit so
-//! no call hangs. FIFO ids SNS would refuse (over 128 characters, not
+//! culprit is rejected. Nothing retries below the publisher (it retries with
+//! the configured policy); operation and attempt timeouts are explicit so
+//! no call hangs.
+//!
+//! The calls are made by a small client of the relay's own ([`client`]):
+//! the request body is written once into one buffer ([`protocol`]), signed
+//! by `aws-sigv4`, sent on kept-alive HTTP/1.1 connections; region,
+//! endpoint settings and credentials come from `aws-config`'s standard chain.
+//! This replaced the AWS SDK's SNS client, whose per-call work cost more CPU
+//! than the rest of the relay (docs/benchmarks.md). FIFO ids SNS would refuse (over 128 characters, not
 //! printable ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
-use aws_sdk_sns::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
-use aws_sdk_sns::Client;
 
+use self::client::{CallError, Client};
+use self::protocol::{Entry, EntryResult};
 use super::{Message, Outcome, Sink};
 use crate::config::SnsConfig;
+
+mod client;
+mod protocol;
 
 /// SNS's limit for one publish request, bodies and attributes together.
 pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
@@ -51,6 +61,7 @@ pub struct SnsSink {
     attributes: Vec<String>,
     in_flight: usize,
     linger: Duration,
+    operation_timeout: Duration,
 }
 
 /// The SNS client cannot be built from the configuration.
@@ -64,8 +75,11 @@ pub struct SnsSetupError {
 }
 
 impl SnsSink {
-    /// Build the client: standard AWS credential chain, explicit timeouts, no SDK retries.
+    /// Build the client: the standard AWS region, endpoint and credential
+    /// settings, explicit timeouts, no retries but the publisher's.
     pub async fn new(config: &SnsConfig) -> Result<Self, SnsSetupError> {
+        // The timeouts and retries here are those of the credential providers
+        // that call out (instance metadata, STS, SSO).
         let timeouts = TimeoutConfig::builder()
             .operation_timeout(config.operation_timeout)
             .operation_attempt_timeout(config.attempt_timeout)
@@ -73,131 +87,219 @@ impl SnsSink {
             .build();
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .timeout_config(timeouts)
-            .retry_config(RetryConfig::disabled());
+            .retry_config(RetryConfig::standard());
         if let Some(region) = config.region_or_arn() {
             loader = loader.region(Region::new(region.to_owned()));
         }
-        if !config.endpoint_url.is_empty() {
-            loader = loader.endpoint_url(&config.endpoint_url);
-        }
         let sdk = loader.load().await;
-        if sdk.region().is_none() {
+        let Some(region) = sdk.region() else {
             return Err(SnsSetupError {
                 key: "sns.region",
                 message: "no AWS region: set sns.region, or AWS_REGION".into(),
             });
-        }
+        };
+        let client = Client::new(
+            &sdk,
+            region.as_ref(),
+            &config.endpoint_url,
+            config.max_in_flight_batches,
+            config.attempt_timeout,
+        )?;
+        tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
         Ok(Self {
-            client: Client::new(&sdk),
+            client,
             attributes: config.attributes.clone(),
             in_flight: config.max_in_flight_batches,
             linger: config.linger,
+            operation_timeout: config.operation_timeout,
         })
     }
 
-    /// The request entry for `message` and its size in bytes.
-    fn entry(
-        &self,
+    /// The request entry for `message` (at `index` in its batch) and its
+    /// size in bytes as SNS counts it: body and attributes.
+    fn entry<'a>(
+        &'a self,
         index: usize,
-        message: &Message,
+        message: &'a Message,
         fifo: bool,
-    ) -> Result<(PublishBatchRequestEntry, usize), String> {
+    ) -> Result<(Entry<'a>, usize), String> {
         let event = &message.event;
         let body = std::str::from_utf8(&message.body)
             .map_err(|_| "the envelope is not UTF-8 text".to_owned())?;
         let mut size = body.len();
-        let mut entry = PublishBatchRequestEntry::builder()
-            .id(index.to_string())
-            .message(body);
-        let mut attribute = |name: &str, value: &str| {
+        let mut attributes = Vec::with_capacity(4 + self.attributes.len());
+        let mut attribute = |name: &'a str, value: Cow<'a, str>| {
             if value.is_empty() {
                 return; // SNS refuses empty attribute values
             }
             size += name.len() + "String".len() + value.len();
-            let value = MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value(value)
-                .build()
-                .expect("data_type is set");
-            entry = std::mem::take(&mut entry).message_attributes(name, value);
+            attributes.push((name, value));
         };
-        attribute("event_id", event.id.as_str());
-        attribute("event_type", event.event_type.as_str());
-        attribute("aggregate_type", event.aggregate_type.as_str());
-        attribute("aggregate_id", event.aggregate_id.as_str());
+        attribute("event_id", Cow::Borrowed(event.id.as_str()));
+        attribute("event_type", Cow::Borrowed(event.event_type.as_str()));
+        attribute(
+            "aggregate_type",
+            Cow::Borrowed(event.aggregate_type.as_str()),
+        );
+        attribute("aggregate_id", Cow::Borrowed(event.aggregate_id.as_str()));
         if !self.attributes.is_empty() {
             if let Some(headers) = &event.headers {
-                if let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
-                    headers.as_str(),
-                ) {
+                if let Ok(mut map) = serde_json::from_str::<
+                    serde_json::Map<String, serde_json::Value>,
+                >(headers.as_str())
+                {
                     for name in &self.attributes {
-                        if let Some(serde_json::Value::String(value)) = map.get(name) {
-                            attribute(name, value);
+                        if let Some(serde_json::Value::String(value)) = map.remove(name) {
+                            attribute(name, Cow::Owned(value));
                         }
                     }
                 }
             }
-        }
-        if fifo {
-            entry = entry
-                .message_group_id(fifo_id(event.group.as_str()))
-                .message_deduplication_id(fifo_id(event.id.as_str()));
         }
         if size > MAX_REQUEST_BYTES {
             return Err(format!(
                 "message too large: {size} bytes with attributes; SNS accepts at most {MAX_REQUEST_BYTES}"
             ));
         }
-        let entry = entry
-            .build()
-            .map_err(|e| format!("cannot build the publish entry: {e}"))?;
+        let fifo = fifo.then(|| (fifo_id(event.group.as_str()), fifo_id(event.id.as_str())));
+        let entry = Entry {
+            index,
+            message: body,
+            attributes,
+            fifo,
+        };
         Ok((entry, size))
     }
 
-    /// Send one request of `entries` (each with its index in `batch`); fill
-    /// `outcomes` for them. The entries move into the request: the rare path
-    /// that needs them again builds them anew from `batch`.
-    async fn send(
-        &self,
-        topic: &str,
-        batch: &[Message],
-        entries: Vec<(usize, PublishBatchRequestEntry)>,
-        outcomes: &mut [Option<Outcome>],
-    ) {
-        let (indices, request): (Vec<usize>, Vec<PublishBatchRequestEntry>) =
-            entries.into_iter().unzip();
-        let result = self
-            .client
-            .publish_batch()
-            .topic_arn(topic)
-            .set_publish_batch_request_entries(Some(request))
-            .send()
-            .await;
-        match result {
-            Ok(out) => {
-                for ok in out.successful() {
-                    if let Some(i) = ok.id().and_then(|id| id.parse::<usize>().ok()) {
-                        if let Some(slot) = outcomes.get_mut(i) {
-                            *slot = Some(Outcome::Delivered);
-                        }
+    /// Send one request of `entries`; fill `outcomes` for them (at the
+    /// entries' indices).
+    async fn send(&self, topic: &str, entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>]) {
+        let body = protocol::publish_batch_body(topic, entries);
+        let answer =
+            match tokio::time::timeout(self.operation_timeout, self.client.call(body)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(CallError::Timeout {
+                    endpoint: self.client.endpoint().to_owned(),
+                    timeout: self.operation_timeout,
+                }),
+            };
+        let (status, body) = match answer {
+            Ok(answer) => answer,
+            Err(error) => {
+                let reason = error.to_string();
+                if matches!(error, CallError::Credentials(_) | CallError::Signing(_)) {
+                    tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
+                }
+                for entry in entries {
+                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                }
+                return;
+            }
+        };
+        if status.is_success() {
+            self.read_results(topic, &body, entries, outcomes);
+            return;
+        }
+        let (code, reason) = match protocol::parse_error(&body) {
+            Some((code, message)) => {
+                let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                (Some(code), reason)
+            }
+            None => (
+                None,
+                format!(
+                    "HTTP {status} from {}: {}",
+                    self.client.endpoint(),
+                    String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+                ),
+            ),
+        };
+        let class = match &code {
+            _ if status.is_server_error() => Class::Transient,
+            Some(code) => class_of(code),
+            None => Class::Transient,
+        };
+        match class {
+            Class::Permanent if code.as_deref() == Some("NotFound") => {
+                let reason = format!(
+                    "topic {topic} does not exist ({reason}): create it or fix the routing"
+                );
+                for entry in entries {
+                    outcomes[entry.index] = Some(Outcome::Rejected(reason.clone()));
+                }
+            }
+            Class::Permanent if entries.len() == 1 => {
+                outcomes[entries[0].index] = Some(Outcome::Rejected(reason));
+            }
+            Class::Permanent => {
+                // Find the culprit: each entry alone, in order; after a
+                // transient failure the rest wait, so nothing overtakes it.
+                let mut pending: Option<String> = None;
+                for entry in entries {
+                    if let Some(reason) = &pending {
+                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                        continue;
+                    }
+                    Box::pin(self.send(topic, std::slice::from_ref(entry), outcomes)).await;
+                    if let Some(Outcome::Retryable(reason)) = &outcomes[entry.index] {
+                        pending = Some(reason.clone());
                     }
                 }
-                for failed in out.failed() {
-                    let Some(slot) = failed
-                        .id()
-                        .parse::<usize>()
-                        .ok()
-                        .and_then(|i| outcomes.get_mut(i))
-                    else {
-                        continue;
-                    };
-                    let reason = format!(
-                        "{}: {}",
-                        failed.code(),
-                        failed.message().unwrap_or("no message")
-                    );
-                    *slot = Some(match class_of(failed.code()) {
-                        Class::Permanent if failed.sender_fault() => Outcome::Rejected(reason),
+            }
+            Class::Auth => {
+                tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
+                for entry in entries {
+                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                }
+            }
+            Class::Transient => {
+                for entry in entries {
+                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                }
+            }
+        }
+    }
+
+    /// The outcomes a successful `PublishBatch` answer gives `entries`.
+    fn read_results(
+        &self,
+        topic: &str,
+        body: &[u8],
+        entries: &[Entry<'_>],
+        outcomes: &mut [Option<Outcome>],
+    ) {
+        let results = match protocol::parse_publish_batch(body) {
+            Ok(results) => results,
+            Err(error) => {
+                let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
+                for entry in entries {
+                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                }
+                return;
+            }
+        };
+        let ours = |id: &str| {
+            id.parse::<usize>()
+                .ok()
+                .filter(|i| entries.iter().any(|e| e.index == *i))
+        };
+        for result in results {
+            match result {
+                EntryResult::Published { id } => {
+                    if let Some(i) = ours(&id) {
+                        outcomes[i] = Some(Outcome::Delivered);
+                    }
+                }
+                EntryResult::Failed {
+                    id,
+                    code,
+                    message,
+                    sender_fault,
+                } => {
+                    let Some(i) = ours(&id) else { continue };
+                    let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                    outcomes[i] = Some(match class_of(&code) {
+                        Class::Permanent if sender_fault => Outcome::Rejected(reason),
                         Class::Auth => {
                             tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
                             Outcome::Retryable(reason)
@@ -205,71 +307,13 @@ impl SnsSink {
                         _ => Outcome::Retryable(reason),
                     });
                 }
-                for i in &indices {
-                    if outcomes[*i].is_none() {
-                        outcomes[*i] = Some(Outcome::Retryable(
-                            "SNS did not answer for the entry".into(),
-                        ));
-                    }
-                }
             }
-            Err(error) => {
-                let code = error.code().map(str::to_owned);
-                let reason = match (&code, error.message()) {
-                    (Some(code), Some(message)) => format!("{code}: {message}"),
-                    _ => DisplayErrorContext(&error).to_string(),
-                };
-                let class = match &error {
-                    SdkError::ServiceError(_) => code.as_deref().map_or(Class::Transient, class_of),
-                    SdkError::ConstructionFailure(_) => Class::Auth, // typically: no credentials
-                    _ => Class::Transient,
-                };
-                match class {
-                    Class::Permanent if code.as_deref() == Some("NotFound") => {
-                        let reason = format!(
-                            "topic {topic} does not exist ({reason}): create it or fix the routing"
-                        );
-                        for i in &indices {
-                            outcomes[*i] = Some(Outcome::Rejected(reason.clone()));
-                        }
-                    }
-                    Class::Permanent if indices.len() == 1 => {
-                        outcomes[indices[0]] = Some(Outcome::Rejected(reason));
-                    }
-                    Class::Permanent => {
-                        // Find the culprit: each entry alone, in order; after a
-                        // transient failure the rest wait, so nothing overtakes it.
-                        let mut pending: Option<String> = None;
-                        for i in indices {
-                            if let Some(reason) = &pending {
-                                outcomes[i] = Some(Outcome::Retryable(reason.clone()));
-                                continue;
-                            }
-                            let entry = match self.entry(i, &batch[i], topic.ends_with(".fifo")) {
-                                Ok((entry, _)) => entry,
-                                Err(reason) => {
-                                    outcomes[i] = Some(Outcome::Rejected(reason));
-                                    continue;
-                                }
-                            };
-                            Box::pin(self.send(topic, batch, vec![(i, entry)], outcomes)).await;
-                            if let Some(Outcome::Retryable(reason)) = &outcomes[i] {
-                                pending = Some(reason.clone());
-                            }
-                        }
-                    }
-                    Class::Auth => {
-                        tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                        for i in &indices {
-                            outcomes[*i] = Some(Outcome::Retryable(reason.clone()));
-                        }
-                    }
-                    Class::Transient => {
-                        for i in &indices {
-                            outcomes[*i] = Some(Outcome::Retryable(reason.clone()));
-                        }
-                    }
-                }
+        }
+        for entry in entries {
+            if outcomes[entry.index].is_none() {
+                outcomes[entry.index] = Some(Outcome::Retryable(
+                    "SNS did not answer for the entry".into(),
+                ));
             }
         }
     }
@@ -370,7 +414,7 @@ impl Sink for SnsSink {
                         requests.push(std::mem::take(&mut request));
                         request_bytes = 0;
                     }
-                    request.push((i, entry));
+                    request.push(entry);
                     request_bytes += size;
                 }
                 Err(reason) => outcomes[i] = Some(Outcome::Rejected(reason)),
@@ -387,11 +431,11 @@ impl Sink for SnsSink {
             match retry_pending {
                 // An earlier request failed: later ones wait, so nothing overtakes it.
                 Some(reason) => {
-                    for (i, _) in request {
-                        outcomes[i] = Some(Outcome::Retryable(reason.clone()));
+                    for entry in request {
+                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
                     }
                 }
-                None => self.send(&topic, batch, request, &mut outcomes).await,
+                None => self.send(&topic, &request, &mut outcomes).await,
             }
         }
         outcomes
