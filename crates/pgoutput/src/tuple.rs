@@ -65,9 +65,18 @@ impl TupleData {
     }
 
     /// The value of column `index` (0-based), or `None` past the last column.
-    /// Walks the columns before it.
+    /// Steps over the columns before it without making values of them (a
+    /// value holds a reference-counted slice: making and dropping one for
+    /// every earlier column made a row's fields quadratic in atomic counts).
     pub fn get(&self, index: usize) -> Option<Value> {
-        self.iter().nth(index)
+        if index >= self.len() {
+            return None;
+        }
+        let mut reader = Reader::new(&self.columns, 0, "TupleData");
+        for _ in 0..index {
+            read_column(&mut reader).ok()?;
+        }
+        Some(read_column(&mut reader).ok()?.into_value(&self.columns))
     }
 
     /// Reads and validates a complete `TupleData` (count and columns) at the

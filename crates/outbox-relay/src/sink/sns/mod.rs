@@ -124,8 +124,7 @@ impl SnsSink {
         fifo: bool,
     ) -> Result<(Entry<'a>, usize), String> {
         let event = &message.event;
-        let body = std::str::from_utf8(&message.body)
-            .map_err(|_| "the envelope is not UTF-8 text".to_owned())?;
+        let body = &message.body[..];
         let mut size = body.len();
         let mut attributes = Vec::with_capacity(4 + self.attributes.len());
         let mut attribute = |name: &'a str, value: Cow<'a, str>| {
@@ -278,15 +277,11 @@ impl SnsSink {
                 return;
             }
         };
-        let ours = |id: &str| {
-            id.parse::<usize>()
-                .ok()
-                .filter(|i| entries.iter().any(|e| e.index == *i))
-        };
+        let ours = |id: Option<usize>| id.filter(|i| entries.iter().any(|e| e.index == *i));
         for result in results {
             match result {
                 EntryResult::Published { id } => {
-                    if let Some(i) = ours(&id) {
+                    if let Some(i) = ours(id) {
                         outcomes[i] = Some(Outcome::Delivered);
                     }
                 }
@@ -296,7 +291,7 @@ impl SnsSink {
                     message,
                     sender_fault,
                 } => {
-                    let Some(i) = ours(&id) else { continue };
+                    let Some(i) = ours(id) else { continue };
                     let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
                     outcomes[i] = Some(match class_of(&code) {
                         Class::Permanent if sender_fault => Outcome::Rejected(reason),

@@ -15,8 +15,9 @@ use aws_smithy_xml::decode::{try_data, Document, ScopedDecoder, XmlDecodeError};
 pub struct Entry<'a> {
     /// The entry id: the message's index in the sink's batch.
     pub index: usize,
-    /// The message body.
-    pub message: &'a str,
+    /// The message body (UTF-8 text, as SNS requires: envelopes are JSON or
+    /// base64, so they are by construction; SNS rejects anything else).
+    pub message: &'a [u8],
     /// `String` message attributes: name and (non-empty) value.
     pub attributes: Vec<(&'a str, Cow<'a, str>)>,
     /// FIFO topics: `MessageGroupId` and `MessageDeduplicationId`.
@@ -27,42 +28,45 @@ pub struct Entry<'a> {
 pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
     let estimate = entries
         .iter()
-        .map(|e| e.message.len() * 3 / 2 + 400)
+        .map(|e| e.message.len() * 3 / 2 + 600)
         .sum::<usize>()
         + 200;
     let mut body = Vec::with_capacity(estimate);
     body.extend_from_slice(b"Action=PublishBatch&Version=2010-03-31&TopicArn=");
-    encode(&mut body, topic);
+    encode(&mut body, topic.as_bytes());
+    let (mut member, mut id, mut attribute) = (
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+        itoa::Buffer::new(),
+    );
     for (n, entry) in entries.iter().enumerate() {
-        let member = n + 1;
-        let field = |body: &mut Vec<u8>, name: std::fmt::Arguments<'_>, value: &str| {
-            use std::io::Write as _;
-            write!(body, "&PublishBatchRequestEntries.member.{member}.{name}=")
-                .expect("writing to a Vec");
+        let member = member.format(n + 1).as_bytes();
+        // `&PublishBatchRequestEntries.member.<n>.<field>=<value>`
+        let field = |body: &mut Vec<u8>, field: &[&[u8]], value: &[u8]| {
+            body.extend_from_slice(b"&PublishBatchRequestEntries.member.");
+            body.extend_from_slice(member);
+            body.push(b'.');
+            for part in field {
+                body.extend_from_slice(part);
+            }
+            body.push(b'=');
             encode(body, value);
         };
-        field(&mut body, format_args!("Id"), &entry.index.to_string());
-        field(&mut body, format_args!("Message"), entry.message);
+        field(&mut body, &[b"Id"], id.format(entry.index).as_bytes());
+        field(&mut body, &[b"Message"], entry.message);
         if let Some((group, dedup)) = &entry.fifo {
-            field(&mut body, format_args!("MessageGroupId"), group);
-            field(&mut body, format_args!("MessageDeduplicationId"), dedup);
+            field(&mut body, &[b"MessageGroupId"], group.as_bytes());
+            field(&mut body, &[b"MessageDeduplicationId"], dedup.as_bytes());
         }
         for (k, (name, value)) in entry.attributes.iter().enumerate() {
-            let k = k + 1;
+            let k = attribute.format(k + 1).as_bytes();
+            let prefix: &[u8] = b"MessageAttributes.entry.";
+            field(&mut body, &[prefix, k, b".Name"], name.as_bytes());
+            field(&mut body, &[prefix, k, b".Value.DataType"], b"String");
             field(
                 &mut body,
-                format_args!("MessageAttributes.entry.{k}.Name"),
-                name,
-            );
-            field(
-                &mut body,
-                format_args!("MessageAttributes.entry.{k}.Value.DataType"),
-                "String",
-            );
-            field(
-                &mut body,
-                format_args!("MessageAttributes.entry.{k}.Value.StringValue"),
-                value,
+                &[prefix, k, b".Value.StringValue"],
+                value.as_bytes(),
             );
         }
     }
@@ -71,32 +75,45 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
 
 /// Percent-encode `value` onto `out`, leaving only RFC 3986's unreserved
 /// characters as they are.
-fn encode(out: &mut Vec<u8>, value: &str) {
+///
+/// Byte by byte into reserved room: JSON has a character to escape every few
+/// bytes, so copying runs would mostly copy runs of two or three.
+fn encode(out: &mut Vec<u8>, value: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    let bytes = value.as_bytes();
-    let mut plain = 0; // start of the current run of unreserved bytes
-    for (i, &b) in bytes.iter().enumerate() {
-        if !(b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')) {
-            out.extend_from_slice(&bytes[plain..i]);
+    out.reserve(value.len() * 3);
+    for &b in value {
+        if UNRESERVED[usize::from(b)] {
+            out.push(b);
+        } else {
             out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
-            plain = i + 1;
         }
     }
-    out.extend_from_slice(&bytes[plain..]);
 }
+
+/// `A-Z a-z 0-9 - . _ ~`.
+const UNRESERVED: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric() || matches!(c, b'-' | b'.' | b'_' | b'~');
+        b += 1;
+    }
+    table
+};
 
 /// What SNS said about one entry of a `PublishBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EntryResult {
     /// Listed under `Successful`.
     Published {
-        /// The entry id.
-        id: String,
+        /// The entry id (ours are numbers; any other is `None`).
+        id: Option<usize>,
     },
     /// Listed under `Failed`.
     Failed {
-        /// The entry id.
-        id: String,
+        /// The entry id (ours are numbers; any other is `None`).
+        id: Option<usize>,
         /// SNS's error code, e.g. `InvalidParameter`.
         code: String,
         /// SNS's explanation, when it gave one.
@@ -116,7 +133,7 @@ pub fn parse_publish_batch(xml: &[u8]) -> Result<Vec<EntryResult>, XmlDecodeErro
             root.start_el().local()
         )));
     }
-    let mut results = Vec::new();
+    let mut results = Vec::with_capacity(10);
     while let Some(mut tag) = root.next_tag() {
         if !tag.start_el().matches("PublishBatchResult") {
             continue;
@@ -131,16 +148,27 @@ pub fn parse_publish_batch(xml: &[u8]) -> Result<Vec<EntryResult>, XmlDecodeErro
                     continue;
                 }
                 let (mut id, mut code, mut message, mut sender_fault) =
-                    (String::new(), String::new(), None, false);
+                    (None, String::new(), None, false);
                 while let Some(mut field) = member.next_tag() {
-                    let name = field.start_el().local().to_owned();
-                    let text = try_data(&mut field)?.into_owned();
-                    match name.as_str() {
-                        "Id" => id = text,
-                        "Code" => code = text,
-                        "Message" => message = Some(text),
-                        "SenderFault" => sender_fault = text.trim() == "true",
-                        _ => {}
+                    enum Field {
+                        Id,
+                        Code,
+                        Message,
+                        SenderFault,
+                    }
+                    let which = match field.start_el().local() {
+                        "Id" => Field::Id,
+                        "Code" if !successful => Field::Code,
+                        "Message" if !successful => Field::Message,
+                        "SenderFault" if !successful => Field::SenderFault,
+                        _ => continue, // MessageId, SequenceNumber: not needed
+                    };
+                    let text = try_data(&mut field)?;
+                    match which {
+                        Field::Id => id = text.trim().parse::<usize>().ok(),
+                        Field::Code => code = text.into_owned(),
+                        Field::Message => message = Some(text.into_owned()),
+                        Field::SenderFault => sender_fault = text.trim() == "true",
                     }
                 }
                 results.push(if successful {
@@ -230,7 +258,7 @@ mod tests {
         let entries = [
             Entry {
                 index: 3,
-                message,
+                message: message.as_bytes(),
                 attributes: vec![
                     ("event_id", Cow::Borrowed("e-1")),
                     ("traceparent", Cow::Owned("00-ab cd".into())),
@@ -239,7 +267,7 @@ mod tests {
             },
             Entry {
                 index: 4,
-                message: "x",
+                message: b"x",
                 attributes: vec![],
                 fifo: None,
             },
@@ -292,6 +320,7 @@ mod tests {
     <Successful>
       <member><Id>0</Id><MessageId>m-0</MessageId><SequenceNumber>1</SequenceNumber></member>
       <member><MessageId>m-2</MessageId><Id>2</Id></member>
+      <member><Id>x-9</Id></member>
     </Successful>
   </PublishBatchResult>
   <ResponseMetadata><RequestId>r</RequestId></ResponseMetadata>
@@ -300,13 +329,14 @@ mod tests {
             parse_publish_batch(xml).unwrap(),
             vec![
                 EntryResult::Failed {
-                    id: "1".into(),
+                    id: Some(1),
                     code: "InvalidParameter".into(),
                     message: Some("Message too long & bad".into()),
                     sender_fault: true,
                 },
-                EntryResult::Published { id: "0".into() },
-                EntryResult::Published { id: "2".into() },
+                EntryResult::Published { id: Some(0) },
+                EntryResult::Published { id: Some(2) },
+                EntryResult::Published { id: None },
             ]
         );
         assert!(parse_publish_batch(b"<ErrorResponse/>").is_err());
