@@ -45,9 +45,9 @@ pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};
 pub use sns::{
-    aws_env, error_text, moto_endpoint, queue_depth, receive_all, sdk_config, shared_moto_endpoint,
-    sns_client, sqs_client, topic_with_queue, unique_name, Moto, Received, SharedEndpoint, Topic,
-    ENV_SNS_URL, MOTO_ACCOUNT_ID, TEST_REGION,
+    aws_env, error_text, moto_endpoint, queue_depth, receive_all, sdk_config, sdk_config_as,
+    shared_moto_endpoint, sns_client, sqs_client, sqs_client_as, topic_with_queue, unique_name,
+    AccessKey, Moto, Received, SharedEndpoint, Topic, ENV_SNS_URL, MOTO_ACCOUNT_ID, TEST_REGION,
 };
 
 /// What a [`wait_until`] condition returns: `true`, `Some(v)` or `Ok(v)` means done.

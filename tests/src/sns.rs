@@ -70,8 +70,41 @@
 //! - `PublishBatch` entries failing for a reason other than `InvalidParameter`
 //!   (e.g. a `Subject` over 100 characters) are dropped silently: neither in
 //!   `Successful` nor in `Failed`.
-//! - moto accepts any credentials and does not check signatures; throttling
-//!   and server errors never happen: use [`crate::FaultProxy`] for those.
+//! - moto accepts any credentials and does not check signatures (unless a
+//!   test turns that on for a server of its own, see below); throttling and
+//!   server errors never happen: use [`crate::FaultProxy`] for those.
+//!
+//! # Signature checks (a private server only)
+//!
+//! [`Moto::enforce_signatures`] makes the server check every request from
+//! then on, as IAM would: the access key must belong to an IAM user
+//! ([`Moto::iam_user`]) or to STS credentials ([`Moto::assume_role`]; the
+//! `X-Amz-Security-Token` header must then carry their session token), the
+//! SigV4 signature must match, and the key's policies must allow the action.
+//! It applies to the whole server, so never call it on the shared one. What
+//! moto 5.2.1 checks and what it does not:
+//! - It recomputes the signature with botocore over the headers the request
+//!   lists in `SignedHeaders`, taking their values as received, and over the
+//!   body. So a changed body, a changed signed header, or a `Host` (port
+//!   included) other than the one signed all give `SignatureDoesNotMatch`;
+//!   an unknown key gives `InvalidClientTokenId`, and so do STS keys without
+//!   their token or with a wrong one.
+//! - **A form body (query protocol: SNS, IAM, STS) is hashed as moto
+//!   re-encodes it** from the parsed form with Python's `urlencode` (space as
+//!   `+`, upper-case hex, `~` as is), not as it was sent. A correctly signed
+//!   body encoded otherwise, e.g. a space as `%20` (RFC 3986; the Rust SDK
+//!   writes that), fails with `SignatureDoesNotMatch`; AWS hashes the bytes it
+//!   received. The relay encodes as botocore does, so this holds for it; JSON
+//!   bodies (SQS) are hashed as sent.
+//! - It does not check the clock: an `X-Amz-Date` of 2001 passes (AWS refuses
+//!   more than 15 minutes of skew). Region and service are read from the
+//!   credential scope and not compared with anything (the scope also routes
+//!   the request: a scope of `eu-west-1` reaches moto's `eu-west-1` backend).
+//! - The permission checked is `service:<Action>`, e.g. `sns:PublishBatch`,
+//!   where AWS checks `sns:Publish` for `PublishBatch`: the policies made here
+//!   allow `sns:*` and `sqs:*`.
+//! - Its errors come as XML even for SQS's JSON protocol (boto3 shows them as
+//!   an unparsed 403).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -217,6 +250,280 @@ impl Moto {
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
+
+    /// Creates IAM user `name` with an access key and an inline policy that
+    /// allows `sns:*` and `sqs:*`; the key. Call it before
+    /// [`Moto::enforce_signatures`] (the IAM calls are not signed). Panics on
+    /// errors.
+    pub async fn iam_user(&self, name: &str) -> AccessKey {
+        self.query(
+            "iam",
+            IAM_VERSION,
+            &[("Action", "CreateUser"), ("UserName", name)],
+        )
+        .await;
+        self.query(
+            "iam",
+            IAM_VERSION,
+            &[
+                ("Action", "PutUserPolicy"),
+                ("UserName", name),
+                ("PolicyName", "sns-sqs"),
+                ("PolicyDocument", SNS_SQS_POLICY),
+            ],
+        )
+        .await;
+        let answer = self
+            .query(
+                "iam",
+                IAM_VERSION,
+                &[("Action", "CreateAccessKey"), ("UserName", name)],
+            )
+            .await;
+        AccessKey {
+            id: xml_text(&answer, "AccessKeyId"),
+            secret: xml_text(&answer, "SecretAccessKey"),
+            session_token: None,
+        }
+    }
+
+    /// Creates IAM role `name` (trusting this account, with an inline policy
+    /// that allows `sns:*` and `sqs:*`) and assumes it through STS; the
+    /// temporary credentials, session token included, valid for an hour.
+    /// Call it before [`Moto::enforce_signatures`]. Panics on errors.
+    pub async fn assume_role(&self, name: &str) -> AccessKey {
+        let trust = format!(
+            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Principal":{{"AWS":"arn:aws:iam::{MOTO_ACCOUNT_ID}:root"}},"Action":"sts:AssumeRole"}}]}}"#
+        );
+        self.query(
+            "iam",
+            IAM_VERSION,
+            &[
+                ("Action", "CreateRole"),
+                ("RoleName", name),
+                ("AssumeRolePolicyDocument", &trust),
+            ],
+        )
+        .await;
+        self.query(
+            "iam",
+            IAM_VERSION,
+            &[
+                ("Action", "PutRolePolicy"),
+                ("RoleName", name),
+                ("PolicyName", "sns-sqs"),
+                ("PolicyDocument", SNS_SQS_POLICY),
+            ],
+        )
+        .await;
+        let role_arn = format!("arn:aws:iam::{MOTO_ACCOUNT_ID}:role/{name}");
+        let answer = self
+            .query(
+                "sts",
+                "2011-06-15",
+                &[
+                    ("Action", "AssumeRole"),
+                    ("RoleArn", &role_arn),
+                    ("RoleSessionName", "outbox-relay-test"),
+                ],
+            )
+            .await;
+        AccessKey {
+            id: xml_text(&answer, "AccessKeyId"),
+            secret: xml_text(&answer, "SecretAccessKey"),
+            session_token: Some(xml_text(&answer, "SessionToken")),
+        }
+    }
+
+    /// From now on every request to this server must be signed (SigV4) by a
+    /// key its IAM knows, and be allowed by that key's policies (see the
+    /// module docs for what is checked). For the server of one test only:
+    /// it cannot be turned off, and the shared server would fail every other
+    /// test. Panics on errors.
+    pub async fn enforce_signatures(&self) {
+        // The number of requests still let through unchecked: none.
+        let port = self.port;
+        let (status, body) = tokio::task::spawn_blocking(move || {
+            http_post(
+                port,
+                "/moto-api/reset-auth",
+                &[("Content-Type", "text/plain")],
+                "0",
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("POST /moto-api/reset-auth: {e}"))
+        .unwrap_or_else(|e| panic!("POST /moto-api/reset-auth: {e}"));
+        assert_eq!(status, 200, "POST /moto-api/reset-auth: {body}");
+    }
+
+    /// An unsigned query-protocol call (IAM, STS); the answer's body. moto
+    /// finds the service by the credential scope of the `Authorization`
+    /// header, so the call carries one with a dummy signature: only accepted
+    /// before [`Moto::enforce_signatures`]. Panics unless the answer is 200.
+    async fn query(&self, service: &str, version: &str, params: &[(&str, &str)]) -> String {
+        let mut form = format!("Version={version}");
+        for (name, value) in params {
+            form.push_str(&format!("&{name}={}", form_encode(value)));
+        }
+        let authorization = format!(
+            "AWS4-HMAC-SHA256 Credential=test/20240101/{TEST_REGION}/{service}/aws4_request, \
+             SignedHeaders=host, Signature=0"
+        );
+        let port = self.port;
+        let call = form.clone();
+        let (status, body) = tokio::task::spawn_blocking(move || {
+            http_post(
+                port,
+                "/",
+                &[
+                    (
+                        "Content-Type",
+                        "application/x-www-form-urlencoded; charset=utf-8",
+                    ),
+                    ("Authorization", &authorization),
+                ],
+                &call,
+            )
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{service} {form}: {e}"))
+        .unwrap_or_else(|e| panic!("{service} {form}: {e}"));
+        assert_eq!(status, 200, "{service} {form}: HTTP {status}: {body}");
+        body
+    }
+}
+
+/// The API version of IAM's query protocol.
+const IAM_VERSION: &str = "2010-05-08";
+/// The policy of the users and roles made by [`Moto::iam_user`] and [`Moto::assume_role`].
+const SNS_SQS_POLICY: &str = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":["sns:*","sqs:*"],"Resource":"*"}]}"#;
+
+/// AWS credentials of a [`Moto`] server's IAM: an IAM user's access key, or
+/// STS temporary credentials (with a session token).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AccessKey {
+    /// `AKIA…` (IAM user) or `ASIA…` (STS).
+    pub id: String,
+    /// The secret access key.
+    pub secret: String,
+    /// The session token of STS credentials.
+    pub session_token: Option<String>,
+}
+
+impl AccessKey {
+    /// The same key with another secret: what a misconfigured client signs with.
+    pub fn with_secret(&self, secret: &str) -> AccessKey {
+        AccessKey {
+            secret: secret.to_owned(),
+            ..self.clone()
+        }
+    }
+
+    /// The key as SDK credentials.
+    pub fn credentials(&self) -> Credentials {
+        Credentials::new(
+            &self.id,
+            &self.secret,
+            self.session_token.clone(),
+            None,
+            "moto-iam",
+        )
+    }
+
+    /// [`aws_env`] with this key instead of the static test credentials;
+    /// `AWS_SESSION_TOKEN` is always set (empty without a token), so none is
+    /// inherited.
+    pub fn env(&self, endpoint: &str) -> Vec<(&'static str, String)> {
+        let mut env = aws_env(endpoint);
+        for (name, value) in &mut env {
+            match *name {
+                "AWS_ACCESS_KEY_ID" => value.clone_from(&self.id),
+                "AWS_SECRET_ACCESS_KEY" => value.clone_from(&self.secret),
+                _ => {}
+            }
+        }
+        env.push((
+            "AWS_SESSION_TOKEN",
+            self.session_token.clone().unwrap_or_default(),
+        ));
+        env
+    }
+}
+
+impl fmt::Debug for AccessKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccessKey")
+            .field("id", &self.id)
+            .field("session_token", &self.session_token.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The text of the first `<tag>…</tag>` in `xml` (no entities in what is
+/// read here: keys, secrets, base64 tokens). Panics when there is none.
+fn xml_text(xml: &str, tag: &str) -> String {
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    xml.split_once(&open)
+        .and_then(|(_, rest)| rest.split_once(&close))
+        .map(|(text, _)| text.to_owned())
+        .unwrap_or_else(|| panic!("no <{tag}> in the answer: {xml}"))
+}
+
+/// `application/x-www-form-urlencoded` value: everything but the unreserved
+/// characters percent-encoded.
+fn form_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// POSTs `body` to `path` on 127.0.0.1:`port` (HTTP/1.1, one connection,
+/// closed after the answer) with `headers`; the answer's status and body.
+fn http_post(
+    port: u16,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<(u16, String), String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| format!("connect to {addr}: {e}"))?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream
+        .write_all(request.as_bytes())
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .map_err(|e| format!("read the answer: {e}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("not an HTTP answer: {answer}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
 }
 
 impl Drop for Moto {
@@ -372,9 +679,23 @@ pub fn unique_name(prefix: &str) -> String {
 /// (standard mode, 3 attempts). Start from it to change retries or timeouts:
 /// `aws_sdk_sns::config::Builder::from(&sdk_config(ep).await).retry_config(…)`.
 pub async fn sdk_config(endpoint: &str) -> SdkConfig {
+    sdk_config_with(
+        endpoint,
+        Credentials::new("test", "test", None, None, "static"),
+    )
+    .await
+}
+
+/// [`sdk_config`] signing with `key`: for a [`Moto`] that checks signatures
+/// ([`Moto::enforce_signatures`]).
+pub async fn sdk_config_as(endpoint: &str, key: &AccessKey) -> SdkConfig {
+    sdk_config_with(endpoint, key.credentials()).await
+}
+
+async fn sdk_config_with(endpoint: &str, credentials: Credentials) -> SdkConfig {
     aws_config::defaults(BehaviorVersion::latest())
         .region(Region::new(TEST_REGION))
-        .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+        .credentials_provider(credentials)
         .endpoint_url(endpoint)
         .load()
         .await
@@ -388,6 +709,11 @@ pub async fn sns_client(endpoint: &str) -> aws_sdk_sns::Client {
 /// An SQS client for `endpoint` (see [`sdk_config`]).
 pub async fn sqs_client(endpoint: &str) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::new(&sdk_config(endpoint).await)
+}
+
+/// An SQS client for `endpoint` signing with `key` (see [`sdk_config_as`]).
+pub async fn sqs_client_as(endpoint: &str, key: &AccessKey) -> aws_sdk_sqs::Client {
+    aws_sdk_sqs::Client::new(&sdk_config_as(endpoint, key).await)
 }
 
 /// Environment for a child process (the relay) using `endpoint` through the

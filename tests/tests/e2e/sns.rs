@@ -543,3 +543,203 @@ async fn a_dropped_slot_is_recreated_and_every_event_written_meanwhile_reaches_s
     );
     relay.stop().await;
 }
+
+/// The relay binary publishing as `config` says, signing with `key` (given
+/// through the standard AWS variables, as in production).
+fn relay_signing_as(
+    config: &std::path::Path,
+    endpoint: &str,
+    key: &sns::AccessKey,
+) -> RelayProcess {
+    let env = key.env(endpoint);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env)
+}
+
+/// `(publish_state, rows)` of the outbox, by state.
+async fn publish_states(outbox: &Outbox) -> Vec<(String, i64)> {
+    outbox
+        .sql
+        .query(
+            "SELECT publish_state, count(*) FROM outbox GROUP BY 1 ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// Inserts `txs` transactions of `per_tx` events of one aggregate (one FIFO
+/// group, so one order for all); `(id, aggregate)` in commit order. The
+/// payloads have what a form body must encode: spaces (jsonb prints objects
+/// with them), quotes, `+`, `~`, `/` and non-ASCII text.
+async fn insert_signed(outbox: &Outbox, txs: usize, per_tx: i32) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for _ in 0..txs {
+        let rows = outbox
+            .sql
+            .query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', 'agg-0', 'E', \
+                        jsonb_build_object('n', n, 'note', 'a b+c ~ d/e « é »') \
+                 FROM generate_series(1, $1) AS n \
+                 ORDER BY n RETURNING id::text",
+                &[&per_tx],
+            )
+            .await
+            .expect("insert outbox rows");
+        out.extend(rows.iter().map(|r| (r.get(0), "agg-0".to_owned())));
+    }
+    out
+}
+
+/// A moto server of the test's own with a FIFO topic and queue for `outbox`:
+/// checking signatures on the shared server would fail every other test.
+async fn private_moto(outbox: &Outbox) -> (sns::Moto, Topic) {
+    let moto = tokio::task::spawn_blocking(sns::Moto::start)
+        .await
+        .expect("start moto");
+    let topic = fifo(outbox, &moto.endpoint()).await;
+    (moto, topic)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signatures_checked_a_wrong_secret_publishes_nothing_and_the_right_one_delivers_everything_in_order(
+) {
+    let outbox = Outbox::new().await;
+    let (moto, topic) = private_moto(&outbox).await;
+    let endpoint = moto.endpoint();
+    let user = moto.iam_user("outbox-relay").await;
+    moto.enforce_signatures().await;
+    let sqs = sns::sqs_client_as(&endpoint, &user).await;
+    let unsigned = sns::sqs_client(&endpoint)
+        .await
+        .get_queue_url()
+        .queue_name(topic.queue_url.rsplit('/').next().unwrap())
+        .send()
+        .await;
+    assert!(unsigned.is_err(), "moto checks the test credentials now");
+    let config = outbox.config_file(&sns_toml(&endpoint, &topic.arn, ""));
+
+    // The right key id with a wrong secret: every publish is refused, retried,
+    // logged, and nothing is acknowledged.
+    let mut wrong = relay_signing_as(
+        &config,
+        &endpoint,
+        &user.with_secret("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+    );
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert_signed(&outbox, 3, 2).await;
+    wait_until(
+        Duration::from_secs(15),
+        "the relay logs SignatureDoesNotMatch",
+        || async { wrong.stderr_text().contains("SignatureDoesNotMatch") },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        publish_states(&outbox).await,
+        [("PENDING".to_owned(), 6)],
+        "nothing is published with a wrong secret"
+    );
+    assert_eq!(sns::queue_depth(&sqs, &topic.queue_url).await, 0);
+    let first = outbox.commits().await[0].end_lsn;
+    assert!(
+        outbox.confirmed_flush().await < first,
+        "nothing acknowledged"
+    );
+    assert!(
+        wrong.is_running(),
+        "an authorization error is retried, not fatal"
+    );
+    let log = wrong.stderr_text();
+    let refusal = log
+        .lines()
+        .find(|l| l.contains("SignatureDoesNotMatch"))
+        .unwrap();
+    assert!(
+        refusal.contains("ERROR") && refusal.contains("refused the credentials"),
+        "logged as an error: {refusal}"
+    );
+    wrong.kill9();
+    outbox.wait_slot_active(false).await;
+
+    // The right secret: the backlog, then events written while it runs.
+    let mut relay = relay_signing_as(&config, &endpoint, &user);
+    let mut received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(20),
+    )
+    .await;
+    expected.extend(insert_signed(&outbox, 2, 2).await);
+    received.extend(sns::receive_all(&sqs, &topic.queue_url, 4, Duration::from_secs(20)).await);
+    assert_eq!(
+        envelopes(&received),
+        expected,
+        "all of them, in commit order"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "every row is PUBLISHED",
+        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 10)] },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
+    let log = relay.stderr_text();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    assert!(!log.contains("refused"), "no publish was refused: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_signatures_checked_sts_credentials_publish_with_their_session_token() {
+    let outbox = Outbox::new().await;
+    let (moto, topic) = private_moto(&outbox).await;
+    let endpoint = moto.endpoint();
+    let role = moto.assume_role("outbox-relay").await;
+    moto.enforce_signatures().await;
+    let sqs = sns::sqs_client_as(&endpoint, &role).await;
+    let without_token = sns::AccessKey {
+        session_token: None,
+        ..role.clone()
+    };
+    let refused = sns::sqs_client_as(&endpoint, &without_token)
+        .await
+        .get_queue_url()
+        .queue_name(topic.queue_url.rsplit('/').next().unwrap())
+        .send()
+        .await;
+    assert!(refused.is_err(), "STS keys are refused without their token");
+    let config = outbox.config_file(&sns_toml(&endpoint, &topic.arn, ""));
+
+    let mut relay = relay_signing_as(&config, &endpoint, &role);
+    outbox.wait_slot_active(true).await;
+    let expected = insert_signed(&outbox, 3, 2).await;
+    let received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        envelopes(&received),
+        expected,
+        "all of them, in commit order"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "every row is PUBLISHED",
+        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 6)] },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
+    let log = relay.stderr_text();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    assert!(!log.contains("refused"), "no publish was refused: {log}");
+}

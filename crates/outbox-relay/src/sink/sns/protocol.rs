@@ -3,8 +3,12 @@
 //! `application/x-www-form-urlencoded` body, the answer XML.
 //!
 //! The body is written once, straight from the batch's messages, into one
-//! buffer: no request tree, no per-field strings. Values are percent-encoded
-//! as the AWS SDKs do (everything but `A-Z a-z 0-9 - . _ ~`).
+//! buffer: no request tree, no per-field strings. Values are encoded as
+//! botocore (boto3, the AWS CLI) encodes them: a space as `+`, every other
+//! byte but `A-Z a-z 0-9 - . _ ~` as `%XX`. AWS reads `%20` as well (the
+//! Rust SDK writes that), but `+` is one byte where `%20` is three, and a
+//! server that checks the signature over its own re-encoding of the form
+//! (moto does, with Python's `urlencode`) then agrees with us.
 
 use std::borrow::Cow;
 
@@ -73,8 +77,8 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
     body
 }
 
-/// Percent-encode `value` onto `out`, leaving only RFC 3986's unreserved
-/// characters as they are.
+/// Form-encode `value` onto `out`: RFC 3986's unreserved characters as they
+/// are, a space as `+`, any other byte as `%XX`.
 ///
 /// Byte by byte into reserved room: JSON has a character to escape every few
 /// bytes, so copying runs would mostly copy runs of two or three.
@@ -84,6 +88,8 @@ fn encode(out: &mut Vec<u8>, value: &[u8]) {
     for &b in value {
         if UNRESERVED[usize::from(b)] {
             out.push(b);
+        } else if b == b' ' {
+            out.push(b'+');
         } else {
             out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
         }
@@ -239,6 +245,9 @@ mod tests {
                         if b[i] == b'%' {
                             out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
                             i += 3;
+                        } else if b[i] == b'+' {
+                            out.push(b' ');
+                            i += 1;
                         } else {
                             assert!(b[i].is_ascii_alphanumeric() || b"-._~".contains(&b[i]));
                             out.push(b[i]);
@@ -308,6 +317,17 @@ mod tests {
             .iter()
             .any(|(k, _)| k.starts_with(&format!("{m2}.MessageGroupId"))));
         assert_eq!(fields.len(), 3 + 4 + 2 * 3 + 2);
+    }
+
+    #[test]
+    fn values_are_encoded_as_botocore_encodes_them() {
+        // Python: urllib.parse.urlencode({"v": "a b+c~é/\"x\":1,*"})[2:]
+        let mut out = Vec::new();
+        encode(&mut out, "a b+c~é/\"x\":1,*".as_bytes());
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "a+b%2Bc~%C3%A9%2F%22x%22%3A1%2C%2A"
+        );
     }
 
     #[test]
