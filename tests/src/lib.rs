@@ -2,7 +2,7 @@
 //! replication, one fresh database per test, the relay binary as a child process,
 //! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
-//! ([`FaultProxy`]).
+//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -28,6 +28,7 @@
 
 mod cluster;
 mod database;
+mod https;
 mod pki;
 mod process;
 pub mod proxy;
@@ -41,6 +42,7 @@ pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWOR
 pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
+pub use https::HttpsFront;
 pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};

@@ -426,7 +426,8 @@ impl TlsSettings {
     }
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The certificates of a PEM file.
+pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| {

@@ -743,3 +743,73 @@ async fn with_signatures_checked_sts_credentials_publish_with_their_session_toke
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
     assert!(!log.contains("refused"), "no publish was refused: {log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_https_the_endpoint_certificate_is_checked_against_aws_ca_bundle_and_every_event_arrives(
+) {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let pki = harness::TestPki::new();
+    let front = harness::HttpsFront::start(moto.as_str(), &pki).await;
+    let endpoint = front.endpoint();
+    let config = outbox.config_file(&sns_toml(&endpoint, &topic.arn, ""));
+    let relay_trusting = |ca: &std::path::Path| {
+        let mut env = sns::aws_env(&endpoint);
+        env.push(("AWS_CA_BUNDLE", ca.to_str().unwrap().to_owned()));
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env)
+    };
+
+    // A CA that did not sign the endpoint's certificate: no connection, so
+    // nothing published and nothing acknowledged; the log says why.
+    let mut untrusting = relay_trusting(&pki.other_ca());
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert_signed(&outbox, 2, 3).await;
+    wait_until(
+        Duration::from_secs(15),
+        "the relay logs the certificate problem",
+        || async { untrusting.stderr_text().contains("certificate") },
+    )
+    .await;
+    assert_eq!(publish_states(&outbox).await, [("PENDING".to_owned(), 6)]);
+    let first = outbox.commits().await[0].end_lsn;
+    assert!(
+        outbox.confirmed_flush().await < first,
+        "nothing acknowledged"
+    );
+    assert!(untrusting.is_running(), "retried, not fatal");
+    untrusting.kill9();
+    outbox.wait_slot_active(false).await;
+
+    // The CA that signed it: the backlog, then events written while it runs.
+    let mut relay = relay_trusting(&pki.ca());
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let mut received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(20),
+    )
+    .await;
+    expected.extend(insert_signed(&outbox, 1, 3).await);
+    received.extend(sns::receive_all(&sqs, &topic.queue_url, 3, Duration::from_secs(20)).await);
+    assert_eq!(
+        envelopes(&received),
+        expected,
+        "all of them, in commit order"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "every row is PUBLISHED",
+        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 9)] },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        relay.stderr_text()
+    );
+}

@@ -87,6 +87,11 @@ pub enum CallError {
 /// A signed-request client for one SNS endpoint.
 pub struct Client {
     endpoint: Endpoint,
+    /// For `https`: the connector and the name the certificate must have.
+    tls: Option<(
+        tokio_rustls::TlsConnector,
+        rustls::pki_types::ServerName<'static>,
+    )>,
     region: String,
     credentials: Credentials,
     pool: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
@@ -104,11 +109,8 @@ struct Endpoint {
     host: HeaderValue,
     /// Where to connect.
     address: (String, u16),
-    /// TLS, with the name to check the certificate against.
-    tls: Option<(
-        tokio_rustls::TlsConnector,
-        rustls::pki_types::ServerName<'static>,
-    )>,
+    /// For `https`: the name the certificate must have.
+    tls_name: Option<rustls::pki_types::ServerName<'static>>,
 }
 
 impl Client {
@@ -131,8 +133,19 @@ impl Client {
             key,
             message: format!("{url:?} is not a usable endpoint: {message}"),
         })?;
+        let tls = match &endpoint.tls_name {
+            Some(name) => Some((
+                tls_connector().map_err(|message| SnsSetupError {
+                    key: "AWS_CA_BUNDLE",
+                    message,
+                })?,
+                name.clone(),
+            )),
+            None => None,
+        };
         Ok(Self {
             endpoint,
+            tls,
             region: region.to_owned(),
             credentials: Credentials::new(provider),
             pool: Mutex::new(Vec::new()),
@@ -275,7 +288,7 @@ impl Client {
         };
         let _ = tcp.set_nodelay(true);
         let handshake = |error: hyper::Error| failed(error.to_string());
-        match &self.endpoint.tls {
+        match &self.tls {
             None => {
                 let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
                     .await
@@ -290,7 +303,7 @@ impl Client {
                 )
                 .await
                 .map_err(|_| failed("TLS handshake timed out".into()))?
-                .map_err(|error| failed(format!("TLS: {error}")))?;
+                .map_err(|error| failed(format!("TLS: {error} (trusted are the CAs of AWS_CA_BUNDLE when it is set, else the system's)")))?;
                 let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
                     .await
                     .map_err(handshake)?;
@@ -367,10 +380,11 @@ impl Endpoint {
             .path_and_query(path)
             .build()
             .map_err(|e| e.to_string())?;
-        let tls = if https {
-            let name = rustls::pki_types::ServerName::try_from(host.clone())
-                .map_err(|e| format!("{host:?} is not a TLS server name: {e}"))?;
-            Some((tls_connector()?, name))
+        let tls_name = if https {
+            Some(
+                rustls::pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| format!("{host:?} is not a TLS server name: {e}"))?,
+            )
         } else {
             None
         };
@@ -379,17 +393,15 @@ impl Endpoint {
             host: HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?,
             uri: request_uri,
             address: (host, port),
-            tls,
+            tls_name,
         })
     }
 }
 
-/// TLS to AWS: the public web PKI roots (Mozilla's list, compiled in), the
-/// `ring` provider the rest of the relay uses, HTTP/1.1 by ALPN.
+/// TLS to the endpoint: the `ring` provider the rest of the relay uses,
+/// HTTP/1.1 by ALPN, and the CAs of [`roots`].
 fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
-    let roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
+    let roots = roots()?;
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -399,6 +411,37 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
     .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// The CAs trusted for the endpoint's certificate:
+///
+/// * the PEM file `AWS_CA_BUNDLE` names, alone, when it is set (as the AWS
+///   CLI and botocore do: for TLS-inspecting proxies and private endpoints);
+/// * else the system's store (`SSL_CERT_FILE` and `SSL_CERT_DIR` are
+///   honoured), as the AWS SDK's own client trusts;
+/// * else, when the system has none (a scratch container), Mozilla's list,
+///   compiled in.
+fn roots() -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(bundle) = std::env::var_os("AWS_CA_BUNDLE").filter(|b| !b.is_empty()) {
+        let certs = crate::tls::read_certs(std::path::Path::new(&bundle))
+            .map_err(|e| format!("AWS_CA_BUNDLE: {e}"))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(format!(
+                "AWS_CA_BUNDLE: no usable CA certificate in {}",
+                bundle.to_string_lossy()
+            ));
+        }
+        return Ok(roots);
+    }
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if roots.is_empty() {
+        tracing::debug!(errors = ?native.errors, "no system CA certificates; trusting Mozilla's list");
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    Ok(roots)
 }
 
 /// The credential chain with a cache in front: one fetch at a time, kept
@@ -459,11 +502,11 @@ mod tests {
         assert_eq!(e.uri.to_string(), "http://127.0.0.1:5000/");
         assert_eq!(e.host, "127.0.0.1:5000");
         assert_eq!(e.address, ("127.0.0.1".into(), 5000));
-        assert!(e.tls.is_none());
+        assert!(e.tls_name.is_none());
         let e = Endpoint::parse("https://sns.eu-west-1.amazonaws.com").unwrap();
         assert_eq!(e.host, "sns.eu-west-1.amazonaws.com");
         assert_eq!(e.address, ("sns.eu-west-1.amazonaws.com".into(), 443));
-        assert!(e.tls.is_some());
+        assert!(e.tls_name.is_some());
         let e = Endpoint::parse("http://[::1]:4566/sns").unwrap();
         assert_eq!(e.address, ("::1".into(), 4566));
         assert_eq!(e.uri.path(), "/sns");
