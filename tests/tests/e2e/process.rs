@@ -141,6 +141,56 @@ async fn a_sigterm_then_restart_repeats_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aws_settings_the_sns_client_cannot_use_stop_it_at_startup_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_pem = dir.path().join("not-a-ca.pem");
+    std::fs::write(&not_pem, "hello").unwrap();
+    let sns = |endpoint: &str| {
+        format!(
+            "[postgres]\nurl = \"postgres://u@h/db\"\n[sink]\nkind = \"sns\"\n[sns]\n\
+             topic_arn = \"arn:aws:sns:eu-west-1:123456789012:orders\"\nendpoint_url = \"{endpoint}\"\n"
+        )
+    };
+    let missing = dir.path().join("missing.pem");
+    let cases: [(String, Vec<(&str, &str)>, &str); 4] = [
+        (sns("localhost:4566"), vec![], "sns.endpoint_url"),
+        (
+            sns("https://sns.example"),
+            vec![("AWS_CA_BUNDLE", missing.to_str().unwrap())],
+            "AWS_CA_BUNDLE",
+        ),
+        (
+            sns("https://sns.example"),
+            vec![("AWS_CA_BUNDLE", not_pem.to_str().unwrap())],
+            "AWS_CA_BUNDLE",
+        ),
+        (
+            sns(""),
+            vec![("AWS_USE_DUALSTACK_ENDPOINT", "true")],
+            "AWS_USE_DUALSTACK_ENDPOINT",
+        ),
+    ];
+    for (text, env, key) in cases {
+        let path = dir.path().join("relay.toml");
+        std::fs::write(&path, text).unwrap();
+        let mut env = env;
+        env.extend([
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ]);
+        let mut relay = RelayProcess::spawn(&["run", "--config", path.to_str().unwrap()], &env);
+        let status = relay
+            .wait_exit_async(Duration::from_secs(10))
+            .await
+            .expect("exits");
+        let stderr = relay.stderr_text();
+        assert_eq!(status.code(), Some(2), "{key}: {stderr}");
+        assert!(stderr.contains(key), "{key} not named in: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_configuration_fails_at_startup_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [

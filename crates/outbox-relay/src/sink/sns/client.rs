@@ -424,12 +424,11 @@ fn tls_connector() -> Result<tokio_rustls::TlsConnector, String> {
 fn roots() -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
     if let Some(bundle) = std::env::var_os("AWS_CA_BUNDLE").filter(|b| !b.is_empty()) {
-        let certs = crate::tls::read_certs(std::path::Path::new(&bundle))
-            .map_err(|e| format!("AWS_CA_BUNDLE: {e}"))?;
+        let certs = crate::tls::read_certs(std::path::Path::new(&bundle))?;
         let (added, _) = roots.add_parsable_certificates(certs);
         if added == 0 {
             return Err(format!(
-                "AWS_CA_BUNDLE: no usable CA certificate in {}",
+                "no usable CA certificate in {}",
                 bundle.to_string_lossy()
             ));
         }
