@@ -46,6 +46,11 @@ struct Args {
     /// Seconds measured at each steady-state rate (after 2 s of warm-up).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Drain rounds: each drains the backlog once per contender, in turn;
+    /// the figures printed are the medians (ratios: the median of each
+    /// round's ratio, both measured minutes apart at most).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Skip the drain.
     #[arg(long)]
     no_drain: bool,
@@ -153,23 +158,31 @@ async fn drain(
     pg_bin: &std::path::Path,
     cluster: &Cluster,
 ) -> anyhow::Result<()> {
-    let contenders = ["bench_recvlogical", "bench_stdout", "bench_sns"];
+    let rounds = args.rounds.max(1);
+    // Slots `bench_<contender>_<round>`, all copies of the first: one start LSN.
+    let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
+    let first = slot("recvlogical", 0);
     sql.execute(
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&contenders[0]],
+        &[&first],
     )
     .await?;
-    for slot in &contenders[1..] {
-        sql.execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&contenders[0], slot],
-        )
-        .await?;
+    for round in 0..rounds {
+        for contender in ["recvlogical", "stdout", "sns"] {
+            let name = slot(contender, round);
+            if name != first {
+                sql.execute(
+                    "SELECT pg_copy_logical_replication_slot($1, $2)",
+                    &[&first, &name],
+                )
+                .await?;
+            }
+        }
     }
     let start_lsn: String = sql
         .query_one(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&contenders[0]],
+            &[&first],
         )
         .await?
         .get(0);
@@ -224,93 +237,138 @@ async fn drain(
     sql.batch_execute("CHECKPOINT").await?;
     let rows = rows as u64;
 
-    // Baseline.
-    let recvlogical = run_to_exit(
-        Command::new(pg_bin.join("pg_recvlogical"))
-            .arg("--dbname")
-            .arg(url)
-            .args([
-                "--slot",
-                contenders[0],
-                "--start",
-                "--no-loop",
-                "--option=proto_version=1",
-                "--option=publication_names=outbox_relay",
-                "--file=/dev/null",
-                "--status-interval=1",
-            ])
-            .arg(format!("--endpos={end_lsn}")),
-    )
-    .await?;
-    wait_confirmed(sql, contenders[0], &end_lsn, Duration::from_secs(30), None).await?;
-
-    let stdout = run_relay(
-        relay,
-        sql,
-        &relay_config(
-            url,
-            contenders[1],
-            "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
-        ),
-        &[],
-        contenders[1],
-        &end_lsn,
-    )
-    .await?;
-
     let endpoint = sns::Endpoint::start().await?;
-    let sns = run_relay(
-        relay,
-        sql,
-        &relay_config(
+    let sns_config = |slot: &str| {
+        relay_config(
             url,
-            contenders[2],
+            slot,
             &format!(
                 "[sink]\nkind = \"sns\"\n[http]\nlisten = \"\"\n[sns]\nregion = \"us-east-1\"\n\
                  endpoint_url = \"{}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:bench\"\n",
                 endpoint.url
             ),
-        ),
-        &aws_env(&endpoint.url),
-        contenders[2],
-        &end_lsn,
-    )
-    .await?;
-    if endpoint.messages() < rows {
-        bail!(
-            "the SNS endpoint received {} messages of {rows}",
-            endpoint.messages()
+        )
+    };
+    let (mut recvlogicals, mut stdouts, mut snss) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Baseline.
+        let baseline_slot = slot("recvlogical", round);
+        recvlogicals.push(
+            run_to_exit(
+                Command::new(pg_bin.join("pg_recvlogical"))
+                    .arg("--dbname")
+                    .arg(url)
+                    .args([
+                        "--slot",
+                        &baseline_slot,
+                        "--start",
+                        "--no-loop",
+                        "--option=proto_version=1",
+                        "--option=publication_names=outbox_relay",
+                        "--file=/dev/null",
+                        "--status-interval=1",
+                    ])
+                    .arg(format!("--endpos={end_lsn}")),
+            )
+            .await?,
         );
+        wait_confirmed(sql, &baseline_slot, &end_lsn, Duration::from_secs(30), None).await?;
+
+        let stdout_slot = slot("stdout", round);
+        stdouts.push(
+            run_relay(
+                relay,
+                sql,
+                &relay_config(
+                    url,
+                    &stdout_slot,
+                    "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
+                ),
+                &[],
+                &stdout_slot,
+                &end_lsn,
+            )
+            .await?,
+        );
+
+        let before = endpoint.messages();
+        let sns_slot = slot("sns", round);
+        snss.push(
+            run_relay(
+                relay,
+                sql,
+                &sns_config(&sns_slot),
+                &aws_env(&endpoint.url),
+                &sns_slot,
+                &end_lsn,
+            )
+            .await?,
+        );
+        if endpoint.messages() - before < rows {
+            bail!(
+                "the SNS endpoint received {} messages of {rows}",
+                endpoint.messages() - before
+            );
+        }
+        if rounds > 1 {
+            let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
+            let (b, o, n) = (&recvlogicals[round], &stdouts[round], &snss[round]);
+            println!(
+                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x), SNS {:.0} ({:.2}x)",
+                round + 1,
+                rate(b),
+                rate(o),
+                rate(o) / rate(b),
+                rate(n),
+                rate(n) / rate(b)
+            );
+        }
     }
     let _ = cluster;
 
-    let report = |name: &str, u: &Usage| {
+    // Medians over the rounds: of each figure, and of each round's ratios.
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
+    let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
+    let report = |name: &str, runs: &[Usage]| {
         println!(
             "{name:<28} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS",
-            rows as f64 / u.wall.as_secs_f64(),
-            u.wall.as_secs_f64(),
-            u.cpu.as_secs_f64() * 1e6 / rows as f64,
-            u.max_rss_kib as f64 / 1024.0
+            median(runs.iter().map(rate).collect()),
+            median(runs.iter().map(|u| u.wall.as_secs_f64()).collect()),
+            median(runs.iter().map(cpu).collect()),
+            median(runs.iter().map(|u| u.max_rss_kib as f64 / 1024.0).collect()),
         )
     };
     println!(
         "{:<28} {:>17} {:>10} {:>21} {:>19}",
-        "contender", "throughput", "wall", "client CPU", "memory"
+        if rounds > 1 {
+            "median of rounds"
+        } else {
+            "contender"
+        },
+        "throughput",
+        "wall",
+        "client CPU",
+        "memory"
     );
-    report("pg_recvlogical (baseline)", &recvlogical);
-    report("relay, stdout sink", &stdout);
-    report("relay, SNS sink (local)", &sns);
-    let ratio = |u: &Usage| {
+    report("pg_recvlogical (baseline)", &recvlogicals);
+    report("relay, stdout sink", &stdouts);
+    report("relay, SNS sink (local)", &snss);
+    let ratio = |runs: &[Usage]| {
+        let pairs = || runs.iter().zip(&recvlogicals);
         (
-            recvlogical.wall.as_secs_f64() / u.wall.as_secs_f64(),
-            u.cpu.as_secs_f64() / recvlogical.cpu.as_secs_f64(),
+            median(pairs().map(|(u, b)| rate(u) / rate(b)).collect()),
+            median(pairs().map(|(u, b)| cpu(u) / cpu(b)).collect()),
         )
     };
-    let (speed, cpu) = ratio(&stdout);
-    println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {cpu:.2}x CPU per row (target <= 1.0)");
-    let (speed, cpu) = ratio(&sns);
+    let (speed, per_row) = ratio(&stdouts);
+    println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
+    let (speed, per_row) = ratio(&snss);
     println!(
-        "ratio SNS / pg_recvlogical:    {speed:.2}x rows/s (target >= 0.6), {cpu:.2}x CPU per row"
+        "ratio SNS / pg_recvlogical:    {speed:.2}x rows/s (target >= 0.6), {per_row:.2}x CPU per row"
     );
     println!(
         "SNS endpoint: {} messages in {} PublishBatch calls",
