@@ -42,7 +42,7 @@ pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWOR
 pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
-pub use https::HttpsFront;
+pub use https::{ConnectProxy, HttpsFront};
 pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};

@@ -152,7 +152,7 @@ async fn aws_settings_the_sns_client_cannot_use_stop_it_at_startup_naming_them()
         )
     };
     let missing = dir.path().join("missing.pem");
-    let cases: [(String, Vec<(&str, &str)>, &str); 4] = [
+    let cases = [
         (sns("localhost:4566"), vec![], "sns.endpoint_url"),
         (
             sns("https://sns.example"),

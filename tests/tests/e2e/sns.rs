@@ -813,3 +813,81 @@ async fn over_https_the_endpoint_certificate_is_checked_against_aws_ca_bundle_an
         relay.stderr_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_an_https_proxy_every_event_arrives_and_no_proxy_goes_direct() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let pki = harness::TestPki::new();
+    let front = harness::HttpsFront::start(moto.as_str(), &pki).await;
+    let proxy = harness::ConnectProxy::start().await;
+    let endpoint = front.endpoint();
+    let config = outbox.config_file(&sns_toml(&endpoint, &topic.arn, ""));
+    let relay_with = |extra: &[(&'static str, String)]| {
+        let mut env = sns::aws_env(&endpoint);
+        env.push(("AWS_CA_BUNDLE", pki.ca().to_str().unwrap().to_owned()));
+        env.push((
+            "HTTPS_PROXY",
+            proxy.url().replace("http://", "http://relay:s%3Acret@"),
+        ));
+        env.extend(extra.iter().cloned());
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env)
+    };
+    let sqs = sns::sqs_client(moto.as_str()).await;
+
+    // Through the proxy: a tunnel to the endpoint, with the proxy credentials.
+    let mut relay = relay_with(&[]);
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert_signed(&outbox, 2, 3).await;
+    let mut received = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(20),
+    )
+    .await;
+    let tunnels = proxy.tunnels();
+    assert!(!tunnels.is_empty(), "the relay went through the proxy");
+    let port = endpoint.rsplit(':').next().unwrap();
+    for (target, authorization) in &tunnels {
+        assert_eq!(target, &format!("localhost:{port}"));
+        // base64("relay:s:cret")
+        assert_eq!(authorization.as_deref(), Some("Basic cmVsYXk6czpjcmV0"));
+    }
+    relay.sigterm();
+    relay.wait_exit_async(Duration::from_secs(20)).await;
+
+    // NO_PROXY naming the endpoint's host: straight there, no new tunnel.
+    let mut direct = relay_with(&[("NO_PROXY", "example.com,localhost".to_owned())]);
+    outbox.wait_slot_active(true).await;
+    let more = insert_signed(&outbox, 1, 3).await;
+    received.extend(
+        sns::receive_all(&sqs, &topic.queue_url, more.len(), Duration::from_secs(20)).await,
+    );
+    expected.extend(more);
+    assert_eq!(
+        envelopes(&received),
+        expected,
+        "all of them, in commit order"
+    );
+    assert_eq!(
+        proxy.tunnels().len(),
+        tunnels.len(),
+        "no tunnel with NO_PROXY"
+    );
+    wait_until(
+        Duration::from_secs(10),
+        "every row is PUBLISHED",
+        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 9)] },
+    )
+    .await;
+    direct.sigterm();
+    let status = direct.wait_exit_async(Duration::from_secs(20)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}: {}",
+        direct.stderr_text()
+    );
+}

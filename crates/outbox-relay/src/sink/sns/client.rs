@@ -38,7 +38,7 @@ use hyper::{Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use super::SnsSetupError;
+use super::{proxy, SnsSetupError};
 
 /// How long an idle connection is kept for the next request.
 pub const IDLE: Duration = Duration::from_secs(20);
@@ -87,6 +87,8 @@ pub enum CallError {
 /// A signed-request client for one SNS endpoint.
 pub struct Client {
     endpoint: Endpoint,
+    /// The proxy requests go through, if any.
+    proxy: Option<proxy::Proxy>,
     /// For `https`: the connector and the name the certificate must have.
     tls: Option<(
         tokio_rustls::TlsConnector,
@@ -103,8 +105,13 @@ pub struct Client {
 struct Endpoint {
     /// As the operator wrote it, for messages.
     text: String,
-    /// The request URI (scheme, authority, path).
+    /// The request URI (scheme, authority, path): what is signed, and the
+    /// request target through an `http` proxy.
     uri: Uri,
+    /// The request target otherwise: the path alone (origin form).
+    path: Uri,
+    /// `host:port`, for a proxy tunnel.
+    authority: String,
     /// `Host` header value.
     host: HeaderValue,
     /// Where to connect.
@@ -133,6 +140,17 @@ impl Client {
             key,
             message: format!("{url:?} is not a usable endpoint: {message}"),
         })?;
+        let proxy = proxy::from_env(endpoint.tls_name.is_some(), &endpoint.address.0, |name| {
+            std::env::var(name).ok()
+        })
+        .map_err(|(key, message)| SnsSetupError { key, message })?;
+        if let Some(proxy) = &proxy {
+            tracing::info!(
+                proxy = %format!("{}:{}", proxy.address.0, proxy.address.1),
+                variable = proxy.variable,
+                "SNS requests go through a proxy"
+            );
+        }
         let tls = match &endpoint.tls_name {
             Some(name) => Some((
                 tls_connector().map_err(|message| SnsSetupError {
@@ -146,6 +164,7 @@ impl Client {
         Ok(Self {
             endpoint,
             tls,
+            proxy,
             region: region.to_owned(),
             credentials: Credentials::new(provider),
             pool: Mutex::new(Vec::new()),
@@ -163,7 +182,14 @@ impl Client {
     /// POST `body` (a query-protocol form), signed; the status and body of the answer.
     pub async fn call(&self, body: Vec<u8>) -> Result<(StatusCode, Bytes), CallError> {
         let identity = self.credentials.get().await?;
-        let mut request = Request::post(self.endpoint.uri.clone())
+        // Absolute form only to an `http` proxy; a tunnel or the endpoint
+        // itself gets the path.
+        let plain_proxy = self.proxy.as_ref().filter(|_| self.tls.is_none());
+        let target = match plain_proxy {
+            Some(_) => self.endpoint.uri.clone(),
+            None => self.endpoint.path.clone(),
+        };
+        let mut request = Request::post(target)
             .header(HOST, self.endpoint.host.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static(FORM))
             .body(())
@@ -191,6 +217,11 @@ impl Client {
         request
             .headers_mut()
             .insert(USER_AGENT, HeaderValue::from_static(AGENT));
+        if let Some(authorization) = plain_proxy.and_then(|p| p.authorization.clone()) {
+            request
+                .headers_mut()
+                .insert(hyper::header::PROXY_AUTHORIZATION, authorization);
+        }
         let request = request.map(|()| Full::new(Bytes::from(body)));
         match tokio::time::timeout(self.attempt_timeout, self.send(request)).await {
             Ok(answer) => answer,
@@ -270,8 +301,11 @@ impl Client {
             endpoint: self.endpoint.text.clone(),
             error,
         };
-        let (host, port) = &self.endpoint.address;
-        let tcp = match tokio::time::timeout(
+        let (host, port) = match &self.proxy {
+            Some(proxy) => &proxy.address,
+            None => &self.endpoint.address,
+        };
+        let mut tcp = match tokio::time::timeout(
             self.connect_timeout,
             TcpStream::connect((host.as_str(), *port)),
         )
@@ -297,6 +331,24 @@ impl Client {
                 Ok(sender)
             }
             Some((connector, name)) => {
+                if let Some(proxy) = &self.proxy {
+                    let tunnel = proxy::tunnel(
+                        &mut tcp,
+                        &self.endpoint.authority,
+                        proxy.authorization.as_ref(),
+                    );
+                    tokio::time::timeout(self.connect_timeout, tunnel)
+                        .await
+                        .map_err(|_| {
+                            failed(format!(
+                                "the proxy ({}) did not answer CONNECT",
+                                proxy.variable
+                            ))
+                        })?
+                        .map_err(|error| {
+                            failed(format!("through the proxy ({}): {error}", proxy.variable))
+                        })?;
+                }
                 let tls = tokio::time::timeout(
                     self.connect_timeout,
                     connector.connect(name.clone(), tcp),
@@ -388,8 +440,19 @@ impl Endpoint {
         } else {
             None
         };
+        let path = Uri::builder()
+            .path_and_query(path)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let host_port = if host.contains(':') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
         Ok(Self {
             text: url.to_owned(),
+            path,
+            authority: host_port,
             host: HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?,
             uri: request_uri,
             address: (host, port),
@@ -509,6 +572,8 @@ mod tests {
         let e = Endpoint::parse("http://[::1]:4566/sns").unwrap();
         assert_eq!(e.address, ("::1".into(), 4566));
         assert_eq!(e.uri.path(), "/sns");
+        assert_eq!(e.path.to_string(), "/sns");
+        assert_eq!(e.authority, "[::1]:4566");
         assert!(Endpoint::parse("localhost:4566").is_err());
         assert!(Endpoint::parse("ftp://x").is_err());
         assert!(Endpoint::parse("http://x/?a=b").is_err());

@@ -49,6 +49,7 @@ use crate::config::SnsConfig;
 
 mod client;
 mod protocol;
+mod proxy;
 
 /// SNS's limit for one publish request, bodies and attributes together.
 pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
