@@ -96,6 +96,7 @@ pub struct Client {
     )>,
     region: String,
     credentials: Credentials,
+    clock: Clock,
     pool: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
     max_idle: usize,
     attempt_timeout: Duration,
@@ -124,7 +125,7 @@ impl Client {
     /// A client for `region`, at `endpoint_url` or else the endpoint the AWS
     /// settings in `sdk` name (`AWS_ENDPOINT_URL_SNS`, `AWS_ENDPOINT_URL`, a
     /// profile's `endpoint_url`, FIPS) or else `https://sns.<region>.amazonaws.com`.
-    pub fn new(
+    pub async fn new(
         sdk: &SdkConfig,
         region: &str,
         endpoint_url: &str,
@@ -135,7 +136,7 @@ impl Client {
             key: "sns",
             message: "no AWS credential provider could be set up".into(),
         })?;
-        let (key, url) = endpoint_of(sdk, region, endpoint_url)?;
+        let (key, url) = endpoint_of(sdk, region, endpoint_url).await?;
         let endpoint = Endpoint::parse(&url).map_err(|message| SnsSetupError {
             key,
             message: format!("{url:?} is not a usable endpoint: {message}"),
@@ -167,6 +168,7 @@ impl Client {
             proxy,
             region: region.to_owned(),
             credentials: Credentials::new(provider),
+            clock: Clock::default(),
             pool: Mutex::new(Vec::new()),
             max_idle: max_idle.max(1),
             attempt_timeout,
@@ -179,9 +181,23 @@ impl Client {
         &self.endpoint.text
     }
 
-    /// POST `body` (a query-protocol form), signed; the status and body of the answer.
-    pub async fn call(&self, body: Vec<u8>) -> Result<(StatusCode, Bytes), CallError> {
-        let identity = self.credentials.get().await?;
+    /// Credentials to sign with (see [`Credentials`]).
+    pub async fn identity(&self) -> Result<Identity, CallError> {
+        self.credentials.get().await
+    }
+
+    /// Drop the cached credentials: SNS said they are expired or unknown.
+    pub async fn forget_credentials(&self) {
+        self.credentials.forget().await;
+    }
+
+    /// POST `body` (a query-protocol form), signed with `identity`; the
+    /// status and body of the answer.
+    pub async fn call(
+        &self,
+        identity: &Identity,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes), CallError> {
         // Absolute form only to an `http` proxy; a tunnel or the endpoint
         // itself gets the path.
         let plain_proxy = self.proxy.as_ref().filter(|_| self.tls.is_none());
@@ -195,10 +211,10 @@ impl Client {
             .body(())
             .expect("a request of valid parts");
         let params = v4::SigningParams::builder()
-            .identity(&identity)
+            .identity(identity)
             .region(&self.region)
             .name("sns")
-            .time(SystemTime::now())
+            .time(self.clock.now())
             .settings(SigningSettings::default())
             .build()
             .map_err(|e| CallError::Signing(e.to_string()))?
@@ -262,6 +278,9 @@ impl Client {
                 },
             };
             let status = answer.status();
+            if let Some(date) = answer.headers().get(hyper::header::DATE) {
+                self.clock.learn(date);
+            }
             let body = Limited::new(answer.into_body(), MAX_ANSWER)
                 .collect()
                 .await
@@ -366,42 +385,48 @@ impl Client {
     }
 }
 
-/// The endpoint URL and the configuration key it came from.
-fn endpoint_of(
+/// The endpoint URL and the configuration key it came from, by the AWS
+/// SDK's own rules: `sns.endpoint_url`; else `AWS_ENDPOINT_URL_SNS` or a
+/// profile's `services` section, then `AWS_ENDPOINT_URL` or a profile's
+/// `endpoint_url` (all ignored under `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`);
+/// else SNS's endpoint rules for the region, FIPS and dual-stack settings
+/// (the SDK's resolver: every partition, GovCloud, China, ISO).
+async fn endpoint_of(
     sdk: &SdkConfig,
     region: &str,
     endpoint_url: &str,
 ) -> Result<(&'static str, String), SnsSetupError> {
+    use aws_sdk_sns::config::endpoint::{DefaultResolver, Params, ResolveEndpoint as _};
     if !endpoint_url.is_empty() {
         return Ok(("sns.endpoint_url", endpoint_url.to_owned()));
     }
-    if let Ok(url) = std::env::var("AWS_ENDPOINT_URL_SNS") {
-        if !url.is_empty() {
-            return Ok(("AWS_ENDPOINT_URL_SNS", url));
-        }
+    let key = aws_types::service_config::ServiceConfigKey::builder()
+        .service_id("SNS")
+        .env("AWS_ENDPOINT_URL")
+        .profile("endpoint_url")
+        .build()
+        .expect("every part of the key is set");
+    if let Some(url) = sdk.service_config().and_then(|c| c.load_config(key)) {
+        return Ok(("AWS_ENDPOINT_URL_SNS", url));
     }
     if let Some(url) = sdk.endpoint_url() {
         return Ok(("AWS_ENDPOINT_URL", url.to_owned()));
     }
-    if sdk.use_dual_stack() == Some(true) {
-        return Err(SnsSetupError {
-            key: "AWS_USE_DUALSTACK_ENDPOINT",
-            message:
-                "dual-stack SNS endpoints are not supported; unset it, or set sns.endpoint_url"
-                    .into(),
-        });
-    }
-    let service = if sdk.use_fips() == Some(true) {
-        "sns-fips"
-    } else {
-        "sns"
+    let unusable = |e: &dyn std::fmt::Display| SnsSetupError {
+        key: "sns.region",
+        message: format!("no SNS endpoint for region {region:?}: {e}"),
     };
-    let domain = if region.starts_with("cn-") {
-        "amazonaws.com.cn"
-    } else {
-        "amazonaws.com"
-    };
-    Ok(("sns.region", format!("https://{service}.{region}.{domain}")))
+    let params = Params::builder()
+        .region(region)
+        .use_fips(sdk.use_fips().unwrap_or(false))
+        .use_dual_stack(sdk.use_dual_stack().unwrap_or(false))
+        .build()
+        .map_err(|e| unusable(&e))?;
+    let endpoint = DefaultResolver::new()
+        .resolve_endpoint(&params)
+        .await
+        .map_err(|e| unusable(&e))?;
+    Ok(("sns.region", endpoint.url().to_owned()))
 }
 
 impl Endpoint {
@@ -412,13 +437,26 @@ impl Endpoint {
             Some("http") => false,
             _ => return Err("it must start with http:// or https://".into()),
         };
-        let authority = uri.authority().ok_or("it has no host")?.clone();
-        let host = authority
+        let given = uri.authority().ok_or("it has no host")?.clone();
+        let host = given
             .host()
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let default_port = if https { 443 } else { 80 };
+        let port = given.port_u16().unwrap_or(default_port);
+        // `Host` (signed) and the URI without a default port, as the SDK
+        // sends them: a proxy that normalises `Host` keeps the signature.
+        let bracketed = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        let authority = if port == default_port {
+            bracketed.clone()
+        } else {
+            format!("{bracketed}:{port}")
+        };
         let path = match uri.path() {
             "" => "/",
             path => path,
@@ -444,11 +482,7 @@ impl Endpoint {
             .path_and_query(path)
             .build()
             .map_err(|e| e.to_string())?;
-        let host_port = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
+        let host_port = format!("{bracketed}:{port}");
         Ok(Self {
             text: url.to_owned(),
             path,
@@ -506,12 +540,37 @@ fn roots() -> Result<rustls::RootCertStore, String> {
     Ok(roots)
 }
 
-/// The credential chain with a cache in front: one fetch at a time, kept
-/// until [`REFRESH_BEFORE_EXPIRY`] before the credentials expire.
+/// The credential chain with a cache in front.
+///
+/// * One fetch at a time; the others wait for it.
+/// * Credentials are kept until `min(5 minutes, half their lifetime)` before
+///   they expire; credentials without an expiry for 15 minutes (as the AWS
+///   SDK's cache does), so a rotated profile or `credential_process` is read
+///   again.
+/// * A failed fetch while the cached credentials are still valid keeps
+///   using them (logged as a warning): a short STS or metadata outage does
+///   not stop publishing.
+/// * [`Credentials::forget`] drops them when SNS says they are expired or unknown.
+///
+/// The fetch is bounded by the providers' own timeouts (`aws-config` with the
+/// `sns` timeouts), not by the publish call's: a slow fetch is never
+/// cancelled halfway and started again.
 struct Credentials {
     provider: SharedCredentialsProvider,
-    cached: tokio::sync::Mutex<Option<(Identity, Option<SystemTime>)>>,
+    cached: tokio::sync::Mutex<Option<Cached>>,
 }
+
+#[derive(Clone)]
+struct Cached {
+    identity: Identity,
+    /// When to fetch again.
+    refresh_at: SystemTime,
+    /// When they stop working (`None`: not known).
+    expiry: Option<SystemTime>,
+}
+
+/// How long credentials without an expiry are kept.
+const NO_EXPIRY_KEPT: Duration = Duration::from_secs(15 * 60);
 
 impl Credentials {
     fn new(provider: SharedCredentialsProvider) -> Self {
@@ -523,22 +582,98 @@ impl Credentials {
 
     async fn get(&self) -> Result<Identity, CallError> {
         let mut cached = self.cached.lock().await;
-        if let Some((identity, expiry)) = &*cached {
-            let fresh =
-                expiry.is_none_or(|expiry| SystemTime::now() + REFRESH_BEFORE_EXPIRY < expiry);
-            if fresh {
-                return Ok(identity.clone());
+        let now = SystemTime::now();
+        if let Some(c) = cached.as_ref().filter(|c| now < c.refresh_at) {
+            return Ok(c.identity.clone());
+        }
+        match self.provider.provide_credentials().await {
+            Ok(credentials) => {
+                let fetched = SystemTime::now();
+                let expiry = credentials.expiry();
+                let refresh_at = match expiry {
+                    Some(expiry) => {
+                        let lifetime = expiry.duration_since(fetched).unwrap_or_default();
+                        expiry - REFRESH_BEFORE_EXPIRY.min(lifetime / 2)
+                    }
+                    None => fetched + NO_EXPIRY_KEPT,
+                };
+                let identity = Identity::from(credentials);
+                *cached = Some(Cached {
+                    identity: identity.clone(),
+                    refresh_at,
+                    expiry,
+                });
+                Ok(identity)
+            }
+            Err(error) => {
+                let error = with_sources(&error);
+                match cached.as_ref() {
+                    Some(c) if c.expiry.is_none_or(|expiry| now < expiry) => {
+                        tracing::warn!(%error, "cannot refresh the AWS credentials; using the current ones while they last");
+                        Ok(c.identity.clone())
+                    }
+                    _ => Err(CallError::Credentials(error)),
+                }
             }
         }
-        let credentials = self
-            .provider
-            .provide_credentials()
-            .await
-            .map_err(|e| CallError::Credentials(with_sources(&e)))?;
-        let expiry = credentials.expiry();
-        let identity = Identity::from(credentials);
-        *cached = Some((identity.clone(), expiry));
-        Ok(identity)
+    }
+
+    async fn forget(&self) {
+        *self.cached.lock().await = None;
+    }
+}
+
+/// The offset between this host's clock and the endpoint's, learned from
+/// the `Date` header of its answers, as the AWS SDK does: with a clock more
+/// than about 15 minutes off, SigV4 signatures are refused (`RequestExpired`,
+/// `SignatureDoesNotMatch`) until it is corrected. Offsets under a minute
+/// are ignored (the header has one-second resolution).
+#[derive(Default)]
+struct Clock {
+    /// Milliseconds to add to the local time.
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Clock {
+    const IGNORED_MS: i64 = 60_000;
+
+    fn now(&self) -> SystemTime {
+        let offset = self.offset_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let magnitude = Duration::from_millis(offset.unsigned_abs());
+        if offset >= 0 {
+            SystemTime::now() + magnitude
+        } else {
+            SystemTime::now() - magnitude
+        }
+    }
+
+    fn learn(&self, date: &HeaderValue) {
+        let Some(server) = date
+            .to_str()
+            .ok()
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+        else {
+            return;
+        };
+        let local = SystemTime::now();
+        let offset_ms = match server.duration_since(local) {
+            Ok(ahead) => i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX),
+            Err(behind) => -i64::try_from(behind.duration().as_millis()).unwrap_or(i64::MAX),
+        };
+        let offset_ms = if offset_ms.abs() < Self::IGNORED_MS {
+            0
+        } else {
+            offset_ms
+        };
+        let before = self
+            .offset_ms
+            .swap(offset_ms, std::sync::atomic::Ordering::Relaxed);
+        if before != offset_ms && offset_ms != 0 {
+            tracing::warn!(
+                offset_s = offset_ms / 1000,
+                "this host's clock is off from the SNS endpoint's; signing with the endpoint's time"
+            );
+        }
     }
 }
 
@@ -558,6 +693,175 @@ fn with_sources(error: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
+    /// A server that answers every request with a `PublishBatch` answer and
+    /// a `Date` `ahead` of this host's clock, then closes the connection
+    /// (without saying so: the client finds out when it reuses it). Returns
+    /// its URL and the heads of the requests it got.
+    async fn closing_server(ahead: Duration) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let heads = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let seen = std::sync::Arc::clone(&heads);
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let Ok(byte) = socket.read_u8().await else {
+                        break;
+                    };
+                    head.push(byte);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0);
+                let mut body = vec![0; length];
+                let _ = socket.read_exact(&mut body).await;
+                seen.lock().unwrap().push(head);
+                let xml = "<PublishBatchResponse><PublishBatchResult><Successful>\
+                           <member><Id>0</Id></member></Successful><Failed/>\
+                           </PublishBatchResult></PublishBatchResponse>";
+                let date = httpdate::fmt_http_date(SystemTime::now() + ahead);
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ndate: {date}\r\ncontent-length: {}\r\n\r\n{xml}",
+                    xml.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+                // Closed here, after the answer.
+            }
+        });
+        (url, heads)
+    }
+
+    async fn client_for(url: &str) -> Client {
+        let credentials =
+            aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
+        let sdk = SdkConfig::builder()
+            .credentials_provider(SharedCredentialsProvider::new(credentials))
+            .build();
+        Client::new(&sdk, "us-east-1", url, 4, Duration::from_secs(5))
+            .await
+            .unwrap()
+    }
+
+    fn amz_date(head: &str) -> SystemTime {
+        let value = head
+            .lines()
+            .find_map(|l| l.strip_prefix("x-amz-date: "))
+            .expect("signed with a date");
+        // 20261122T144000Z
+        let n = |a: usize, b: usize| value[a..b].parse::<i64>().unwrap();
+        // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+        let (y, m, d) = (n(0, 4), n(4, 6), n(6, 8));
+        let y = if m <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let doy = (153 * ((m + 9) % 12) + 2) / 5 + d - 1;
+        let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+        let secs = days * 86_400 + n(9, 11) * 3600 + n(11, 13) * 60 + n(13, 15);
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
+    }
+
+    #[tokio::test]
+    async fn connections_the_server_closed_are_replaced_and_nothing_is_sent_twice() {
+        let (url, heads) = closing_server(Duration::ZERO).await;
+        let client = client_for(&url).await;
+        let identity = client.identity().await.unwrap();
+        for _ in 0..3 {
+            let (status, _) = client
+                .call(&identity, b"Action=PublishBatch".to_vec())
+                .await
+                .unwrap();
+            assert_eq!(status, StatusCode::OK);
+            // Give the closed connection time to be idle in the pool.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            heads.lock().unwrap().len(),
+            3,
+            "each call reached the server once"
+        );
+    }
+
+    #[tokio::test]
+    async fn requests_are_signed_with_the_endpoint_time_once_an_answer_shows_the_clock_is_off() {
+        let ahead = Duration::from_secs(3600);
+        let (url, heads) = closing_server(ahead).await;
+        let client = client_for(&url).await;
+        let identity = client.identity().await.unwrap();
+        for _ in 0..2 {
+            client
+                .call(&identity, b"Action=PublishBatch".to_vec())
+                .await
+                .unwrap();
+        }
+        let heads = heads.lock().unwrap().clone();
+        let now = SystemTime::now();
+        let off = |t: SystemTime, from: SystemTime| {
+            t.duration_since(from)
+                .unwrap_or_else(|e| e.duration())
+                .as_secs()
+        };
+        assert!(
+            off(amz_date(&heads[0]), now) < 120,
+            "the first with this host's clock: {}",
+            heads[0]
+        );
+        assert!(
+            off(amz_date(&heads[1]), now + ahead) < 120,
+            "the second with the endpoint's: {}",
+            heads[1]
+        );
+    }
+
+    #[tokio::test]
+    async fn endpoints_follow_the_sdk_rules_for_every_partition() {
+        let resolve = |region: &'static str, fips: bool| async move {
+            let sdk = SdkConfig::builder().use_fips(fips).build();
+            endpoint_of(&sdk, region, "").await.unwrap()
+        };
+        assert_eq!(
+            resolve("eu-west-1", false).await,
+            (
+                "sns.region",
+                "https://sns.eu-west-1.amazonaws.com".to_owned()
+            )
+        );
+        assert_eq!(
+            resolve("us-east-1", true).await.1,
+            "https://sns-fips.us-east-1.amazonaws.com"
+        );
+        assert_eq!(
+            resolve("cn-north-1", false).await.1,
+            "https://sns.cn-north-1.amazonaws.com.cn"
+        );
+        // GovCloud's SNS endpoints are FIPS ones already.
+        assert_eq!(
+            resolve("us-gov-west-1", true).await.1,
+            "https://sns.us-gov-west-1.amazonaws.com"
+        );
+        assert_eq!(
+            resolve("us-iso-east-1", false).await.1,
+            "https://sns.us-iso-east-1.c2s.ic.gov"
+        );
+        let sdk = SdkConfig::builder()
+            .endpoint_url("http://localhost:4566")
+            .build();
+        assert_eq!(
+            endpoint_of(&sdk, "eu-west-1", "http://127.0.0.1:5000")
+                .await
+                .unwrap(),
+            ("sns.endpoint_url", "http://127.0.0.1:5000".to_owned())
+        );
+        assert_eq!(
+            endpoint_of(&sdk, "eu-west-1", "").await.unwrap(),
+            ("AWS_ENDPOINT_URL", "http://localhost:4566".to_owned())
+        );
+    }
+
     #[test]
     fn endpoints_are_parsed_with_their_host_header_and_address() {
         let e = Endpoint::parse("http://127.0.0.1:5000").unwrap();
@@ -565,7 +869,8 @@ mod tests {
         assert_eq!(e.host, "127.0.0.1:5000");
         assert_eq!(e.address, ("127.0.0.1".into(), 5000));
         assert!(e.tls_name.is_none());
-        let e = Endpoint::parse("https://sns.eu-west-1.amazonaws.com").unwrap();
+        let e = Endpoint::parse("https://sns.eu-west-1.amazonaws.com:443").unwrap();
+        assert_eq!(e.uri.to_string(), "https://sns.eu-west-1.amazonaws.com/");
         assert_eq!(e.host, "sns.eu-west-1.amazonaws.com");
         assert_eq!(e.address, ("sns.eu-west-1.amazonaws.com".into(), 443));
         assert!(e.tls_name.is_some());

@@ -105,7 +105,8 @@ impl SnsSink {
             &config.endpoint_url,
             config.max_in_flight_batches,
             config.attempt_timeout,
-        )?;
+        )
+        .await?;
         tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
         Ok(Self {
             client,
@@ -174,25 +175,39 @@ impl SnsSink {
     /// Send one request of `entries`; fill `outcomes` for them (at the
     /// entries' indices).
     async fn send(&self, topic: &str, entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>]) {
+        let retry_all = |outcomes: &mut [Option<Outcome>], reason: &str| {
+            for entry in entries {
+                outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
+            }
+        };
+        // Outside the call's timeout: a credential fetch is bounded by the
+        // providers' own timeouts and must not be cut off halfway.
+        let identity = match self.client.identity().await {
+            Ok(identity) => identity,
+            Err(error) => {
+                let reason = error.to_string();
+                tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
+                retry_all(outcomes, &reason);
+                return;
+            }
+        };
         let body = protocol::publish_batch_body(topic, entries);
-        let answer =
-            match tokio::time::timeout(self.operation_timeout, self.client.call(body)).await {
-                Ok(answer) => answer,
-                Err(_) => Err(CallError::Timeout {
-                    endpoint: self.client.endpoint().to_owned(),
-                    timeout: self.operation_timeout,
-                }),
-            };
+        let call = self.client.call(&identity, body);
+        let answer = match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout {
+                endpoint: self.client.endpoint().to_owned(),
+                timeout: self.operation_timeout,
+            }),
+        };
         let (status, body) = match answer {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
-                if matches!(error, CallError::Credentials(_) | CallError::Signing(_)) {
-                    tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
+                if matches!(error, CallError::Signing(_)) {
+                    tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
                 }
-                for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
-                }
+                retry_all(outcomes, &reason);
                 return;
             }
         };
@@ -248,9 +263,10 @@ impl SnsSink {
             }
             Class::Auth => {
                 tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                if code.as_deref().is_some_and(stale_credentials) {
+                    self.client.forget_credentials().await;
                 }
+                retry_all(outcomes, &reason);
             }
             Class::Transient => {
                 for entry in entries {
@@ -337,6 +353,19 @@ pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(hex)
 }
 
+/// Whether SNS's error `code` says the credentials themselves are expired
+/// or unknown (so the cached ones are dropped and the chain asked again).
+fn stale_credentials(code: &str) -> bool {
+    matches!(
+        code,
+        "ExpiredToken"
+            | "ExpiredTokenException"
+            | "InvalidClientTokenId"
+            | "UnrecognizedClientException"
+            | "InvalidAccessKeyId"
+    )
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Class {
     Permanent,
@@ -358,6 +387,9 @@ fn class_of(code: &str) -> Class {
         | "EmptyBatchRequest"
         | "TooManyEntriesInBatchRequest" => Class::Permanent,
         "AuthorizationError"
+        | "RequestExpired"
+        | "RequestTimeTooSkewed"
+        | "InvalidSignatureException"
         | "AccessDenied"
         | "AccessDeniedException"
         | "InvalidClientTokenId"
