@@ -85,7 +85,7 @@ async fn answer(req: Request<Incoming>, counts: &Counts) -> Response<Full<Bytes>
         let ids: Vec<String> = memchr::memmem::find_iter(&body, b".Id=")
             .filter(|&at| {
                 // `PublishBatchRequestEntries.member.N.Id=`: a key, not text
-                // inside a value (values have `.` and `=` encoded).
+                // inside a value (values have `=` and `&` encoded).
                 body[..at]
                     .iter()
                     .rposition(|&b| b == b'&')

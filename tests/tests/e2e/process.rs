@@ -165,9 +165,9 @@ async fn aws_settings_the_sns_client_cannot_use_stop_it_at_startup_naming_them()
             "AWS_CA_BUNDLE",
         ),
         (
-            sns(""),
-            vec![("AWS_USE_DUALSTACK_ENDPOINT", "true")],
-            "AWS_USE_DUALSTACK_ENDPOINT",
+            sns("https://sns.example"),
+            vec![("HTTPS_PROXY", "https://proxy.example:443")],
+            "HTTPS_PROXY",
         ),
     ];
     for (text, env, key) in cases {

@@ -148,57 +148,103 @@ pub fn parse_publish_batch(xml: &[u8]) -> Result<Vec<EntryResult>, XmlDecodeErro
 }
 
 /// The common answer, read without an XML parser: every entry under
-/// `Successful` with a numeric `Id`, an empty `Failed`, nothing else that
-/// could matter. `None` for any other shape, which the full parser reads.
+/// `Successful` with one numeric `Id`, `Failed` empty. `None` for anything
+/// else (another element, a namespace prefix, a comment or CDATA, an entity
+/// in an id, a failure), which the full parser then reads: this path may
+/// only ever agree with it.
 fn all_published(xml: &[u8]) -> Option<Vec<EntryResult>> {
-    use memchr::memmem::find;
-    let after = |needle: &[u8]| find(xml, needle).map(|at| at + needle.len());
-    // One root of the expected name, nothing but the standard prolog before it.
-    let root = find(xml, b"<PublishBatchResponse")?;
-    let before = &xml[..root];
-    if !(before.iter().all(u8::is_ascii_whitespace) || before.starts_with(b"<?xml"))
-        || before.iter().filter(|&&b| b == b'<').count() > 1
-    {
-        return None;
-    }
-    // `Failed` empty (`<Failed/>` or `<Failed></Failed>`), and said once.
-    if find(xml, b"<Failed").is_some() {
-        let empty = after(b"<Failed/>").is_some()
-            || after(b"<Failed>").is_some_and(|at| {
-                let rest = &xml[at..];
-                let close = rest.iter().position(|&b| b == b'<').unwrap_or(rest.len());
-                rest[..close].iter().all(u8::is_ascii_whitespace)
-                    && rest[close..].starts_with(b"</Failed>")
-            });
-        let more = find(xml, b"<Failed").and_then(|first| find(&xml[first + 1..], b"<Failed"));
-        if !empty || more.is_some() {
-            return None;
-        }
-    }
-    let opening = find(xml, b"<Successful>")?;
-    let start = opening + b"<Successful>".len();
-    let end = start + find(&xml[start..], b"</Successful>")?;
-    let list = &xml[start..end];
-    if find(&xml[end..], b"<Successful").is_some()
-        || find(&xml[..opening], b"<Successful").is_some()
-    {
-        return None;
-    }
+    const KNOWN: [&[u8]; 10] = [
+        b"PublishBatchResponse",
+        b"PublishBatchResult",
+        b"Successful",
+        b"Failed",
+        b"member",
+        b"Id",
+        b"MessageId",
+        b"SequenceNumber",
+        b"ResponseMetadata",
+        b"RequestId",
+    ];
+    let mut open: Vec<&[u8]> = Vec::with_capacity(6);
     let mut results = Vec::with_capacity(10);
-    let mut rest = list;
-    while let Some(at) = find(rest, b"<Id>") {
-        rest = &rest[at + 4..];
-        let close = find(rest, b"</Id>")?;
-        let digits = &rest[..close];
-        if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
+    let mut ids_in_member = 0;
+    let mut roots = 0;
+    let mut at = 0;
+    while let Some(lt) = memchr::memchr(b'<', &xml[at..]) {
+        let tag_start = at + lt;
+        let gt = tag_start + memchr::memchr(b'>', &xml[tag_start..])?;
+        let tag = &xml[tag_start + 1..gt];
+        at = gt + 1;
+        if let Some(prolog) = tag.strip_prefix(b"?") {
+            // Only `<?xml …?>`, only first.
+            if tag_start != 0 || !prolog.starts_with(b"xml") || !prolog.ends_with(b"?") {
+                return None;
+            }
+            continue;
+        }
+        let (closing, body) = match tag.strip_prefix(b"/") {
+            Some(body) => (true, body),
+            None => (false, tag),
+        };
+        let self_closing = !closing && body.ends_with(b"/");
+        let body = body.strip_suffix(b"/").unwrap_or(body);
+        let name_end = body
+            .iter()
+            .position(|b| b.is_ascii_whitespace())
+            .unwrap_or(body.len());
+        let name = &body[..name_end];
+        if !KNOWN.contains(&name) {
+            return None; // unknown elements, prefixes, `<!…>`
+        }
+        let parent = open.last().copied();
+        if closing {
+            if parent != Some(name) || name_end != body.len() {
+                return None;
+            }
+            open.pop();
+            if name == b"member" && ids_in_member != 1 {
+                return None;
+            }
+            continue;
+        }
+        // Where each element may be.
+        let fits = match name {
+            b"PublishBatchResponse" => parent.is_none(),
+            b"PublishBatchResult" | b"ResponseMetadata" => parent == Some(b"PublishBatchResponse"),
+            b"Successful" | b"Failed" => parent == Some(b"PublishBatchResult"),
+            b"member" => parent == Some(b"Successful"), // a failure: the parser's job
+            b"Id" | b"MessageId" | b"SequenceNumber" => parent == Some(b"member"),
+            _ => parent == Some(b"ResponseMetadata"), // RequestId
+        };
+        if !fits {
             return None;
         }
-        let id = std::str::from_utf8(digits).ok()?.parse().ok()?;
-        results.push(EntryResult::Published { id: Some(id) });
-        rest = &rest[close..];
+        if name == b"PublishBatchResponse" {
+            roots += 1;
+        }
+        if self_closing {
+            if name == b"member" || name == b"Id" {
+                return None;
+            }
+            continue;
+        }
+        if name == b"member" {
+            ids_in_member = 0;
+        }
+        if name == b"Id" {
+            let text_end = gt + 1 + memchr::memchr(b'<', &xml[gt + 1..])?;
+            let digits = &xml[gt + 1..text_end];
+            if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            let id = std::str::from_utf8(digits).ok()?.parse().ok()?;
+            results.push(EntryResult::Published { id: Some(id) });
+            ids_in_member += 1;
+        }
+        open.push(name);
     }
-    let members = memchr::memmem::find_iter(list, b"<member>").count();
-    (members == results.len()).then_some(results)
+    let rest_is_blank = xml[at..].iter().all(u8::is_ascii_whitespace);
+    (open.is_empty() && roots == 1 && rest_is_blank).then_some(results)
 }
 
 /// [`parse_publish_batch`] with the XML parser, for any shape of answer.
@@ -515,6 +561,45 @@ mod tests {
             assert_eq!(all_published(odd.as_bytes()), None, "{odd}");
         }
     }
+
+    proptest::proptest! {
+        /// Documents made of pieces of real answers and of what could trip
+        /// a scanner: whenever the fast path answers, the parser agrees.
+        #[test]
+        fn the_fast_path_never_disagrees_with_the_parser(
+            pieces in proptest::collection::vec(0usize..PIECES.len(), 0..14),
+        ) {
+            let mut doc = String::from(
+                "<PublishBatchResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\"><PublishBatchResult><Successful>",
+            );
+            for i in pieces {
+                doc.push_str(PIECES[i]);
+            }
+            doc.push_str("</Successful><Failed/></PublishBatchResult></PublishBatchResponse>");
+            if let Some(fast) = all_published(doc.as_bytes()) {
+                proptest::prop_assert_eq!(Some(fast), parse_publish_batch_fully(doc.as_bytes()).ok(), "{}", doc);
+            }
+        }
+    }
+
+    const PIECES: [&str; 16] = [
+        "<member><Id>1</Id><MessageId>m</MessageId></member>",
+        "<member><MessageId>m</MessageId><Id>2</Id></member>",
+        "<member><Id>3</Id></member>",
+        "<member>",
+        "</member>",
+        "<Id>4</Id>",
+        "<!-- <member><Id>5</Id></member> -->",
+        "<![CDATA[</member><member><Id>6</Id>]]>",
+        "<sns:member><Id>7</Id></sns:member>",
+        "<member><Other><Id>8</Id></Other></member>",
+        "<member><Id>9</Id><Id>10</Id></member>",
+        "<member/>",
+        "</Successful><Successful>",
+        "<member><Id>&#49;1</Id></member>",
+        "\n  ",
+        "<member><Id> 12</Id></member>",
+    ];
 
     #[test]
     fn error_answers_give_their_code_and_message() {

@@ -7,9 +7,10 @@
 //!   only the host name);
 //! * `HTTP_PROXY` / `http_proxy` for an `http` endpoint: requests in absolute
 //!   form to the proxy;
-//! * `NO_PROXY` / `no_proxy`: comma-separated hosts or domains (`.example.com`
-//!   and `example.com` both cover subdomains; `*` covers everything) reached
-//!   directly.
+//! * else `ALL_PROXY` / `all_proxy`, for either;
+//! * `NO_PROXY` / `no_proxy`: comma-separated hosts, domains (`.example.com`
+//!   and `example.com` both cover subdomains), IP addresses or ranges
+//!   (`10.0.0.0/8`, `fd00::/8`), or `*` for everything, reached directly.
 //!
 //! The proxy URL is `http://[user:password@]host[:port]` (port 80 by
 //! default; the scheme may be left out). User and password go in a
@@ -44,10 +45,10 @@ pub fn from_env(
     host: &str,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Proxy>, (&'static str, String)> {
-    let names: [&'static str; 2] = if https {
-        ["HTTPS_PROXY", "https_proxy"]
+    let names: [&'static str; 4] = if https {
+        ["HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"]
     } else {
-        ["HTTP_PROXY", "http_proxy"]
+        ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
     };
     let Some((variable, url)) = names.iter().find_map(|name| {
         env(name)
@@ -132,13 +133,21 @@ fn bypassed(host: &str, no_proxy: &str) -> bool {
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_ascii_lowercase();
+    let ip = host.parse::<std::net::IpAddr>().ok();
     no_proxy.split(',').map(str::trim).any(|entry| {
         if entry == "*" {
             return true;
         }
-        // An entry may carry a port; bypassing is by host.
+        if let (Some(ip), Some((net, bits))) = (ip, entry.split_once('/')) {
+            return in_range(ip, net, bits);
+        }
+        // An entry may carry a port (`host:443`, `[::1]:443`); bypassing is by host.
         let entry = match entry.rsplit_once(':') {
-            Some((name, port)) if !name.contains(':') && port.parse::<u16>().is_ok() => name,
+            Some((name, port))
+                if port.parse::<u16>().is_ok() && (!name.contains(':') || name.ends_with(']')) =>
+            {
+                name
+            }
             _ => entry,
         };
         let domain = entry
@@ -149,6 +158,30 @@ fn bypassed(host: &str, no_proxy: &str) -> bool {
             .to_ascii_lowercase();
         !domain.is_empty() && (host == domain || host.ends_with(&format!(".{domain}")))
     })
+}
+
+/// Whether `ip` is in the range `net`/`bits`.
+fn in_range(ip: std::net::IpAddr, net: &str, bits: &str) -> bool {
+    use std::net::IpAddr;
+    let Ok(bits) = bits.parse::<u32>() else {
+        return false;
+    };
+    match (
+        ip,
+        net.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<IpAddr>(),
+    ) {
+        (IpAddr::V4(ip), Ok(IpAddr::V4(net))) if bits <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
+        }
+        (IpAddr::V6(ip), Ok(IpAddr::V6(net))) if bits <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
+    }
 }
 
 /// Ask the proxy on `tcp` for a tunnel to `target` (`host:port`); `Ok` once
@@ -184,7 +217,7 @@ pub async fn tunnel(
     let status_line = String::from_utf8_lossy(&answer);
     let status_line = status_line.lines().next().unwrap_or_default();
     let status = status_line.split_whitespace().nth(1).unwrap_or_default();
-    if status == "200" {
+    if status.len() == 3 && status.starts_with('2') {
         Ok(())
     } else {
         Err(format!(
@@ -221,6 +254,10 @@ mod tests {
         assert_eq!(http.address, ("plain.corp".into(), 80));
         assert_eq!(http.variable, "http_proxy");
         assert_eq!(from_env(true, "x", env(&[])).unwrap(), None);
+        let all = from_env(true, "x", env(&[("ALL_PROXY", "all.corp:8080")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!((all.address.1, all.variable), (8080, "ALL_PROXY"));
         assert_eq!(
             from_env(true, "x", env(&[("HTTPS_PROXY", " ")])).unwrap(),
             None
@@ -241,7 +278,7 @@ mod tests {
 
     #[test]
     fn no_proxy_names_hosts_and_domains_reached_directly() {
-        let list = "localhost, .internal.corp,example.com:443,[::1],10.1.2.3";
+        let list = "localhost, .internal.corp,example.com:443,[::1],10.1.2.3,192.168.0.0/16,fd00::/8,[::2]:443";
         assert!(bypassed("localhost", list));
         assert!(bypassed("a.internal.corp", list));
         assert!(bypassed("internal.corp", list));
@@ -249,6 +286,11 @@ mod tests {
         assert!(bypassed("example.com", list));
         assert!(bypassed("[::1]", list));
         assert!(bypassed("10.1.2.3", list));
+        assert!(bypassed("192.168.7.9", list));
+        assert!(!bypassed("192.169.0.1", list));
+        assert!(bypassed("[fd12::1]", list));
+        assert!(bypassed("[::2]", list));
+        assert!(!bypassed("[fe80::1]", list));
         assert!(!bypassed("notexample.com", list));
         assert!(!bypassed("sns.eu-west-1.amazonaws.com", list));
         assert!(bypassed("anything", "*"));
