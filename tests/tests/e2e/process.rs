@@ -179,15 +179,26 @@ async fn aws_settings_the_sns_client_cannot_use_stop_it_at_startup_naming_them()
             ("AWS_SECRET_ACCESS_KEY", "test"),
             ("AWS_EC2_METADATA_DISABLED", "true"),
         ]);
-        let mut relay = RelayProcess::spawn(&["run", "--config", path.to_str().unwrap()], &env);
-        let status = relay
-            .wait_exit_async(Duration::from_secs(10))
-            .await
-            .expect("exits");
-        let stderr = relay.stderr_text();
-        assert_eq!(status.code(), Some(2), "{key}: {stderr}");
-        assert!(stderr.contains(key), "{key} not named in: {stderr}");
+        refused_at_startup_naming(&path, &env, key).await;
     }
+}
+
+/// Runs the relay on the configuration file `path` with `env`; checks that
+/// it stops at start-up (exit 2) naming `key`; its standard error.
+async fn refused_at_startup_naming(
+    path: &std::path::Path,
+    env: &[(&str, &str)],
+    key: &str,
+) -> String {
+    let mut relay = RelayProcess::spawn(&["run", "--config", path.to_str().unwrap()], env);
+    let status = relay
+        .wait_exit_async(Duration::from_secs(10))
+        .await
+        .expect("exits");
+    let stderr = relay.stderr_text();
+    assert_eq!(status.code(), Some(2), "{key}: {stderr}");
+    assert!(stderr.contains(key), "{key} not named in: {stderr}");
+    stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,14 +222,7 @@ async fn bad_configuration_fails_at_startup_naming_the_key() {
     for (text, key) in cases {
         let path = dir.path().join("relay.toml");
         std::fs::write(&path, text).unwrap();
-        let mut relay = RelayProcess::spawn(&["run", "--config", path.to_str().unwrap()], &[]);
-        let status = relay
-            .wait_exit_async(Duration::from_secs(10))
-            .await
-            .expect("exits");
-        let stderr = relay.stderr_text();
-        assert_eq!(status.code(), Some(2), "{key}: {stderr}");
-        assert!(stderr.contains(key), "{key} not named in: {stderr}");
+        let stderr = refused_at_startup_naming(&path, &[], key).await;
         assert!(!stderr.contains("pw@"), "the password is echoed: {stderr}");
     }
     // An unknown key from the environment names the variable.

@@ -571,6 +571,27 @@ async fn publish_states(outbox: &Outbox) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// The next `n` messages of `topic`'s queue (20 s at most).
+async fn next(sqs: &aws_sdk_sqs::Client, topic: &Topic, n: usize) -> Vec<Received> {
+    sns::receive_all(sqs, &topic.queue_url, n, Duration::from_secs(20)).await
+}
+
+/// Waits until all `rows` rows of the outbox are PUBLISHED, then stops
+/// `relay` with SIGTERM and checks that it exits cleanly; its log.
+async fn all_published_then_stop(outbox: &Outbox, relay: &mut RelayProcess, rows: i64) -> String {
+    wait_until(
+        Duration::from_secs(10),
+        "every row is PUBLISHED",
+        || async { publish_states(outbox).await == [("PUBLISHED".to_owned(), rows)] },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
+    let log = relay.stderr_text();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    log
+}
+
 /// Inserts `txs` transactions of `per_tx` events of one aggregate (one FIFO
 /// group, so one order for all); `(id, aggregate)` in commit order. The
 /// payloads have what a form body must encode: spaces (jsonb prints objects
@@ -668,30 +689,15 @@ async fn with_signatures_checked_a_wrong_secret_publishes_nothing_and_the_right_
 
     // The right secret: the backlog, then events written while it runs.
     let mut relay = relay_signing_as(&config, &endpoint, &user);
-    let mut received = sns::receive_all(
-        &sqs,
-        &topic.queue_url,
-        expected.len(),
-        Duration::from_secs(20),
-    )
-    .await;
+    let mut received = next(&sqs, &topic, expected.len()).await;
     expected.extend(insert_signed(&outbox, 2, 2).await);
-    received.extend(sns::receive_all(&sqs, &topic.queue_url, 4, Duration::from_secs(20)).await);
+    received.extend(next(&sqs, &topic, 4).await);
     assert_eq!(
         envelopes(&received),
         expected,
         "all of them, in commit order"
     );
-    wait_until(
-        Duration::from_secs(10),
-        "every row is PUBLISHED",
-        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 10)] },
-    )
-    .await;
-    relay.sigterm();
-    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
-    let log = relay.stderr_text();
-    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    let log = all_published_then_stop(&outbox, &mut relay, 10).await;
     assert!(!log.contains("refused"), "no publish was refused: {log}");
 }
 
@@ -719,28 +725,13 @@ async fn with_signatures_checked_sts_credentials_publish_with_their_session_toke
     let mut relay = relay_signing_as(&config, &endpoint, &role);
     outbox.wait_slot_active(true).await;
     let expected = insert_signed(&outbox, 3, 2).await;
-    let received = sns::receive_all(
-        &sqs,
-        &topic.queue_url,
-        expected.len(),
-        Duration::from_secs(20),
-    )
-    .await;
+    let received = next(&sqs, &topic, expected.len()).await;
     assert_eq!(
         envelopes(&received),
         expected,
         "all of them, in commit order"
     );
-    wait_until(
-        Duration::from_secs(10),
-        "every row is PUBLISHED",
-        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 6)] },
-    )
-    .await;
-    relay.sigterm();
-    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
-    let log = relay.stderr_text();
-    assert!(status.is_some_and(|s| s.success()), "{status:?}: {log}");
+    let log = all_published_then_stop(&outbox, &mut relay, 6).await;
     assert!(!log.contains("refused"), "no publish was refused: {log}");
 }
 
@@ -785,33 +776,15 @@ async fn over_https_the_endpoint_certificate_is_checked_against_aws_ca_bundle_an
     // The CA that signed it: the backlog, then events written while it runs.
     let mut relay = relay_trusting(&pki.ca());
     let sqs = sns::sqs_client(moto.as_str()).await;
-    let mut received = sns::receive_all(
-        &sqs,
-        &topic.queue_url,
-        expected.len(),
-        Duration::from_secs(20),
-    )
-    .await;
+    let mut received = next(&sqs, &topic, expected.len()).await;
     expected.extend(insert_signed(&outbox, 1, 3).await);
-    received.extend(sns::receive_all(&sqs, &topic.queue_url, 3, Duration::from_secs(20)).await);
+    received.extend(next(&sqs, &topic, 3).await);
     assert_eq!(
         envelopes(&received),
         expected,
         "all of them, in commit order"
     );
-    wait_until(
-        Duration::from_secs(10),
-        "every row is PUBLISHED",
-        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 9)] },
-    )
-    .await;
-    relay.sigterm();
-    let status = relay.wait_exit_async(Duration::from_secs(20)).await;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "{status:?}: {}",
-        relay.stderr_text()
-    );
+    all_published_then_stop(&outbox, &mut relay, 9).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -841,13 +814,7 @@ async fn through_an_https_proxy_every_event_arrives_and_no_proxy_goes_direct() {
     let mut relay = relay_with(&[]);
     outbox.wait_slot_active(true).await;
     let mut expected = insert_signed(&outbox, 2, 3).await;
-    let mut received = sns::receive_all(
-        &sqs,
-        &topic.queue_url,
-        expected.len(),
-        Duration::from_secs(20),
-    )
-    .await;
+    let mut received = next(&sqs, &topic, expected.len()).await;
     let tunnels = proxy.tunnels();
     assert!(!tunnels.is_empty(), "the relay went through the proxy");
     let port = endpoint.rsplit(':').next().unwrap();
@@ -863,9 +830,7 @@ async fn through_an_https_proxy_every_event_arrives_and_no_proxy_goes_direct() {
     let mut direct = relay_with(&[("NO_PROXY", "example.com,localhost".to_owned())]);
     outbox.wait_slot_active(true).await;
     let more = insert_signed(&outbox, 1, 3).await;
-    received.extend(
-        sns::receive_all(&sqs, &topic.queue_url, more.len(), Duration::from_secs(20)).await,
-    );
+    received.extend(next(&sqs, &topic, more.len()).await);
     expected.extend(more);
     assert_eq!(
         envelopes(&received),
@@ -877,17 +842,5 @@ async fn through_an_https_proxy_every_event_arrives_and_no_proxy_goes_direct() {
         tunnels.len(),
         "no tunnel with NO_PROXY"
     );
-    wait_until(
-        Duration::from_secs(10),
-        "every row is PUBLISHED",
-        || async { publish_states(&outbox).await == [("PUBLISHED".to_owned(), 9)] },
-    )
-    .await;
-    direct.sigterm();
-    let status = direct.wait_exit_async(Duration::from_secs(20)).await;
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "{status:?}: {}",
-        direct.stderr_text()
-    );
+    all_published_then_stop(&outbox, &mut direct, 9).await;
 }
