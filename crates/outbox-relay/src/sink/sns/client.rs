@@ -2,18 +2,20 @@
 //! HTTP/1.1 connections.
 //!
 //! Built from AWS's own parts where they matter: the region, the endpoint
-//! settings and the credentials come from `aws-config`'s standard chain
-//! (environment, profiles, web identity, container and instance roles), and
-//! requests are signed by `aws-sigv4`, the SigV4 implementation the AWS SDK
-//! uses. What the SDK adds around a call (an orchestrator with interceptors,
-//! endpoint rules, a request tree serialised field by field) cost more CPU
-//! per message than everything else the relay does; see docs/benchmarks.md.
+//! (the SDK's settings and SNS's endpoint rules) and the credentials come
+//! from `aws-config`'s standard chain (environment, profiles, web identity,
+//! container and instance roles), and requests are signed by `aws-sigv4`,
+//! the SigV4 implementation the AWS SDK uses. What the SDK adds around a
+//! call (an orchestrator with interceptors, a request tree serialised field
+//! by field) cost more CPU per message than everything else the relay does;
+//! see docs/benchmarks.md.
 //!
 //! # Invariants
 //!
-//! * Credentials are fetched once and kept until five minutes before they
-//!   expire; a failure to get them is an [`CallError::Credentials`], which the
-//!   sink treats as an authorization problem (retried, logged as an error).
+//! * Credentials are cached as [`Credentials`] says; a failure to get any is
+//!   a [`CallError::Credentials`], which the sink retries and logs as an error.
+//! * Requests are signed with the endpoint's time once an answer's `Date`
+//!   shows this host's clock is off by a minute or more ([`Clock`]).
 //! * A request goes on a fresh connection or on an idle one that was last
 //!   used less than [`IDLE`] ago. When an idle connection turns out to be
 //!   closed *before the request was written to it*, the request goes on a new

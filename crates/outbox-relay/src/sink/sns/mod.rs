@@ -23,17 +23,19 @@
 //!
 //! A request-level permanent error for a batch of several entries does not
 //! condemn them all: the entries are sent again one by one so only the
-//! culprit is rejected. Nothing retries below the publisher (it retries with
-//! the configured policy); operation and attempt timeouts are explicit so
-//! no call hangs.
+//! culprit is rejected. Nothing that may have reached SNS is sent again below
+//! the publisher (it retries with the configured policy); operation and
+//! attempt timeouts are explicit so no call hangs. FIFO ids SNS would refuse
+//! (over 128 characters, not printable ASCII) are replaced by their SHA-256
+//! ([`fifo_id`]).
 //!
-//! The calls are made by a small client of the relay's own ([`client`]):
-//! the request body is written once into one buffer ([`protocol`]), signed
+//! The calls are made by a small client of the relay's own (`client.rs`):
+//! the request body is written once into one buffer (`protocol.rs`), signed
 //! by `aws-sigv4`, sent on kept-alive HTTP/1.1 connections; region,
-//! endpoint settings and credentials come from `aws-config`'s standard chain.
-//! This replaced the AWS SDK's SNS client, whose per-call work cost more CPU
-//! than the rest of the relay (docs/benchmarks.md). FIFO ids SNS would refuse (over 128 characters, not
-//! printable ASCII) are replaced by their SHA-256 ([`fifo_id`]).
+//! endpoint settings and credentials come from `aws-config`'s standard chain
+//! and SNS's endpoint rules. This replaced the AWS SDK's SNS client, whose
+//! per-call work cost more CPU than the rest of the relay
+//! (docs/benchmarks.md).
 
 use std::borrow::Cow;
 use std::time::Duration;
