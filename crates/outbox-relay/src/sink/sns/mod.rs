@@ -219,7 +219,10 @@ impl SnsSink {
         }
         let (code, reason) = match protocol::parse_error(&body) {
             Some((code, message)) => {
-                let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                let mut reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                if let Some(id) = protocol::request_id(&body) {
+                    reason.push_str(&format!(" (request id {id})"));
+                }
                 (Some(code), reason)
             }
             None => (

@@ -319,6 +319,18 @@ pub fn parse_error(xml: &[u8]) -> Option<(String, Option<String>)> {
     find_error(&mut root, 0)
 }
 
+/// The `RequestId` of an answer, for error messages (AWS support asks for
+/// it): the first `<RequestId>` holding a plain token.
+pub fn request_id(xml: &[u8]) -> Option<&str> {
+    let start = memchr::memmem::find(xml, b"<RequestId>")? + b"<RequestId>".len();
+    let len = memchr::memchr(b'<', &xml[start..])?;
+    let id = std::str::from_utf8(&xml[start..start + len]).ok()?.trim();
+    let plain = !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    plain.then_some(id)
+}
+
 fn find_error(scope: &mut ScopedDecoder<'_, '_>, depth: usize) -> Option<(String, Option<String>)> {
     if depth > 3 {
         return None;
@@ -605,7 +617,7 @@ mod tests {
     fn error_answers_give_their_code_and_message() {
         let aws = br#"<ErrorResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/">
   <Error><Type>Sender</Type><Code>NotFound</Code><Message>Topic does not exist</Message></Error>
-  <RequestId>r</RequestId></ErrorResponse>"#;
+  <RequestId>r-1f</RequestId></ErrorResponse>"#;
         assert_eq!(
             parse_error(aws),
             Some(("NotFound".into(), Some("Topic does not exist".into())))
@@ -614,6 +626,9 @@ mod tests {
             b"<Response><Errors><Error><Code>Throttling</Code></Error></Errors></Response>";
         assert_eq!(parse_error(nested), Some(("Throttling".into(), None)));
         assert_eq!(parse_error(b"<html>Bad Gateway</html>"), None);
+        assert_eq!(request_id(aws), Some("r-1f"));
+        assert_eq!(request_id(b"<RequestId>a&amp;b</RequestId>"), None);
+        assert_eq!(request_id(nested), None);
         assert_eq!(parse_error(b""), None);
     }
 }
