@@ -326,21 +326,9 @@ impl Client {
             Some(proxy) => &proxy.address,
             None => &self.endpoint.address,
         };
-        let mut tcp = match tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect((host.as_str(), *port)),
-        )
-        .await
-        {
-            Ok(Ok(tcp)) => tcp,
-            Ok(Err(error)) => return Err(failed(error.to_string())),
-            Err(_) => {
-                return Err(failed(format!(
-                    "timed out after {:?}",
-                    self.connect_timeout
-                )))
-            }
-        };
+        let mut tcp = tcp_connect(host, *port, self.connect_timeout)
+            .await
+            .map_err(failed)?;
         let _ = tcp.set_nodelay(true);
         let handshake = |error: hyper::Error| failed(error.to_string());
         match &self.tls {
@@ -385,6 +373,35 @@ impl Client {
             }
         }
     }
+}
+
+/// A TCP connection to `host`:`port` within `limit`. Each resolved
+/// address gets its share of what is left of the limit (at least 1 s, the
+/// last one all of it), so one address that swallows packets does not use up
+/// the whole attempt while another would answer.
+async fn tcp_connect(host: &str, port: u16, limit: Duration) -> Result<TcpStream, String> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let addresses: Vec<_> =
+        tokio::time::timeout_at(deadline, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| format!("resolving {host} timed out after {limit:?}"))?
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect();
+    let mut last = format!("{host} resolves to no address");
+    for (i, address) in addresses.iter().enumerate() {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let remaining = u32::try_from(addresses.len() - i).unwrap_or(u32::MAX);
+        let share = (left / remaining).max(Duration::from_secs(1)).min(left);
+        match tokio::time::timeout(share, TcpStream::connect(address)).await {
+            Ok(Ok(tcp)) => return Ok(tcp),
+            Ok(Err(error)) => last = format!("{address}: {error}"),
+            Err(_) => last = format!("{address}: timed out after {share:?}"),
+        }
+    }
+    Err(last)
 }
 
 /// The endpoint URL and the configuration key it came from, by the AWS
@@ -817,6 +834,22 @@ mod tests {
             "the second with the endpoint's: {}",
             heads[1]
         );
+    }
+
+    #[tokio::test]
+    async fn a_connection_tries_every_address_of_the_host() {
+        // `localhost` may resolve to ::1 first; only 127.0.0.1 listens.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tcp = tcp_connect("localhost", port, Duration::from_secs(3))
+            .await
+            .unwrap();
+        assert_eq!(tcp.peer_addr().unwrap().port(), port);
+        drop(listener);
+        let error = tcp_connect("127.0.0.1", port, Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
     }
 
     #[tokio::test]
