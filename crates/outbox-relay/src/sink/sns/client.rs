@@ -91,11 +91,8 @@ pub struct Client {
     endpoint: Endpoint,
     /// The proxy requests go through, if any.
     proxy: Option<proxy::Proxy>,
-    /// For `https`: the connector and the name the certificate must have.
-    tls: Option<(
-        tokio_rustls::TlsConnector,
-        rustls::pki_types::ServerName<'static>,
-    )>,
+    /// For `https` (the name to check is the endpoint's `tls_name`).
+    tls: Option<tokio_rustls::TlsConnector>,
     region: String,
     credentials: Credentials,
     clock: Clock,
@@ -111,6 +108,8 @@ struct Endpoint {
     /// The request URI (scheme, authority, path): what is signed, and the
     /// request target through an `http` proxy.
     uri: Uri,
+    /// `uri` as text, as the signer takes it.
+    signed_uri: String,
     /// The request target otherwise: the path alone (origin form).
     path: Uri,
     /// `host:port`, for a proxy tunnel.
@@ -125,8 +124,7 @@ struct Endpoint {
 
 impl Client {
     /// A client for `region`, at `endpoint_url` or else the endpoint the AWS
-    /// settings in `sdk` name (`AWS_ENDPOINT_URL_SNS`, `AWS_ENDPOINT_URL`, a
-    /// profile's `endpoint_url`, FIPS) or else `https://sns.<region>.amazonaws.com`.
+    /// settings in `sdk` and SNS's endpoint rules give ([`endpoint_of`]).
     pub async fn new(
         sdk: &SdkConfig,
         region: &str,
@@ -154,14 +152,11 @@ impl Client {
                 "SNS requests go through a proxy"
             );
         }
-        let tls = match &endpoint.tls_name {
-            Some(name) => Some((
-                tls_connector().map_err(|message| SnsSetupError {
-                    key: "AWS_CA_BUNDLE",
-                    message,
-                })?,
-                name.clone(),
-            )),
+        let tls = match endpoint.tls_name {
+            Some(_) => Some(tls_connector().map_err(|message| SnsSetupError {
+                key: "AWS_CA_BUNDLE",
+                message,
+            })?),
             None => None,
         };
         Ok(Self {
@@ -221,7 +216,7 @@ impl Client {
             .build()
             .map_err(|e| CallError::Signing(e.to_string()))?
             .into();
-        let uri = self.endpoint.uri.to_string();
+        let uri = self.endpoint.signed_uri.as_str();
         let headers = request
             .headers()
             .iter()
@@ -331,15 +326,8 @@ impl Client {
             .map_err(failed)?;
         let _ = tcp.set_nodelay(true);
         let handshake = |error: hyper::Error| failed(error.to_string());
-        match &self.tls {
-            None => {
-                let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                    .await
-                    .map_err(handshake)?;
-                tokio::spawn(connection);
-                Ok(sender)
-            }
-            Some((connector, name)) => {
+        match (&self.tls, &self.endpoint.tls_name) {
+            (Some(connector), Some(name)) => {
                 if let Some(proxy) = &self.proxy {
                     let tunnel = proxy::tunnel(
                         &mut tcp,
@@ -365,14 +353,21 @@ impl Client {
                 .await
                 .map_err(|_| failed("TLS handshake timed out".into()))?
                 .map_err(|error| failed(format!("TLS: {error} (trusted are the CAs of AWS_CA_BUNDLE when it is set, else the system's)")))?;
-                let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-                    .await
-                    .map_err(handshake)?;
-                tokio::spawn(connection);
-                Ok(sender)
+                http1(tls).await.map_err(handshake)
             }
+            _ => http1(tcp).await.map_err(handshake),
         }
     }
+}
+
+/// An HTTP/1.1 connection on `io`, driven by a task of its own.
+async fn http1<S>(io: S) -> Result<SendRequest<Full<Bytes>>, hyper::Error>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
 }
 
 /// A TCP connection to `host`:`port` within `limit`. Each resolved
@@ -507,6 +502,7 @@ impl Endpoint {
             path,
             authority: host_port,
             host: HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?,
+            signed_uri: request_uri.to_string(),
             uri: request_uri,
             address: (host, port),
             tls_name,

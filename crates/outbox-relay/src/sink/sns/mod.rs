@@ -177,11 +177,6 @@ impl SnsSink {
     /// Send one request of `entries`; fill `outcomes` for them (at the
     /// entries' indices).
     async fn send(&self, topic: &str, entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>]) {
-        let retry_all = |outcomes: &mut [Option<Outcome>], reason: &str| {
-            for entry in entries {
-                outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
-            }
-        };
         // Outside the call's timeout: a credential fetch is bounded by the
         // providers' own timeouts and must not be cut off halfway.
         let identity = match self.client.identity().await {
@@ -189,7 +184,7 @@ impl SnsSink {
             Err(error) => {
                 let reason = error.to_string();
                 tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
-                retry_all(outcomes, &reason);
+                retry_all(entries, outcomes, &reason);
                 return;
             }
         };
@@ -209,7 +204,7 @@ impl SnsSink {
                 if matches!(error, CallError::Signing(_)) {
                     tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
                 }
-                retry_all(outcomes, &reason);
+                retry_all(entries, outcomes, &reason);
                 return;
             }
         };
@@ -271,13 +266,9 @@ impl SnsSink {
                 if code.as_deref().is_some_and(stale_credentials) {
                     self.client.forget_credentials().await;
                 }
-                retry_all(outcomes, &reason);
+                retry_all(entries, outcomes, &reason);
             }
-            Class::Transient => {
-                for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
-                }
-            }
+            Class::Transient => retry_all(entries, outcomes, &reason),
         }
     }
 
@@ -293,9 +284,7 @@ impl SnsSink {
             Ok(results) => results,
             Err(error) => {
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
-                }
+                retry_all(entries, outcomes, &reason);
                 return;
             }
         };
@@ -356,6 +345,13 @@ pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
         hex.push_str(&format!("{byte:02x}"));
     }
     std::borrow::Cow::Owned(hex)
+}
+
+/// Every one of `entries` is to be sent again, for `reason`.
+fn retry_all(entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>], reason: &str) {
+    for entry in entries {
+        outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
+    }
 }
 
 /// Whether SNS's error `code` says the credentials themselves are expired
@@ -463,11 +459,7 @@ impl Sink for SnsSink {
             });
             match retry_pending {
                 // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some(reason) => {
-                    for entry in request {
-                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
-                    }
-                }
+                Some(reason) => retry_all(&request, &mut outcomes, &reason),
                 None => self.send(&topic, &request, &mut outcomes).await,
             }
         }
