@@ -3,16 +3,33 @@
 //! "Delivered" means written and flushed to the file descriptor. Logs go to
 //! standard error, so standard output carries envelopes only.
 //!
-//! A batch is formatted into one buffer and handed to a writer thread of the
-//! sink's own, which writes it with one blocking `write_all`: cheaper than
-//! tokio's blocking pool per write, and a reader that stops reading blocks
-//! only that thread. The relay stays responsive (health, metrics, signals);
-//! its in-flight limits stop the stream, and the slot keeps what is not yet
-//! written.
+//! A batch is formatted into one buffer and written with as few system calls
+//! as the output takes. How it is written depends on what standard output is,
+//! looked at once at start-up, so that a reader that stops reading never
+//! stops the runtime (health, metrics, signals keep working; the in-flight
+//! limits stop the stream, and the slot keeps what is not yet written):
+//!
+//! * a **regular file** or **`/dev/null`**: no reader can hold these up, so
+//!   the batch is written on the runtime thread, one `write` a batch. (A file
+//!   on a network filesystem that hangs would stall the runtime; send the
+//!   output through a pipe there.)
+//! * a **pipe**: opened again, non-blocking, through `/proc/self/fd/1` (a
+//!   description of its own, so standard error on the same pipe stays
+//!   blocking). A batch is written on the runtime thread while the pipe has
+//!   room; when it is full the write waits for room as any socket does.
+//! * **anything else** (a terminal, a socket, a writer in tests), or a pipe
+//!   that cannot be opened again (no `/proc`): a writer thread of the sink's
+//!   own, which writes each batch with one blocking `write_all`. Each batch
+//!   then costs two thread hand-offs, which is why the two cases above avoid
+//!   it.
 
 use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::sync::Mutex;
 
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
 use super::{Message, Outcome, Sink};
@@ -23,20 +40,56 @@ struct Job {
     done: oneshot::Sender<(Vec<u8>, std::io::Result<()>)>,
 }
 
+/// How batches reach the output (see the module docs).
+enum Output {
+    /// A regular file or `/dev/null`, written on the calling thread.
+    Direct(Mutex<std::fs::File>),
+    /// A pipe, written without blocking; waits for room when full.
+    Pipe(tokio::sync::Mutex<pipe::Sender>),
+    /// A writer thread that takes buffers and gives them back.
+    Thread(std::sync::mpsc::Sender<Job>),
+}
+
 /// Writes envelopes as lines to a writer, by default standard output.
 pub struct StdoutSink {
-    jobs: std::sync::mpsc::Sender<Job>,
+    output: Output,
     /// A buffer for the next batch.
     spare: Mutex<Vec<u8>>,
 }
 
 impl StdoutSink {
-    /// A sink on the process's standard output.
+    /// A sink on the process's standard output. Must be called within a
+    /// tokio runtime (a pipe is registered with its reactor).
     pub fn new() -> Self {
-        Self::with_writer(Box::new(std::io::stdout()))
+        match std::io::stdout().as_fd().try_clone_to_owned() {
+            Ok(fd) => Self::on(fd),
+            Err(_) => Self::with_writer(Box::new(std::io::stdout())),
+        }
     }
 
-    /// A sink on any writer (tests, files).
+    /// A sink on an open file descriptor; how it is written depends on what
+    /// it is (see the module docs). Must be called within a tokio runtime.
+    pub fn on(fd: OwnedFd) -> Self {
+        let file = std::fs::File::from(fd);
+        let Ok(meta) = file.metadata() else {
+            return Self::with_writer(Box::new(file));
+        };
+        let kind = meta.file_type();
+        let is_dev_null = kind.is_char_device()
+            && std::fs::metadata("/dev/null").is_ok_and(|null| null.rdev() == meta.rdev());
+        if kind.is_file() || is_dev_null {
+            return Self::with_output(Output::Direct(Mutex::new(file)));
+        }
+        if kind.is_fifo() {
+            let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+            if let Ok(sender) = pipe::OpenOptions::new().open_sender(path) {
+                return Self::with_output(Output::Pipe(tokio::sync::Mutex::new(sender)));
+            }
+        }
+        Self::with_writer(Box::new(file))
+    }
+
+    /// A sink on any writer (tests), written by a thread of its own.
     pub fn with_writer(mut writer: Box<dyn Write + Send>) -> Self {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -49,23 +102,46 @@ impl StdoutSink {
                 }
             })
             .expect("cannot start the stdout writer thread");
+        Self::with_output(Output::Thread(jobs))
+    }
+
+    /// How batches are written: `direct`, `pipe` or `thread` (tests).
+    #[cfg(test)]
+    fn path(&self) -> &'static str {
+        match self.output {
+            Output::Direct(_) => "direct",
+            Output::Pipe(_) => "pipe",
+            Output::Thread(_) => "thread",
+        }
+    }
+
+    fn with_output(output: Output) -> Self {
         Self {
-            jobs,
+            output,
             spare: Mutex::new(Vec::with_capacity(256 * 1024)),
         }
     }
 
     /// Write `buffer`; the buffer back, and how it went.
     async fn write(&self, buffer: Vec<u8>) -> Result<Vec<u8>, String> {
-        let (done, wait) = oneshot::channel();
-        self.jobs
-            .send(Job { buffer, done })
-            .map_err(|_| "the stdout writer thread stopped".to_owned())?;
-        match wait.await {
-            Ok((buffer, Ok(()))) => Ok(buffer),
-            Ok((_, Err(e))) => Err(e.to_string()),
-            Err(_) => Err("the stdout writer thread stopped".to_owned()),
-        }
+        let result = match &self.output {
+            Output::Direct(file) => {
+                let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
+                file.write_all(&buffer)
+            }
+            Output::Pipe(sender) => sender.lock().await.write_all(&buffer).await,
+            Output::Thread(jobs) => {
+                let (done, wait) = oneshot::channel();
+                jobs.send(Job { buffer, done })
+                    .map_err(|_| "the stdout writer thread stopped".to_owned())?;
+                return match wait.await {
+                    Ok((buffer, Ok(()))) => Ok(buffer),
+                    Ok((_, Err(e))) => Err(e.to_string()),
+                    Err(_) => Err("the stdout writer thread stopped".to_owned()),
+                };
+            }
+        };
+        result.map(|()| buffer).map_err(|e| e.to_string())
     }
 }
 
@@ -184,6 +260,82 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_regular_file_and_dev_null_are_written_directly() {
+        let path = std::env::temp_dir().join(format!("outbox-relay-stdout-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        let sink = StdoutSink::on(file.into());
+        assert_eq!(sink.path(), "direct");
+        let outcomes = sink
+            .publish(&[message("{\"a\":1}"), message("{\"b\":2}")])
+            .await;
+        assert_eq!(outcomes, vec![Outcome::Delivered; 2]);
+        assert_eq!(
+            sink.publish(&[message("{\"c\":3}")]).await,
+            vec![Outcome::Delivered]
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            b"{\"a\":1}\n{\"b\":2}\n{\"c\":3}\n"
+        );
+        std::fs::remove_file(&path).unwrap();
+
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        assert_eq!(StdoutSink::on(null.into()).path(), "direct");
+        // Another character device is not: it may block.
+        let tty_like = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/zero")
+            .unwrap();
+        assert_eq!(StdoutSink::on(tty_like.into()).path(), "thread");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_pipe_waits_for_room_without_stopping_the_runtime() {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let sink = Arc::new(StdoutSink::on(writer.into()));
+        assert_eq!(sink.path(), "pipe");
+        // More than a pipe holds (64 KiB on Linux), in one batch.
+        let line = "x".repeat(1000);
+        let batch: Vec<Message> = (0..200).map(|_| message(&line)).collect();
+        let publishing = tokio::spawn({
+            let sink = Arc::clone(&sink);
+            async move { sink.publish(&batch).await }
+        });
+        // The one runtime thread keeps running other tasks (timers here).
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!publishing.is_finished(), "the write waits for the reader");
+        let reading = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
+            all
+        });
+        assert_eq!(publishing.await.unwrap(), vec![Outcome::Delivered; 200]);
+        drop(sink); // the last writer: the reader sees the end
+        let all = reading.join().unwrap();
+        let lines: Vec<&[u8]> = all
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(lines.len(), 200);
+        assert!(lines.iter().all(|l| *l == line.as_bytes()));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pipe_whose_reader_is_gone_is_a_retryable_failure() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let sink = StdoutSink::on(writer.into());
+        drop(reader);
+        let outcomes = sink.publish(&[message("x")]).await;
+        assert!(
+            matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output")),
+            "{outcomes:?}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
