@@ -22,11 +22,43 @@ fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]
 }
 
+/// A counter family whose label values are known up front. Each known value
+/// has its counter made once, at start-up: counting on the hot path neither
+/// hashes nor allocates a label set (and every known series is exported
+/// from the start, at 0).
+struct Labelled {
+    family: Family<Labels, Counter>,
+    key: &'static str,
+    known: Vec<(&'static str, Counter)>,
+}
+
+impl Labelled {
+    fn new(key: &'static str, values: &[&'static str]) -> Self {
+        let family = Family::<Labels, Counter>::default();
+        let known = values
+            .iter()
+            .map(|v| (*v, family.get_or_create(&label(key, v)).clone()))
+            .collect();
+        Self { family, key, known }
+    }
+
+    fn inc_by(&self, value: &str, n: u64) {
+        match self.known.iter().find(|(v, _)| *v == value) {
+            Some((_, counter)) => {
+                counter.inc_by(n);
+            }
+            None => {
+                self.family.get_or_create(&label(self.key, value)).inc_by(n);
+            }
+        }
+    }
+}
+
 /// Every metric of the relay.
 pub struct Metrics {
     registry: Registry,
-    events_received: Family<Labels, Counter>,
-    envelopes_published: Family<Labels, Counter>,
+    events_received: Labelled,
+    envelopes_published: Labelled,
     /// Duration of one sink call (a PublishBatch).
     pub publish_duration: Histogram,
     /// Commit timestamp to confirmed publish.
@@ -75,17 +107,18 @@ pub struct Health {
 impl Metrics {
     fn new() -> Self {
         let mut registry = Registry::default();
-        let events_received = Family::<Labels, Counter>::default();
+        let events_received = Labelled::new("path", &["replication", "poller"]);
         registry.register(
             "outbox_relay_events_received",
             "Outbox events received, by path (replication, poller)",
-            events_received.clone(),
+            events_received.family.clone(),
         );
-        let envelopes_published = Family::<Labels, Counter>::default();
+        let envelopes_published =
+            Labelled::new("outcome", &["delivered", "rejected", "retried", "skipped"]);
         registry.register(
             "outbox_relay_envelopes_published",
             "Envelopes by outcome: delivered, rejected (recorded FAILED/DEAD), retried (transient failure), skipped (filtered out)",
-            envelopes_published.clone(),
+            envelopes_published.family.clone(),
         );
         let publish_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         registry.register_with_unit(
@@ -213,30 +246,30 @@ impl Metrics {
     /// `n` events came in by `path` (`replication` or `poller`).
     pub fn received(&self, path: &str, n: u64) {
         if n > 0 {
-            self.events_received
-                .get_or_create(&label("path", path))
-                .inc_by(n);
+            self.events_received.inc_by(path, n);
         }
     }
 
     /// An envelope's outcome: `delivered`, `rejected`, `retried` or `skipped`.
     pub fn published(&self, outcome: &str, n: u64) {
-        self.envelopes_published
-            .get_or_create(&label("outcome", outcome))
-            .inc_by(n);
+        self.envelopes_published.inc_by(outcome, n);
     }
 
     /// The end-to-end latency of an event committed at `commit_time`
     /// (µs since 2000-01-01); unknown commit times (0) are not observed.
     pub fn delivered_after_commit(&self, commit_time: i64) {
+        self.delivered_after_commit_at(commit_time, unix_micros_now());
+    }
+
+    /// [`delivered_after_commit`](Self::delivered_after_commit) with the
+    /// time of delivery given (µs since the Unix epoch), for callers that
+    /// observe many events delivered at once.
+    pub fn delivered_after_commit_at(&self, commit_time: i64, now_unix_micros: i64) {
         if commit_time == 0 {
             return;
         }
         const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
-        let micros = now - (commit_time + PG_EPOCH_UNIX_MICROS);
+        let micros = now_unix_micros - (commit_time + PG_EPOCH_UNIX_MICROS);
         self.end_to_end_latency.observe(micros.max(0) as f64 / 1e6);
     }
 
@@ -326,6 +359,13 @@ pub fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Now, in µs since the Unix epoch (0 if the clock is before it).
+pub fn unix_micros_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 impl Metrics {

@@ -265,14 +265,14 @@ impl<S: Sink> Publisher<S> {
                                 failed.insert(&m.event.group);
                             }
                             Verdict::Rejected(reason) => {
-                                recorder
-                                    .record(
-                                        m.event.id.as_str(),
-                                        Some(&m.event),
-                                        Some(&m.body),
-                                        reason,
-                                    )
-                                    .await?;
+                                // Boxed: rare, and its state would make every batch's task large.
+                                Box::pin(recorder.record(
+                                    m.event.id.as_str(),
+                                    Some(&m.event),
+                                    Some(&m.body),
+                                    reason,
+                                ))
+                                .await?;
                             }
                             Verdict::Delivered => {}
                         }
@@ -357,6 +357,10 @@ impl<S: Sink> Publisher<S> {
         // The batch's groups, each once (a set: batches hold up to 1024 messages).
         let mut groups: HashSet<Text> = HashSet::new();
         let mut completions = Vec::with_capacity(settled.len());
+        let metrics = crate::metrics::get();
+        // One clock reading and one counter update a batch, not a message.
+        let delivered_at = crate::metrics::unix_micros_now();
+        let mut delivered = 0;
         for (message, verdict) in settled {
             let group = message.event.group.clone();
             groups.insert(group.clone());
@@ -366,9 +370,8 @@ impl<S: Sink> Publisher<S> {
             }
             let completion = match verdict {
                 Verdict::Delivered => {
-                    let metrics = crate::metrics::get();
-                    metrics.published("delivered", 1);
-                    metrics.delivered_after_commit(message.commit_time);
+                    delivered += 1;
+                    metrics.delivered_after_commit_at(message.commit_time, delivered_at);
                     if let Some(marker) = &self.marker {
                         marker.send(Mark::Published(message.event.id.clone()));
                     }
@@ -386,6 +389,9 @@ impl<S: Sink> Publisher<S> {
                 }
             };
             completions.push(completion);
+        }
+        if delivered > 0 {
+            metrics.published("delivered", delivered);
         }
         if !completions.is_empty() && self.done.send(completions).is_err() {
             return false;
@@ -408,7 +414,7 @@ impl<S: Sink> Publisher<S> {
             }
         }
         if !retry.is_empty() {
-            crate::metrics::get().published("retried", retry.len() as u64);
+            metrics.published("retried", retry.len() as u64);
         }
         if let Some(reason) = failed.values().next() {
             tracing::warn!(

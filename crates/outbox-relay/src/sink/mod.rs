@@ -132,7 +132,10 @@ impl Sink for Configured {
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         match self {
             Self::Stdout(s) => s.publish(batch).await,
-            Self::Sns(s) => s.publish(batch).await,
+            // Boxed: the SNS call's state is kilobytes, and the publisher
+            // moves each batch's future into a task of its own. Unboxed, the
+            // stdout sink's few-byte future would be as large as it.
+            Self::Sns(s) => Box::pin(s.publish(batch)).await,
         }
     }
 }
