@@ -39,6 +39,10 @@ pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default pause after a small read of the stream (`stream.coalesce`).
+pub const DEFAULT_COALESCE: Duration = Duration::from_micros(100);
+/// Longest `stream.coalesce` allowed.
+pub const MAX_COALESCE: Duration = Duration::from_millis(10);
 /// Default listen address of the metrics and health endpoint.
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9187";
 /// Default first retry delay.
@@ -370,6 +374,12 @@ pub struct StreamConfig {
     /// exits without acknowledging them (they are sent again on restart).
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_timeout: Duration,
+    /// After a read of fewer than a few dozen events, pause this long before
+    /// the next, so that the next read takes more at once: fewer wake-ups and
+    /// system calls a row, at most this much more latency; 0 switches it off.
+    /// See `replication::COALESCE_BELOW`.
+    #[serde(deserialize_with = "de_duration")]
+    pub coalesce: Duration,
 }
 
 impl Default for StreamConfig {
@@ -380,6 +390,7 @@ impl Default for StreamConfig {
             heartbeat_timeout: Duration::from_secs(60),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            coalesce: DEFAULT_COALESCE,
         }
     }
 }
@@ -857,6 +868,16 @@ impl Config {
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
         }
+        if self.stream.coalesce > MAX_COALESCE {
+            bad(
+                "stream.coalesce",
+                format!(
+                    "must be at most {}ms: the pause holds the relay's thread, and a few hundred \
+                     microseconds already gather most of what a busy stream sends",
+                    MAX_COALESCE.as_millis()
+                ),
+            );
+        }
         let retry = &self.retry;
         if retry.initial.is_zero() {
             bad("retry.initial", "must be greater than zero".into());
@@ -1174,6 +1195,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{text:?} is not a duration like 250ms, 30s, 5m, 1h or 7d"))?;
     let seconds = match unit.trim() {
+        "us" | "µs" => number / 1_000_000.0,
         "ms" => number / 1000.0,
         "" | "s" => number,
         "m" | "min" => number * 60.0,
@@ -1181,7 +1203,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => number * 86_400.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {text:?}: use ms, s, m, h or d"
+                "unknown unit {other:?} in {text:?}: use us, ms, s, m, h or d"
             ))
         }
     };
@@ -1352,6 +1374,7 @@ table = "a.b.c"
 payload = ""
 [stream]
 max_in_flight = 0
+coalesce = "50ms"
 [retry]
 jitter = 3.0
 [runtime]
@@ -1367,6 +1390,7 @@ worker_threads = 0
             "postgres.table",
             "columns.payload",
             "stream.max_in_flight",
+            "stream.coalesce",
             "retry.jitter",
             "runtime.worker_threads",
         ] {
@@ -1464,6 +1488,7 @@ worker_threads = 0
     #[test]
     fn durations_take_units() {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("100us").unwrap(), Duration::from_micros(100));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
         assert!(parse_duration("3 fortnights").is_err());
