@@ -28,11 +28,19 @@ pub trait Columns {
     fn value(&self, index: usize) -> Option<Value>;
     /// How many columns.
     fn count(&self) -> usize;
+    /// The values at `indices`, as [`value`](Self::value) gives each; in one
+    /// pass where the row is encoded.
+    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
+        indices.map(|i| self.value(i))
+    }
 }
 
 impl Columns for TupleData {
     fn value(&self, index: usize) -> Option<Value> {
         self.get(index)
+    }
+    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
+        self.get_many(indices)
     }
     fn count(&self) -> usize {
         self.len()
@@ -351,46 +359,61 @@ impl RowMapping {
     /// Build the event from an inserted row; `commit_time` (µs since
     /// 2000-01-01) stands in for a missing `created_at`.
     pub fn event(&self, tuple: &impl Columns, commit_time: i64) -> Result<OutboxEvent, RowError> {
+        // Every field in one pass over the row; a field not configured asks
+        // for a column past the end and gets `None`.
+        let index = |slot: Option<&Slot>| slot.map_or(usize::MAX, |s| s.index);
+        let [id, aggregate_type, aggregate_id, event_type, payload, created_at, group, headers, topic] =
+            tuple.values([
+                self.id.index,
+                self.aggregate_type.index,
+                self.aggregate_id.index,
+                self.event_type.index,
+                self.payload.index,
+                index(self.created_at.as_ref()),
+                index(self.group.as_ref()),
+                index(self.headers.as_ref()),
+                index(self.topic.as_ref()),
+            ]);
+        let count = tuple.count();
         let payload = match self.payload_kind {
-            PayloadKind::Json => Payload::Json(text(tuple, &self.payload)?),
-            PayloadKind::Text => Payload::Text(text(tuple, &self.payload)?),
+            PayloadKind::Json => Payload::Json(text(payload, count, &self.payload)?),
+            PayloadKind::Text => Payload::Text(text(payload, count, &self.payload)?),
             PayloadKind::Binary => Payload::Binary(decode_bytea(
-                &raw(tuple, &self.payload)?,
+                &raw(payload, count, &self.payload)?,
                 &self.payload.name,
             )?),
         };
-        let time = match optional_text(tuple, self.created_at.as_ref())? {
+        let time = match optional_text(created_at, count, self.created_at.as_ref())? {
             Some(t) => Text::from(rfc3339_from_pg(t.as_str())),
             None => Text::from(rfc3339_from_pg_micros(commit_time)),
         };
-        let aggregate_id = text(tuple, &self.aggregate_id)?;
+        let aggregate_id = text(aggregate_id, count, &self.aggregate_id)?;
         let group = match &self.group {
-            Some(slot) => text(tuple, slot)?,
+            Some(slot) => text(group, count, slot)?,
             None => aggregate_id.clone(),
         };
         Ok(OutboxEvent {
-            id: text(tuple, &self.id)?,
-            aggregate_type: text(tuple, &self.aggregate_type)?,
+            id: text(id, count, &self.id)?,
+            aggregate_type: text(aggregate_type, count, &self.aggregate_type)?,
             aggregate_id,
             group,
-            event_type: text(tuple, &self.event_type)?,
+            event_type: text(event_type, count, &self.event_type)?,
             payload,
-            headers: optional_text(tuple, self.headers.as_ref())?,
-            topic: optional_text(tuple, self.topic.as_ref())?.filter(|t| !t.as_str().is_empty()),
+            headers: optional_text(headers, count, self.headers.as_ref())?,
+            topic: optional_text(topic, count, self.topic.as_ref())?
+                .filter(|t| !t.as_str().is_empty()),
             time,
         })
     }
 }
 
-fn value(tuple: &impl Columns, slot: &Slot) -> Result<Value, RowError> {
-    tuple.value(slot.index).ok_or_else(|| RowError::ShortRow {
-        got: tuple.count(),
+/// The column's value as text bytes; `value` is what the row holds at the
+/// slot's position (`None`: the row has only `count` columns).
+fn raw(value: Option<Value>, count: usize, slot: &Slot) -> Result<Bytes, RowError> {
+    match value.ok_or_else(|| RowError::ShortRow {
+        got: count,
         column: slot.name.clone(),
-    })
-}
-
-fn raw(tuple: &impl Columns, slot: &Slot) -> Result<Bytes, RowError> {
-    match value(tuple, slot)? {
+    })? {
         Value::Text(b) => Ok(b),
         Value::Null => Err(RowError::Null(slot.name.clone())),
         Value::UnchangedToast => Err(RowError::Unexpected {
@@ -404,13 +427,17 @@ fn raw(tuple: &impl Columns, slot: &Slot) -> Result<Bytes, RowError> {
     }
 }
 
-fn text(tuple: &impl Columns, slot: &Slot) -> Result<Text, RowError> {
-    Text::new(raw(tuple, slot)?).map_err(|_| RowError::NotUtf8(slot.name.clone()))
+fn text(value: Option<Value>, count: usize, slot: &Slot) -> Result<Text, RowError> {
+    Text::new(raw(value, count, slot)?).map_err(|_| RowError::NotUtf8(slot.name.clone()))
 }
 
-fn optional_text(tuple: &impl Columns, slot: Option<&Slot>) -> Result<Option<Text>, RowError> {
+fn optional_text(
+    value: Option<Value>,
+    count: usize,
+    slot: Option<&Slot>,
+) -> Result<Option<Text>, RowError> {
     let Some(slot) = slot else { return Ok(None) };
-    match text(tuple, slot) {
+    match text(value, count, slot) {
         Ok(t) => Ok(Some(t)),
         Err(RowError::Null(_)) => Ok(None),
         Err(e) => Err(e),

@@ -79,6 +79,29 @@ impl TupleData {
         Some(read_column(&mut reader).ok()?.into_value(&self.columns))
     }
 
+    /// The values of the columns at `indices`, each `None` past the last
+    /// column, read in one pass over the row. For several fields of one row
+    /// this is cheaper than [`get`](Self::get) for each, which starts from
+    /// the first column every time.
+    pub fn get_many<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
+        let mut values = [const { None }; N];
+        let Some(last) = indices.iter().copied().filter(|&i| i < self.len()).max() else {
+            return values;
+        };
+        let mut reader = Reader::new(&self.columns, 0, "TupleData");
+        for column in 0..=last {
+            let Ok(span) = read_column(&mut reader) else {
+                break;
+            };
+            for (value, &wanted) in values.iter_mut().zip(&indices) {
+                if wanted == column {
+                    *value = Some(span.clone().into_value(&self.columns));
+                }
+            }
+        }
+        values
+    }
+
     /// Reads and validates a complete `TupleData` (count and columns) at the
     /// reader's position; `buf` is the buffer the reader reads.
     pub(crate) fn read(buf: &Bytes, reader: &mut Reader<'_>) -> Result<Self, DecodeError> {
@@ -107,6 +130,7 @@ impl TupleData {
 }
 
 /// Where one column's value lies, before it is turned into a [`Value`].
+#[derive(Clone)]
 enum ColumnSpan {
     Null,
     UnchangedToast,

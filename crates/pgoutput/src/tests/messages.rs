@@ -318,6 +318,16 @@ fn insert_with_every_value_kind() {
     assert_eq!(row.get(2), Some(Value::UnchangedToast));
     assert_eq!(row.get(4), None);
     assert_eq!(row.get(usize::MAX), None);
+    assert_eq!(
+        row.get_many([2, 0, 4, 3, 0]),
+        [
+            Some(Value::UnchangedToast),
+            Some(text("42")),
+            None,
+            Some(values[3].clone()),
+            Some(text("42")),
+        ]
+    );
     assert_eq!(insert.tuple, tuple(&values));
 
     // Zero-copy: the value points into the input buffer.

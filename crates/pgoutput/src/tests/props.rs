@@ -177,6 +177,10 @@ fn check_consistent(message: &Message) {
     };
     for t in tuples {
         assert_eq!(t.iter().count(), t.len());
+        // One pass over the row gives what one lookup a column gives.
+        let n = t.len();
+        let wanted = [n.saturating_sub(1), 0, n / 2, n, 0, usize::MAX, 1];
+        assert_eq!(t.get_many(wanted), wanted.map(|i| t.get(i)));
     }
 }
 
