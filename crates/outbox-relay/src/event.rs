@@ -437,11 +437,10 @@ fn optional_text(
     slot: Option<&Slot>,
 ) -> Result<Option<Text>, RowError> {
     let Some(slot) = slot else { return Ok(None) };
-    match text(value, count, slot) {
-        Ok(t) => Ok(Some(t)),
-        Err(RowError::Null(_)) => Ok(None),
-        Err(e) => Err(e),
+    if matches!(value, Some(Value::Null)) {
+        return Ok(None);
     }
+    text(value, count, slot).map(Some)
 }
 
 /// bytea in text output is `\x` followed by hex digits.
@@ -468,7 +467,16 @@ fn decode_bytea(raw: &[u8], column: &str) -> Result<Bytes, RowError> {
 /// Postgres `timestamptz` text (ISO DateStyle, e.g. `2026-11-22 05:48:24.123456+00`)
 /// to RFC 3339 (`2026-11-22T05:48:24.123456Z`). A `timestamp` without zone is taken as UTC.
 pub fn rfc3339_from_pg(pg: &str) -> String {
-    let mut out = pg.replacen(' ', "T", 1);
+    // The first space (between date and time) becomes a `T`; room for ":00".
+    let mut out = String::with_capacity(pg.len() + 3);
+    match pg.split_once(' ') {
+        Some((date, time)) => {
+            out.push_str(date);
+            out.push('T');
+            out.push_str(time);
+        }
+        None => out.push_str(pg),
+    }
     // The zone starts at the last '+' or '-' after the time part.
     let time_start = out.find('T').map_or(0, |i| i + 1);
     match out[time_start..].rfind(['+', '-']).map(|i| i + time_start) {

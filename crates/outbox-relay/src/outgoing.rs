@@ -67,7 +67,10 @@ impl Outgoing {
         Prepared::Publish(Message {
             ticket,
             event,
-            body: Bytes::from(body),
+            // A boxed slice becomes `Bytes` without a second allocation (a
+            // `Vec` with spare room needs a shared header); shrinking the
+            // envelope's few spare bytes reallocates in place.
+            body: Bytes::from(body.into_boxed_slice()),
             destination,
             commit_time,
         })

@@ -355,7 +355,7 @@ impl<S: Sink> Publisher<S> {
         let mut retry: Vec<Message> = Vec::new();
         let mut failed: HashMap<Text, String> = HashMap::new();
         // The batch's groups, each once (a set: batches hold up to 1024 messages).
-        let mut groups: HashSet<Text> = HashSet::new();
+        let mut groups: HashSet<Text> = HashSet::with_capacity(settled.len());
         let mut completions = Vec::with_capacity(settled.len());
         let metrics = crate::metrics::get();
         // One clock reading and one counter update a batch, not a message.
