@@ -92,8 +92,8 @@ pub const COALESCE_BELOW: usize = 64;
 /// rows: a readiness wait, a `recv` (which sends a TCP window update), the
 /// hand-over to the publisher, one sink call and its completion. During the
 /// pause the kernel gathers what arrives, so the next read takes a run of
-/// rows at once. Measured on the drain benchmark: about 5.4 → 3.3 µs of CPU a
-/// row (docs/benchmarks.md).
+/// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
+/// a row without the pause, about 4 with it (docs/benchmarks.md).
 ///
 /// Kept small on purpose: the pause holds the runtime's thread, so
 /// everything else (completions, health, metrics) waits at most this long,
