@@ -5,28 +5,38 @@
 //!
 //! A batch is formatted into one buffer and written with as few system calls
 //! as the output takes. How it is written depends on what standard output is,
-//! looked at once at start-up, so that a reader that stops reading never
-//! stops the runtime (health, metrics, signals keep working; the in-flight
-//! limits stop the stream, and the slot keeps what is not yet written):
+//! looked at once at start-up (and logged), so that a reader that stops
+//! reading never stops the runtime (health, metrics, signals keep working;
+//! the in-flight limits stop the stream, and the slot keeps what is not yet
+//! written):
 //!
 //! * a **regular file** or **`/dev/null`**: no reader can hold these up, so
-//!   the batch is written on the runtime thread, one `write` a batch. (A file
-//!   on a network filesystem that hangs would stall the runtime; send the
-//!   output through a pipe there.)
-//! * a **pipe**: opened again, non-blocking, through `/proc/self/fd/1` (a
-//!   description of its own, so standard error on the same pipe stays
-//!   blocking). A batch is written on the runtime thread while the pipe has
-//!   room; when it is full the write waits for room as any socket does.
-//! * **anything else** (a terminal, a socket, a writer in tests), or a pipe
-//!   that cannot be opened again (no `/proc`): a writer thread of the sink's
-//!   own, which writes each batch with one blocking `write_all`. Each batch
-//!   then costs two thread hand-offs, which is why the two cases above avoid
-//!   it.
+//!   the batch is written on the runtime thread, one `write` a batch. (The
+//!   kernel may still throttle writes to a slow disk, and a network
+//!   filesystem that hangs would stall the runtime; send the output through
+//!   a pipe there.)
+//! * a **pipe**: opened again, non-blocking, through `/proc/self/fd/<n>` (a
+//!   duplicate of fd 1), which makes an open file description of its own, so
+//!   standard error on the same pipe stays blocking. A batch is written on
+//!   the runtime while the pipe has room; when it is full the write waits for
+//!   room as a socket does. The write runs as a task of its own, so that it
+//!   always finishes: a batch cut off half-written (the publisher dropping
+//!   the call when a session restarts) would leave a torn line for the next
+//!   envelope to land on.
+//! * **anything else** (a terminal, a socket, another character device), a
+//!   pipe that cannot be opened again (no `/proc`, or no permission in a
+//!   container running as another user), or no tokio runtime: a writer
+//!   thread of the sink's own, which writes each batch with one blocking
+//!   `write_all`. Each batch then costs two thread hand-offs, which is why the
+//!   cases above avoid it.
+//!
+//! A closed standard output is not taken for a destination: every batch
+//! fails, retryably, saying so, and nothing is acknowledged.
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
@@ -45,9 +55,23 @@ enum Output {
     /// A regular file or `/dev/null`, written on the calling thread.
     Direct(Mutex<std::fs::File>),
     /// A pipe, written without blocking; waits for room when full.
-    Pipe(tokio::sync::Mutex<pipe::Sender>),
+    Pipe(Arc<tokio::sync::Mutex<pipe::Sender>>),
     /// A writer thread that takes buffers and gives them back.
     Thread(std::sync::mpsc::Sender<Job>),
+}
+
+/// Stands in for a closed standard output: every write fails, saying why.
+struct Closed;
+
+impl Write for Closed {
+    fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+        Err(std::io::Error::other(
+            "standard output is closed (fd 1): start the relay with it open, e.g. redirected to a file or a pipe",
+        ))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Writes envelopes as lines to a writer, by default standard output.
@@ -58,17 +82,18 @@ pub struct StdoutSink {
 }
 
 impl StdoutSink {
-    /// A sink on the process's standard output. Must be called within a
-    /// tokio runtime (a pipe is registered with its reactor).
+    /// A sink on the process's standard output.
     pub fn new() -> Self {
-        match std::io::stdout().as_fd().try_clone_to_owned() {
+        let sink = match std::io::stdout().as_fd().try_clone_to_owned() {
             Ok(fd) => Self::on(fd),
-            Err(_) => Self::with_writer(Box::new(std::io::stdout())),
-        }
+            Err(_) => Self::with_writer(Box::new(Closed)),
+        };
+        tracing::info!(writes = sink.path(), "stdout sink");
+        sink
     }
 
     /// A sink on an open file descriptor; how it is written depends on what
-    /// it is (see the module docs). Must be called within a tokio runtime.
+    /// it is (see the module docs).
     pub fn on(fd: OwnedFd) -> Self {
         let file = std::fs::File::from(fd);
         let Ok(meta) = file.metadata() else {
@@ -80,16 +105,18 @@ impl StdoutSink {
         if kind.is_file() || is_dev_null {
             return Self::with_output(Output::Direct(Mutex::new(file)));
         }
-        if kind.is_fifo() {
+        // A pipe is registered with the runtime's reactor.
+        if kind.is_fifo() && tokio::runtime::Handle::try_current().is_ok() {
             let path = format!("/proc/self/fd/{}", file.as_raw_fd());
             if let Ok(sender) = pipe::OpenOptions::new().open_sender(path) {
-                return Self::with_output(Output::Pipe(tokio::sync::Mutex::new(sender)));
+                return Self::with_output(Output::Pipe(Arc::new(tokio::sync::Mutex::new(sender))));
             }
         }
         Self::with_writer(Box::new(file))
     }
 
-    /// A sink on any writer (tests), written by a thread of its own.
+    /// A sink on any writer, written by a thread of its own (the fallback
+    /// for outputs the runtime cannot wait on, and tests).
     pub fn with_writer(mut writer: Box<dyn Write + Send>) -> Self {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
@@ -105,13 +132,13 @@ impl StdoutSink {
         Self::with_output(Output::Thread(jobs))
     }
 
-    /// How batches are written: `direct`, `pipe` or `thread` (tests).
-    #[cfg(test)]
-    fn path(&self) -> &'static str {
+    /// How batches are written: `directly`, `to a non-blocking pipe` or
+    /// `by a writer thread`.
+    pub fn path(&self) -> &'static str {
         match self.output {
-            Output::Direct(_) => "direct",
-            Output::Pipe(_) => "pipe",
-            Output::Thread(_) => "thread",
+            Output::Direct(_) => "directly",
+            Output::Pipe(_) => "to a non-blocking pipe",
+            Output::Thread(_) => "by a writer thread",
         }
     }
 
@@ -124,21 +151,30 @@ impl StdoutSink {
 
     /// Write `buffer`; the buffer back, and how it went.
     async fn write(&self, buffer: Vec<u8>) -> Result<Vec<u8>, String> {
-        let result = match &self.output {
+        let stopped = || "the stdout writer stopped".to_owned();
+        let (buffer, result) = match &self.output {
             Output::Direct(file) => {
-                let mut file = file.lock().unwrap_or_else(|p| p.into_inner());
-                file.write_all(&buffer)
+                let result = file
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .write_all(&buffer);
+                (buffer, result)
             }
-            Output::Pipe(sender) => sender.lock().await.write_all(&buffer).await,
+            Output::Pipe(sender) => {
+                // Batches are written in the order they take the lock; once
+                // one has it, its write finishes even if this call is dropped.
+                let mut sender = Arc::clone(sender).lock_owned().await;
+                tokio::spawn(async move {
+                    let result = sender.write_all(&buffer).await;
+                    (buffer, result)
+                })
+                .await
+                .map_err(|_| stopped())?
+            }
             Output::Thread(jobs) => {
                 let (done, wait) = oneshot::channel();
-                jobs.send(Job { buffer, done })
-                    .map_err(|_| "the stdout writer thread stopped".to_owned())?;
-                return match wait.await {
-                    Ok((buffer, Ok(()))) => Ok(buffer),
-                    Ok((_, Err(e))) => Err(e.to_string()),
-                    Err(_) => Err("the stdout writer thread stopped".to_owned()),
-                };
+                jobs.send(Job { buffer, done }).map_err(|_| stopped())?;
+                wait.await.map_err(|_| stopped())?
             }
         };
         result.map(|()| buffer).map_err(|e| e.to_string())
@@ -185,8 +221,6 @@ impl Sink for StdoutSink {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
 
     #[derive(Clone, Default)]
@@ -267,7 +301,7 @@ mod tests {
         let path = std::env::temp_dir().join(format!("outbox-relay-stdout-{}", std::process::id()));
         let file = std::fs::File::create(&path).unwrap();
         let sink = StdoutSink::on(file.into());
-        assert_eq!(sink.path(), "direct");
+        assert_eq!(sink.path(), "directly");
         let outcomes = sink
             .publish(&[message("{\"a\":1}"), message("{\"b\":2}")])
             .await;
@@ -286,20 +320,20 @@ mod tests {
             .write(true)
             .open("/dev/null")
             .unwrap();
-        assert_eq!(StdoutSink::on(null.into()).path(), "direct");
+        assert_eq!(StdoutSink::on(null.into()).path(), "directly");
         // Another character device is not: it may block.
         let tty_like = std::fs::OpenOptions::new()
             .write(true)
             .open("/dev/zero")
             .unwrap();
-        assert_eq!(StdoutSink::on(tty_like.into()).path(), "thread");
+        assert_eq!(StdoutSink::on(tty_like.into()).path(), "by a writer thread");
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_full_pipe_waits_for_room_without_stopping_the_runtime() {
         let (mut reader, writer) = std::io::pipe().unwrap();
         let sink = Arc::new(StdoutSink::on(writer.into()));
-        assert_eq!(sink.path(), "pipe");
+        assert_eq!(sink.path(), "to a non-blocking pipe");
         // More than a pipe holds (64 KiB on Linux), in one batch.
         let line = "x".repeat(1000);
         let batch: Vec<Message> = (0..200).map(|_| message(&line)).collect();
@@ -324,6 +358,53 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 200);
         assert!(lines.iter().all(|l| *l == line.as_bytes()));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_pipe_write_cut_off_by_its_caller_still_ends_its_lines() {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let sink = Arc::new(StdoutSink::on(writer.into()));
+        let line = "x".repeat(1000);
+        let batch: Vec<Message> = (0..200).map(|_| message(&line)).collect();
+        // The pipe fills and the publisher gives up on the call (a session
+        // restarting drops it) with the batch half written.
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(100), sink.publish(&batch));
+        assert!(cut.await.is_err(), "the write should have waited for room");
+        let reading = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
+            all
+        });
+        // The next batch starts on a line of its own.
+        assert_eq!(
+            sink.publish(&[message("y")]).await,
+            vec![Outcome::Delivered]
+        );
+        drop(sink);
+        let all = reading.join().unwrap();
+        assert!(all.ends_with(b"\n"));
+        let lines: Vec<&[u8]> = all
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(lines.last(), Some(&&b"y"[..]));
+        assert!(
+            lines[..lines.len() - 1]
+                .iter()
+                .all(|l| *l == line.as_bytes()),
+            "a torn line: {} lines",
+            lines.len()
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_closed_standard_output_fails_every_batch_saying_so() {
+        let sink = StdoutSink::with_writer(Box::new(Closed));
+        let outcomes = sink.publish(&[message("x")]).await;
+        assert!(
+            matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output is closed")),
+            "{outcomes:?}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
