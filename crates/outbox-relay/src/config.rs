@@ -374,9 +374,10 @@ pub struct StreamConfig {
     /// exits without acknowledging them (they are sent again on restart).
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_timeout: Duration,
-    /// After a read of fewer than a few dozen events, pause this long before
-    /// the next, so that the next read takes more at once: fewer wake-ups and
-    /// system calls a row, at most this much more latency; 0 switches it off.
+    /// After a read of fewer than a few dozen events that took all there was,
+    /// pause this long before the next, so that the next read takes more at
+    /// once: fewer wake-ups and system calls a row, about this much more
+    /// latency; 0 switches it off.
     /// See `replication::COALESCE_BELOW`.
     #[serde(deserialize_with = "de_duration")]
     pub coalesce: Duration,

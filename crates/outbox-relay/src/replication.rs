@@ -84,8 +84,9 @@ const BURST_MAX: usize = 1024;
 /// A read of fewer events than this is followed by the `stream.coalesce` pause.
 pub const COALESCE_BELOW: usize = 64;
 
-/// After a read of fewer than [`COALESCE_BELOW`] events, hold the thread for
-/// `pause` (`stream.coalesce`, default 100 µs) before anything reads again.
+/// After a read of fewer than [`COALESCE_BELOW`] events that took everything
+/// there was, hold the thread for `pause` (`stream.coalesce`, default 100 µs)
+/// before anything reads again.
 ///
 /// The walsender sends each change as it decodes it. A relay that keeps up
 /// would otherwise wake for every few rows, and each wake costs more than the
@@ -96,9 +97,10 @@ pub const COALESCE_BELOW: usize = 64;
 /// a row without the pause, about 4 with it (docs/benchmarks.md).
 ///
 /// Kept small on purpose: the pause holds the runtime's thread, so
-/// everything else (completions, health, metrics) waits at most this long,
-/// and every event waits at most this long more. A read of a full run means
-/// the relay is behind: no pause then. At 130,000 rows/s, 100 µs is about
+/// everything else (completions, health, metrics) waits about this long (the
+/// kernel's timer slack adds some 50 µs), and so may an event. No pause when
+/// the relay is behind: a read of a full run, a read cut short by the
+/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 100 µs is about
 /// 7 KiB of stream, far below the socket's receive buffer, so the walsender
 /// does not stall (a 1 ms pause, tried earlier, halved throughput).
 fn coalesce(taken: usize, pause: Duration) {
@@ -733,6 +735,10 @@ async fn session<S: Sink>(
                 // result in two steps, and only select's future survives both.
                 let mut next = Some(first);
                 let mut taken = 0;
+                // Whether the burst ended because nothing more had come in
+                // (not at the in-flight ceiling, the burst limit, or the end
+                // of the task's budget): only then has the relay caught up.
+                let mut caught_up = false;
                 while let Some(event) = next.take() {
                     match event {
                         Ok(Some(event)) => stream.received(event)?,
@@ -742,10 +748,13 @@ async fn session<S: Sink>(
                     taken += 1;
                     if taken < BURST_MAX && may_read(&stream.tracker, draining) && client.is_running() {
                         next = now_or_never(client.recv());
+                        caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
                     }
                 }
                 stream.flush().await?;
-                coalesce(taken, config.stream.coalesce);
+                if caught_up && !draining {
+                    coalesce(taken, config.stream.coalesce);
+                }
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
                 tracing::warn!(
