@@ -255,15 +255,10 @@ impl Metrics {
         self.envelopes_published.inc_by(outcome, n);
     }
 
-    /// The end-to-end latency of an event committed at `commit_time`
-    /// (µs since 2000-01-01); unknown commit times (0) are not observed.
-    pub fn delivered_after_commit(&self, commit_time: i64) {
-        self.delivered_after_commit_at(commit_time, unix_micros_now());
-    }
-
-    /// [`delivered_after_commit`](Self::delivered_after_commit) with the
-    /// time of delivery given (µs since the Unix epoch), for callers that
-    /// observe many events delivered at once.
+    /// The end-to-end latency of an event committed at `commit_time` (µs
+    /// since 2000-01-01) and delivered at `now_unix_micros` (µs since the
+    /// Unix epoch, [`unix_micros_now`], read once for a batch); unknown
+    /// commit times (0) are not observed.
     pub fn delivered_after_commit_at(&self, commit_time: i64, now_unix_micros: i64) {
         if commit_time == 0 {
             return;

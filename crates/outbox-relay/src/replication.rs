@@ -81,7 +81,8 @@ const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// the heartbeat and the stop signal again.
 const BURST_MAX: usize = 1024;
 
-/// A read of fewer events than this is followed by the `stream.coalesce` pause.
+/// A read of fewer events than this, when it took everything there was, is
+/// followed by the `stream.coalesce` pause.
 pub const COALESCE_BELOW: usize = 64;
 
 /// After a read of fewer than [`COALESCE_BELOW`] events that took everything
