@@ -267,6 +267,14 @@ mod tests {
         }
     }
 
+    /// One outcome, a retryable failure whose reason says `words`.
+    fn assert_retryable(outcomes: &[Outcome], words: &str) {
+        assert!(
+            matches!(outcomes, [Outcome::Retryable(e)] if e.contains(words)),
+            "{outcomes:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_batch_becomes_lines_and_a_failed_write_is_retryable() {
         let shared = Shared::default();
@@ -278,7 +286,7 @@ mod tests {
         assert_eq!(&*shared.0.lock().unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
         let broken = StdoutSink::with_writer(Box::new(Broken));
         let outcomes = broken.publish(&[message("x")]).await;
-        assert!(matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output")));
+        assert_retryable(&outcomes, "standard output");
     }
 
     /// A writer that waits for a go before each write.
@@ -401,10 +409,7 @@ mod tests {
     async fn a_closed_standard_output_fails_every_batch_saying_so() {
         let sink = StdoutSink::with_writer(Box::new(Closed));
         let outcomes = sink.publish(&[message("x")]).await;
-        assert!(
-            matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output is closed")),
-            "{outcomes:?}"
-        );
+        assert_retryable(&outcomes, "standard output is closed");
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -413,10 +418,7 @@ mod tests {
         let sink = StdoutSink::on(writer.into());
         drop(reader);
         let outcomes = sink.publish(&[message("x")]).await;
-        assert!(
-            matches!(&outcomes[0], Outcome::Retryable(e) if e.contains("standard output")),
-            "{outcomes:?}"
-        );
+        assert_retryable(&outcomes, "standard output");
     }
 
     #[tokio::test(flavor = "current_thread")]
