@@ -80,19 +80,19 @@ impl Encoder {
     fn cloudevent(&self, event: &OutboxEvent, out: &mut Vec<u8>) {
         out.reserve(256 + payload_len(&event.payload));
         out.extend_from_slice(b"{\"specversion\":\"1.0\",\"id\":");
-        json_string(event.id.as_str(), out);
+        json_string(event.id(), out);
         out.extend_from_slice(b",\"source\":");
         out.extend_from_slice(self.source_json.as_bytes());
         out.extend_from_slice(b",\"type\":");
-        json_string(event.event_type.as_str(), out);
+        json_string(event.event_type(), out);
         out.extend_from_slice(b",\"subject\":");
-        json_string(event.aggregate_id.as_str(), out);
+        json_string(event.aggregate_id(), out);
         out.extend_from_slice(b",\"time\":");
-        json_string(event.time.as_str(), out);
+        json_string(event.time(), out);
         out.extend_from_slice(b",\"aggregatetype\":");
-        json_string(event.aggregate_type.as_str(), out);
-        if let Some(headers) = &event.headers {
-            header_extensions(headers.as_str(), out);
+        json_string(event.aggregate_type(), out);
+        if let Some(headers) = event.headers() {
+            header_extensions(headers, out);
         }
         match &event.payload {
             Payload::Json(json) => {
@@ -188,7 +188,7 @@ fn base64_into(bytes: &[u8], out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Text;
+    use crate::event::Fields;
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
@@ -204,17 +204,19 @@ mod tests {
     }
 
     fn event(payload: Payload, headers: Option<&str>) -> OutboxEvent {
-        OutboxEvent {
-            id: "0b7c8a52-1f0e-4f57-9a47-3d0c6c0f1a11".into(),
-            aggregate_type: "order".into(),
-            aggregate_id: "ord-42".into(),
-            event_type: "OrderCreated".into(),
+        OutboxEvent::new(
+            Fields {
+                id: "0b7c8a52-1f0e-4f57-9a47-3d0c6c0f1a11",
+                aggregate_type: "order",
+                aggregate_id: "ord-42",
+                event_type: "OrderCreated",
+                group: "ord-42",
+                time: "2026-11-22T05:48:24.123456Z",
+                headers,
+                topic: None,
+            },
             payload,
-            headers: headers.map(Text::from),
-            topic: None,
-            group: "ord-42".into(),
-            time: "2026-11-22T05:48:24.123456Z".into(),
-        }
+        )
     }
 
     fn encode(format: EnvelopeFormat, e: &OutboxEvent) -> Vec<u8> {
@@ -279,8 +281,14 @@ mod tests {
 
     #[test]
     fn strings_are_escaped() {
-        let mut e = event(Payload::Json("null".into()), Some("not json"));
-        e.event_type = "Quote\"d\n".into();
+        let e = event(Payload::Json("null".into()), Some("not json"));
+        let e = OutboxEvent::new(
+            Fields {
+                event_type: "Quote\"d\n",
+                ..e.fields()
+            },
+            e.payload.clone(),
+        );
         let v: Value = serde_json::from_slice(&encode(EnvelopeFormat::Cloudevents, &e)).unwrap();
         assert_eq!(v["type"], "Quote\"d\n");
     }

@@ -18,32 +18,39 @@
 use std::fmt;
 
 use bytes::Bytes;
-use pgoutput::{Relation, TupleData, Value};
+use pgoutput::{Relation, TupleData, ValueRef};
 
 /// A row's column values by position, in Postgres's text format: a pgoutput
 /// tuple, or a row read with SQL (`column::text` under the same session
 /// settings, so both print values identically).
 pub trait Columns {
-    /// The value at `index`, `None` past the end.
-    fn value(&self, index: usize) -> Option<Value>;
+    /// The value at `index`, `None` past the end; borrowed from the row.
+    fn value(&self, index: usize) -> Option<ValueRef<'_>>;
     /// How many columns.
     fn count(&self) -> usize;
     /// The values at `indices`, as [`value`](Self::value) gives each; in one
     /// pass where the row is encoded.
-    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
+    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<ValueRef<'_>>; N] {
         indices.map(|i| self.value(i))
     }
+    /// `slice`, which one of this row's values holds, as `Bytes`: sharing
+    /// the row's buffer where it can, else a copy.
+    fn share(&self, slice: &[u8]) -> Bytes;
 }
 
 impl Columns for TupleData {
-    fn value(&self, index: usize) -> Option<Value> {
-        self.get(index)
+    fn value(&self, index: usize) -> Option<ValueRef<'_>> {
+        let [value] = self.get_many_ref([index]);
+        value
     }
-    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
-        self.get_many(indices)
+    fn values<const N: usize>(&self, indices: [usize; N]) -> [Option<ValueRef<'_>>; N] {
+        self.get_many_ref(indices)
     }
     fn count(&self) -> usize {
         self.len()
+    }
+    fn share(&self, slice: &[u8]) -> Bytes {
+        TupleData::share(self, slice)
     }
 }
 
@@ -52,14 +59,24 @@ impl Columns for TupleData {
 pub struct TextRow(pub Vec<Option<Bytes>>);
 
 impl Columns for TextRow {
-    fn value(&self, index: usize) -> Option<Value> {
+    fn value(&self, index: usize) -> Option<ValueRef<'_>> {
         self.0.get(index).map(|v| match v {
-            Some(b) => Value::Text(b.clone()),
-            None => Value::Null,
+            Some(b) => ValueRef::Text(b),
+            None => ValueRef::Null,
         })
     }
     fn count(&self) -> usize {
         self.0.len()
+    }
+    fn share(&self, slice: &[u8]) -> Bytes {
+        let within = |b: &Bytes| {
+            let (outer, inner) = (b.as_ptr_range(), slice.as_ptr_range());
+            outer.start <= inner.start && inner.end <= outer.end
+        };
+        match self.0.iter().flatten().find(|b| within(b)) {
+            Some(column) => column.slice_ref(slice),
+            None => Bytes::copy_from_slice(slice),
+        }
     }
 }
 
@@ -95,11 +112,26 @@ impl Text {
         Ok(Self(bytes))
     }
 
+    /// `text`'s bytes as `share` gives them (sharing the buffer `text`
+    /// lies in, or a copy), without checking them again.
+    fn shared(text: &str, share: impl FnOnce(&[u8]) -> Bytes) -> Self {
+        let bytes = share(text.as_bytes());
+        // The same memory (the usual case, a pointer comparison) or the same
+        // bytes: UTF-8 either way.
+        assert!(
+            (bytes.as_ptr() == text.as_ptr() && bytes.len() == text.len())
+                || bytes == text.as_bytes(),
+            "shared text differs from its source"
+        );
+        Self(bytes)
+    }
+
     /// The text.
     #[allow(unsafe_code)]
     pub fn as_str(&self) -> &str {
-        // SAFETY: `new` and `From<String>`/`From<&str>` are the only constructors,
-        // and each one holds valid UTF-8; `Bytes` is immutable.
+        // SAFETY: `new`, `shared` and `From<String>`/`From<&str>` are the only
+        // constructors, and each one holds valid UTF-8 (`shared` asserts it
+        // holds a `&str`'s bytes); `Bytes` is immutable.
         unsafe { std::str::from_utf8_unchecked(&self.0) }
     }
 
@@ -145,27 +177,199 @@ pub enum Payload {
 }
 
 /// One outbox row, ready to become an envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its text fields live in one string, one after another, and the event
+/// keeps where each one lies: one allocation an event, and nothing that
+/// counts references to the replication message it came from (the payload
+/// alone shares that buffer). Read them with the accessors.
+#[derive(Clone)]
 pub struct OutboxEvent {
-    /// Event id: the envelope id and the deduplication id.
-    pub id: Text,
-    /// Aggregate type.
-    pub aggregate_type: Text,
-    /// Aggregate id.
-    pub aggregate_id: Text,
-    /// Event type.
-    pub event_type: Text,
+    text: String,
+    id: Span,
+    aggregate_type: Span,
+    aggregate_id: Span,
+    event_type: Span,
+    group: Span,
+    time: Span,
+    headers: Option<Span>,
+    topic: Option<Span>,
     /// The payload.
     pub payload: Payload,
-    /// Headers, a JSON object (text of a jsonb/json column), when present.
-    pub headers: Option<Text>,
-    /// Per-row topic override.
-    pub topic: Option<Text>,
-    /// Ordering group (FIFO MessageGroupId): `columns.group`, default the aggregate id.
-    pub group: Text,
-    /// When the event happened, RFC 3339; the commit time when the table has no such column.
-    pub time: Text,
 }
+
+/// Where a field lies in [`OutboxEvent`]'s text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Span {
+    start: u32,
+    end: u32,
+}
+
+/// An event's text fields, borrowed: what [`OutboxEvent::new`] copies.
+#[derive(Clone, Copy, Debug)]
+pub struct Fields<'a> {
+    /// Event id: the envelope id and the deduplication id.
+    pub id: &'a str,
+    /// Aggregate type.
+    pub aggregate_type: &'a str,
+    /// Aggregate id.
+    pub aggregate_id: &'a str,
+    /// Event type.
+    pub event_type: &'a str,
+    /// Ordering group (FIFO MessageGroupId).
+    pub group: &'a str,
+    /// When the event happened, RFC 3339.
+    pub time: &'a str,
+    /// Headers, a JSON object, when present.
+    pub headers: Option<&'a str>,
+    /// Per-row topic override.
+    pub topic: Option<&'a str>,
+}
+
+/// Appends fields to an event's text.
+struct TextBuilder(String);
+
+impl TextBuilder {
+    fn push(&mut self, field: &str) -> Span {
+        self.push_with(|text| text.push_str(field))
+    }
+
+    fn push_with(&mut self, write: impl FnOnce(&mut String)) -> Span {
+        let start = self.0.len();
+        write(&mut self.0);
+        // Postgres values are at most 1 GB; an event's text fits in u32.
+        Span {
+            start: start as u32,
+            end: self.0.len() as u32,
+        }
+    }
+}
+
+impl OutboxEvent {
+    /// An event of `fields` (copied) and `payload`.
+    pub fn new(fields: Fields<'_>, payload: Payload) -> Self {
+        let Fields {
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            group,
+            time,
+            headers,
+            topic,
+        } = fields;
+        let len = [id, aggregate_type, aggregate_id, event_type, group, time]
+            .iter()
+            .chain(headers.iter())
+            .chain(topic.iter())
+            .map(|f| f.len())
+            .sum();
+        let mut text = TextBuilder(String::with_capacity(len));
+        Self {
+            id: text.push(id),
+            aggregate_type: text.push(aggregate_type),
+            aggregate_id: text.push(aggregate_id),
+            event_type: text.push(event_type),
+            group: text.push(group),
+            time: text.push(time),
+            headers: headers.map(|h| text.push(h)),
+            topic: topic.map(|t| text.push(t)),
+            payload,
+            text: text.0,
+        }
+    }
+
+    fn field(&self, span: Span) -> &str {
+        &self.text[span.start as usize..span.end as usize]
+    }
+
+    /// Event id: the envelope id and the deduplication id.
+    pub fn id(&self) -> &str {
+        self.field(self.id)
+    }
+
+    /// Aggregate type.
+    pub fn aggregate_type(&self) -> &str {
+        self.field(self.aggregate_type)
+    }
+
+    /// Aggregate id.
+    pub fn aggregate_id(&self) -> &str {
+        self.field(self.aggregate_id)
+    }
+
+    /// Event type.
+    pub fn event_type(&self) -> &str {
+        self.field(self.event_type)
+    }
+
+    /// Ordering group (FIFO MessageGroupId): `columns.group`, default the aggregate id.
+    pub fn group(&self) -> &str {
+        self.field(self.group)
+    }
+
+    /// When the event happened, RFC 3339; the commit time when the table has no such column.
+    pub fn time(&self) -> &str {
+        self.field(self.time)
+    }
+
+    /// Headers, a JSON object (text of a jsonb/json column), when present.
+    pub fn headers(&self) -> Option<&str> {
+        self.headers.map(|s| self.field(s))
+    }
+
+    /// Per-row topic override.
+    pub fn topic(&self) -> Option<&str> {
+        self.topic.map(|s| self.field(s))
+    }
+
+    /// Put the event in another ordering group.
+    pub fn set_group(&mut self, group: &str) {
+        let mut text = TextBuilder(std::mem::take(&mut self.text));
+        self.group = text.push(group);
+        self.text = text.0;
+    }
+
+    /// Every text field, borrowed.
+    pub fn fields(&self) -> Fields<'_> {
+        Fields {
+            id: self.id(),
+            aggregate_type: self.aggregate_type(),
+            aggregate_id: self.aggregate_id(),
+            event_type: self.event_type(),
+            group: self.group(),
+            time: self.time(),
+            headers: self.headers(),
+            topic: self.topic(),
+        }
+    }
+}
+
+impl fmt::Debug for OutboxEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutboxEvent")
+            .field("fields", &self.fields())
+            .field("payload", &self.payload)
+            .finish()
+    }
+}
+
+/// Equal when every field and the payload are: not how the text is laid out.
+impl PartialEq for OutboxEvent {
+    fn eq(&self, other: &Self) -> bool {
+        let (a, b) = (self.fields(), other.fields());
+        a.id == b.id
+            && a.aggregate_type == b.aggregate_type
+            && a.aggregate_id == b.aggregate_id
+            && a.event_type == b.event_type
+            && a.group == b.group
+            && a.time == b.time
+            && a.headers == b.headers
+            && a.topic == b.topic
+            && self.payload == other.payload
+    }
+}
+
+impl Eq for OutboxEvent {}
 
 /// The outbox table does not fit the column mapping.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -351,7 +555,7 @@ impl RowMapping {
     /// The event id alone, for naming a row that failed to map.
     pub fn id_of(&self, tuple: &impl Columns) -> Option<String> {
         match tuple.value(self.id.index) {
-            Some(Value::Text(b)) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Some(ValueRef::Text(b)) => Some(String::from_utf8_lossy(b).into_owned()),
             _ => None,
         }
     }
@@ -376,68 +580,101 @@ impl RowMapping {
             ]);
         let count = tuple.count();
         let payload = match self.payload_kind {
-            PayloadKind::Json => Payload::Json(text(payload, count, &self.payload)?),
-            PayloadKind::Text => Payload::Text(text(payload, count, &self.payload)?),
+            PayloadKind::Json => Payload::Json(shared_text(tuple, payload, count, &self.payload)?),
+            PayloadKind::Text => Payload::Text(shared_text(tuple, payload, count, &self.payload)?),
             PayloadKind::Binary => Payload::Binary(decode_bytea(
-                &raw(payload, count, &self.payload)?,
+                raw(payload, count, &self.payload)?,
                 &self.payload.name,
             )?),
         };
-        let time = match optional_text(created_at, count, self.created_at.as_ref())? {
-            Some(t) => Text::from(rfc3339_from_pg(t.as_str())),
-            None => Text::from(rfc3339_from_pg_micros(commit_time)),
-        };
+        let created_at = optional_text(created_at, count, self.created_at.as_ref())?;
         let aggregate_id = text(aggregate_id, count, &self.aggregate_id)?;
         let group = match &self.group {
-            Some(slot) => text(group, count, slot)?,
-            None => aggregate_id.clone(),
+            Some(slot) => Some(text(group, count, slot)?),
+            None => None,
         };
+        let id = text(id, count, &self.id)?;
+        let aggregate_type = text(aggregate_type, count, &self.aggregate_type)?;
+        let event_type = text(event_type, count, &self.event_type)?;
+        let headers = optional_text(headers, count, self.headers.as_ref())?;
+        let topic = optional_text(topic, count, self.topic.as_ref())?.filter(|t| !t.is_empty());
+
+        // Room for every field, and the time's few extra bytes.
+        let len = [id, aggregate_type, aggregate_id, event_type]
+            .iter()
+            .chain(group.iter())
+            .chain(headers.iter())
+            .chain(topic.iter())
+            .map(|f| f.len())
+            .sum::<usize>()
+            + created_at.map_or(0, str::len)
+            + 32;
+        let mut text = TextBuilder(String::with_capacity(len));
+        let aggregate_id = text.push(aggregate_id);
         Ok(OutboxEvent {
-            id: text(id, count, &self.id)?,
-            aggregate_type: text(aggregate_type, count, &self.aggregate_type)?,
+            time: text.push_with(|out| match created_at {
+                Some(t) => rfc3339_from_pg_into(t, out),
+                None => rfc3339_from_pg_micros_into(commit_time, out),
+            }),
+            group: match group {
+                Some(g) => text.push(g),
+                None => aggregate_id,
+            },
             aggregate_id,
-            group,
-            event_type: text(event_type, count, &self.event_type)?,
+            id: text.push(id),
+            aggregate_type: text.push(aggregate_type),
+            event_type: text.push(event_type),
+            headers: headers.map(|h| text.push(h)),
+            topic: topic.map(|t| text.push(t)),
             payload,
-            headers: optional_text(headers, count, self.headers.as_ref())?,
-            topic: optional_text(topic, count, self.topic.as_ref())?
-                .filter(|t| !t.as_str().is_empty()),
-            time,
+            text: text.0,
         })
     }
 }
 
 /// The column's value as text bytes; `value` is what the row holds at the
 /// slot's position (`None`: the row has only `count` columns).
-fn raw(value: Option<Value>, count: usize, slot: &Slot) -> Result<Bytes, RowError> {
+fn raw<'a>(value: Option<ValueRef<'a>>, count: usize, slot: &Slot) -> Result<&'a [u8], RowError> {
     match value.ok_or_else(|| RowError::ShortRow {
         got: count,
         column: slot.name.clone(),
     })? {
-        Value::Text(b) => Ok(b),
-        Value::Null => Err(RowError::Null(slot.name.clone())),
-        Value::UnchangedToast => Err(RowError::Unexpected {
+        ValueRef::Text(b) => Ok(b),
+        ValueRef::Null => Err(RowError::Null(slot.name.clone())),
+        ValueRef::UnchangedToast => Err(RowError::Unexpected {
             column: slot.name.clone(),
             kind: "an unchanged TOAST value",
         }),
-        Value::Binary(_) => Err(RowError::Unexpected {
+        ValueRef::Binary(_) => Err(RowError::Unexpected {
             column: slot.name.clone(),
             kind: "a binary value",
         }),
     }
 }
 
-fn text(value: Option<Value>, count: usize, slot: &Slot) -> Result<Text, RowError> {
-    Text::new(raw(value, count, slot)?).map_err(|_| RowError::NotUtf8(slot.name.clone()))
+fn text<'a>(value: Option<ValueRef<'a>>, count: usize, slot: &Slot) -> Result<&'a str, RowError> {
+    std::str::from_utf8(raw(value, count, slot)?).map_err(|_| RowError::NotUtf8(slot.name.clone()))
 }
 
-fn optional_text(
-    value: Option<Value>,
+/// [`text`], as a [`Text`] sharing the row's buffer.
+fn shared_text(
+    row: &impl Columns,
+    value: Option<ValueRef<'_>>,
+    count: usize,
+    slot: &Slot,
+) -> Result<Text, RowError> {
+    let text = text(value, count, slot)?;
+    // Checked above: `Text::new` would check it again.
+    Ok(Text::shared(text, |bytes| row.share(bytes)))
+}
+
+fn optional_text<'a>(
+    value: Option<ValueRef<'a>>,
     count: usize,
     slot: Option<&Slot>,
-) -> Result<Option<Text>, RowError> {
+) -> Result<Option<&'a str>, RowError> {
     let Some(slot) = slot else { return Ok(None) };
-    if matches!(value, Some(Value::Null)) {
+    if matches!(value, Some(ValueRef::Null)) {
         return Ok(None);
     }
     text(value, count, slot).map(Some)
@@ -467,8 +704,16 @@ fn decode_bytea(raw: &[u8], column: &str) -> Result<Bytes, RowError> {
 /// Postgres `timestamptz` text (ISO DateStyle, e.g. `2026-11-22 05:48:24.123456+00`)
 /// to RFC 3339 (`2026-11-22T05:48:24.123456Z`). A `timestamp` without zone is taken as UTC.
 pub fn rfc3339_from_pg(pg: &str) -> String {
-    // The first space (between date and time) becomes a `T`; room for ":00".
+    // Room for ":00".
     let mut out = String::with_capacity(pg.len() + 3);
+    rfc3339_from_pg_into(pg, &mut out);
+    out
+}
+
+/// [`rfc3339_from_pg`], appended to `out`.
+fn rfc3339_from_pg_into(pg: &str, out: &mut String) {
+    let begin = out.len();
+    // The first space (between date and time) becomes a `T`.
     match pg.split_once(' ') {
         Some((date, time)) => {
             out.push_str(date);
@@ -478,7 +723,7 @@ pub fn rfc3339_from_pg(pg: &str) -> String {
         None => out.push_str(pg),
     }
     // The zone starts at the last '+' or '-' after the time part.
-    let time_start = out.find('T').map_or(0, |i| i + 1);
+    let time_start = out[begin..].find('T').map_or(begin, |i| begin + i + 1);
     match out[time_start..].rfind(['+', '-']).map(|i| i + time_start) {
         Some(zone) => {
             let offset = &out[zone + 1..];
@@ -493,23 +738,32 @@ pub fn rfc3339_from_pg(pg: &str) -> String {
         }
         None => out.push('Z'),
     }
-    out
 }
 
 /// Microseconds since 2000-01-01 UTC (Postgres epoch) to RFC 3339 in UTC.
 pub fn rfc3339_from_pg_micros(micros: i64) -> String {
+    let mut out = String::with_capacity(27);
+    rfc3339_from_pg_micros_into(micros, &mut out);
+    out
+}
+
+/// [`rfc3339_from_pg_micros`], appended to `out`.
+fn rfc3339_from_pg_micros_into(micros: i64, out: &mut String) {
+    use std::fmt::Write;
     const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
     let secs = micros.div_euclid(1_000_000) + PG_EPOCH_UNIX_SECS;
     let frac = micros.rem_euclid(1_000_000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
-    format!(
+    // Writing to a `String` cannot fail.
+    let _ = write!(
+        out,
         "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{frac:06}Z",
         rem / 3600,
         rem % 3600 / 60,
         rem % 60
-    )
+    );
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian

@@ -25,7 +25,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::config::OnPublished;
-use crate::event::Text;
 use crate::retry::Backoff;
 use crate::table::Table;
 
@@ -40,9 +39,9 @@ const RECONNECT_FOR: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub enum Mark {
     /// It was published.
-    Published(Text),
+    Published(String),
     /// It was filtered out.
-    Skipped(Text),
+    Skipped(String),
 }
 
 /// Sends marks to the marking task; cheap to clone.

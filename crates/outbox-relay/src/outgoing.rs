@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::ack::Ticket;
 use crate::config::{Config, FilterConfig, SinkKind};
 use crate::envelope::Encoder;
-use crate::event::{OutboxEvent, Text};
+use crate::event::OutboxEvent;
 use crate::route::Router;
 use crate::sink::Message;
 
@@ -19,7 +19,7 @@ pub enum Prepared {
     /// Ready to publish.
     Publish(Message),
     /// Filtered out (`[filter]`): its id.
-    Skip(Text),
+    Skip(String),
     /// Cannot be published: its id and why.
     Fail(String, String),
 }
@@ -54,19 +54,19 @@ impl Outgoing {
     pub fn prepare(&mut self, event: OutboxEvent, ticket: Ticket, commit_time: i64) -> Prepared {
         if !self
             .filter
-            .admits(event.event_type.as_str(), event.aggregate_type.as_str())
+            .admits(event.event_type(), event.aggregate_type())
         {
-            return Prepared::Skip(event.id);
+            return Prepared::Skip(event.id().to_owned());
         }
         let destination = match self.router.route(&event) {
             Ok(d) => d,
-            Err(reason) => return Prepared::Fail(event.id.to_string(), reason),
+            Err(reason) => return Prepared::Fail(event.id().to_string(), reason),
         };
         let mut body = Vec::new();
         self.encoder.encode(&event, &mut body);
         Prepared::Publish(Message {
             ticket,
-            event,
+            event: Box::new(event),
             // A boxed slice becomes `Bytes` without a second allocation (a
             // `Vec` with spare room needs a shared header); shrinking the
             // envelope's few spare bytes reallocates in place.

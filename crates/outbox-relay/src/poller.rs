@@ -311,7 +311,7 @@ impl<S: Sink> Poller<S> {
             for ((message, (attempts, too_old)), outcome) in
                 batch.iter().zip(&meta[offset..]).zip(outcomes)
             {
-                let id = message.event.id.to_string();
+                let id = message.event.id().to_string();
                 match outcome {
                     Outcome::Delivered => published.push(id),
                     Outcome::Rejected(reason) => failures.push((id, *attempts, *too_old, reason)),
@@ -377,9 +377,7 @@ impl<S: Sink> Poller<S> {
         let notices: Vec<Message> = dead
             .iter()
             .filter_map(|(id, attempts, reason)| {
-                let (m, _, _) = messages
-                    .iter()
-                    .find(|(m, _, _)| m.event.id.as_str() == id)?;
+                let (m, _, _) = messages.iter().find(|(m, _, _)| m.event.id() == id)?;
                 let notice = serde_json::json!({
                     "id": id,
                     "attempts": attempts,
@@ -387,7 +385,7 @@ impl<S: Sink> Poller<S> {
                     "envelope": String::from_utf8_lossy(&m.body),
                 });
                 let mut event = m.event.clone();
-                event.group = "outbox-relay-dead-letters".into();
+                event.set_group("outbox-relay-dead-letters");
                 Some(Message {
                     ticket: Ticket::detached(),
                     event,

@@ -27,6 +27,7 @@
 //!   nor recorded.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +36,6 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::ack::Ticket;
-use crate::event::Text;
 use crate::marking::{Mark, Marker};
 use crate::record::{RecordError, Recorder};
 use crate::retry::Backoff;
@@ -84,8 +84,13 @@ enum Verdict {
 
 /// What a publish task hands back.
 enum Done {
-    /// A batch, each message with its verdict (rejections already recorded).
-    Batch(Vec<(Message, Verdict)>),
+    /// A batch: its messages, each one's verdict (rejections already
+    /// recorded) and group key, in the same order.
+    Batch {
+        messages: Vec<Message>,
+        verdicts: Vec<Verdict>,
+        keys: Vec<GroupKey>,
+    },
     /// A row that could not be published, recorded.
     Rejected {
         ticket: Ticket,
@@ -96,7 +101,47 @@ enum Done {
 
 struct Queued {
     arrived: Instant,
+    key: GroupKey,
     message: Message,
+}
+
+/// An ordering group as the publisher tracks it: a 64-bit hash of the
+/// group's text, taken once a message, so the maps below hash a number, not
+/// a string, and hold no reference to the message's buffer.
+///
+/// Two groups whose texts hash alike are one group here: each waits for the
+/// other's batches and backoffs. That is slower for those two, never out of
+/// order, so the hash needs no defence against chosen group names.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct GroupKey(u64);
+
+impl GroupKey {
+    fn of(group: &str) -> Self {
+        // A fixed seed: the key only has to agree with itself within a process.
+        Self(foldhash::fast::FixedState::with_seed(0x6f75_7462_6f78).hash_one(group))
+    }
+}
+
+/// A map by group key: the key is already a hash, so the map uses it as is.
+type ByGroup<V> = HashMap<GroupKey, V, BuildHasherDefault<KeyHasher>>;
+
+/// Passes a [`GroupKey`]'s hash through.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is called for a `GroupKey`; anything else still hashes.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -113,9 +158,9 @@ struct Publisher<S> {
     backoff: Backoff,
     done: mpsc::UnboundedSender<Vec<Completion>>,
     queue: VecDeque<Queued>,
-    blocked: HashMap<Text, Block>,
+    blocked: ByGroup<Block>,
     /// Consecutive failed attempts per group.
-    failures: HashMap<Text, u32>,
+    failures: ByGroup<u32>,
     tasks: JoinSet<Result<Done, RecordError>>,
     max_batch: usize,
     max_in_flight: usize,
@@ -144,8 +189,8 @@ pub async fn run<S: Sink>(
         backoff,
         done,
         queue: VecDeque::new(),
-        blocked: HashMap::new(),
-        failures: HashMap::new(),
+        blocked: ByGroup::default(),
+        failures: ByGroup::default(),
         tasks: JoinSet::new(),
     };
     let mut open = true;
@@ -159,13 +204,15 @@ pub async fn run<S: Sink>(
                 Some(first) => {
                     // Take what else is waiting too: one pass of the loop
                     // (and one batch pick) per burst, not per message.
+                    // One clock reading for all of it.
+                    let now = Instant::now();
                     let mut taken = first.len();
-                    first.into_iter().for_each(|d| p.accept(d));
+                    first.into_iter().for_each(|d| p.accept(d, now));
                     while taken < p.max_batch {
                         match input.try_recv() {
                             Ok(more) => {
                                 taken += more.len();
-                                more.into_iter().for_each(|d| p.accept(d));
+                                more.into_iter().for_each(|d| p.accept(d, now));
                             }
                             Err(_) => break,
                         }
@@ -174,8 +221,8 @@ pub async fn run<S: Sink>(
                 None => open = false,
             },
             Some(finished) = p.tasks.join_next() => match finished {
-                Ok(Ok(Done::Batch(settled))) => {
-                    if !p.settle(settled) {
+                Ok(Ok(Done::Batch { messages, verdicts, keys })) => {
+                    if !p.settle(messages, verdicts, keys) {
                         return;
                     }
                 }
@@ -208,11 +255,13 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 impl<S: Sink> Publisher<S> {
-    /// Queue a message, or start recording a row that cannot be published.
-    fn accept(&mut self, dispatch: Dispatch) {
+    /// Queue a message that arrived at `now`, or start recording a row that
+    /// cannot be published.
+    fn accept(&mut self, dispatch: Dispatch, now: Instant) {
         match dispatch {
             Dispatch::Publish(message) => self.queue.push_back(Queued {
-                arrived: Instant::now(),
+                arrived: now,
+                key: GroupKey::of(message.event.group()),
                 message,
             }),
             Dispatch::Reject { ticket, id, reason } => {
@@ -241,9 +290,9 @@ impl<S: Sink> Publisher<S> {
             if picked.is_empty() {
                 return wake;
             }
-            let batch = self.take(&picked);
-            for m in &batch {
-                self.blocked.insert(m.event.group.clone(), Block::InFlight);
+            let (batch, keys) = self.take(&picked);
+            for &key in &keys {
+                self.blocked.insert(key, Block::InFlight);
             }
             let sink = Arc::clone(&self.sink);
             let recorder = self.recorder.clone();
@@ -257,17 +306,18 @@ impl<S: Sink> Publisher<S> {
                 if let Some(recorder) = recorder {
                     // Record only what `settle` will report: a rejection behind a
                     // failed entry of its group is sent again, not reported.
-                    let mut failed: HashSet<&Text> = HashSet::new();
-                    for (m, v) in batch.iter().zip(&verdicts) {
+                    let mut failed: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> =
+                        HashSet::default();
+                    for ((m, v), key) in batch.iter().zip(&verdicts).zip(&keys) {
                         match v {
-                            _ if failed.contains(&m.event.group) => {}
+                            _ if failed.contains(key) => {}
                             Verdict::Retry(_) => {
-                                failed.insert(&m.event.group);
+                                failed.insert(*key);
                             }
                             Verdict::Rejected(reason) => {
                                 // Boxed: rare, and its state would make every batch's task large.
                                 Box::pin(recorder.record(
-                                    m.event.id.as_str(),
+                                    m.event.id(),
                                     Some(&m.event),
                                     Some(&m.body),
                                     reason,
@@ -278,7 +328,11 @@ impl<S: Sink> Publisher<S> {
                         }
                     }
                 }
-                Ok(Done::Batch(batch.into_iter().zip(verdicts).collect()))
+                Ok(Done::Batch {
+                    messages: batch,
+                    verdicts,
+                    keys,
+                })
             });
         }
     }
@@ -287,16 +341,19 @@ impl<S: Sink> Publisher<S> {
     /// keeping the others in order. Costs O(last position), not O(queue ×
     /// batch): the prefix up to the last pick is drained once and what was
     /// passed over goes back to the front.
-    fn take(&mut self, picked: &[usize]) -> Vec<Message> {
+    /// The batch's messages come with their group keys.
+    fn take(&mut self, picked: &[usize]) -> (Vec<Message>, Vec<GroupKey>) {
         let Some(&last) = picked.last() else {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         };
         let mut batch = Vec::with_capacity(picked.len());
+        let mut keys = Vec::with_capacity(picked.len());
         let mut passed = Vec::with_capacity(last + 1 - picked.len());
         let mut wanted = picked.iter().peekable();
         for (i, q) in self.queue.drain(..=last).enumerate() {
             if wanted.next_if_eq(&&i).is_some() {
                 batch.push(q.message);
+                keys.push(q.key);
             } else {
                 passed.push(q);
             }
@@ -304,21 +361,21 @@ impl<S: Sink> Publisher<S> {
         for q in passed.into_iter().rev() {
             self.queue.push_front(q);
         }
-        batch
+        (batch, keys)
     }
 
     /// Queue positions of the next batch, in order; or when to look again.
     fn pick(&self, now: Instant, open: bool) -> (Vec<usize>, Option<Instant>) {
         let mut picked = Vec::new();
-        let mut passed: HashSet<&Text> = HashSet::new();
+        let mut passed: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> = HashSet::default();
         let mut destination: Option<&str> = None;
         let mut wake: Option<Instant> = None;
         for (i, q) in self.queue.iter().enumerate() {
-            let group = &q.message.event.group;
-            if passed.contains(group) {
+            let group = q.key;
+            if passed.contains(&group) {
                 continue;
             }
-            match self.blocked.get(group) {
+            match self.blocked.get(&group) {
                 Some(Block::InFlight) => {
                     passed.insert(group);
                     continue;
@@ -350,22 +407,28 @@ impl<S: Sink> Publisher<S> {
         (picked, wake)
     }
 
-    /// Handle a finished batch; false when the replication loop is gone.
-    fn settle(&mut self, settled: Vec<(Message, Verdict)>) -> bool {
-        let mut retry: Vec<Message> = Vec::new();
-        let mut failed: HashMap<Text, String> = HashMap::new();
+    /// Handle a finished batch (its messages, their verdicts and group keys,
+    /// in order); false when the replication loop is gone.
+    fn settle(
+        &mut self,
+        messages: Vec<Message>,
+        verdicts: Vec<Verdict>,
+        keys: Vec<GroupKey>,
+    ) -> bool {
+        let mut retry: Vec<(Message, GroupKey)> = Vec::new();
+        let mut failed: ByGroup<String> = ByGroup::default();
         // The batch's groups, each once (a set: batches hold up to 1024 messages).
-        let mut groups: HashSet<Text> = HashSet::with_capacity(settled.len());
-        let mut completions = Vec::with_capacity(settled.len());
+        let mut groups: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> =
+            HashSet::with_capacity_and_hasher(messages.len(), Default::default());
+        let mut completions = Vec::with_capacity(messages.len());
         let metrics = crate::metrics::get();
         // One clock reading and one counter update a batch, not a message.
         let delivered_at = crate::metrics::unix_micros_now();
         let mut delivered = 0;
-        for (message, verdict) in settled {
-            let group = message.event.group.clone();
-            groups.insert(group.clone());
+        for ((message, verdict), group) in messages.into_iter().zip(verdicts).zip(keys) {
+            groups.insert(group);
             if failed.contains_key(&group) {
-                retry.push(message); // behind a failed entry of its group: send again, in order
+                retry.push((message, group)); // behind a failed entry of its group: send again, in order
                 continue;
             }
             let completion = match verdict {
@@ -373,18 +436,18 @@ impl<S: Sink> Publisher<S> {
                     delivered += 1;
                     metrics.delivered_after_commit_at(message.commit_time, delivered_at);
                     if let Some(marker) = &self.marker {
-                        marker.send(Mark::Published(message.event.id.clone()));
+                        marker.send(Mark::Published(message.event.id().to_owned()));
                     }
                     Completion::Delivered(message.ticket)
                 }
                 Verdict::Rejected(reason) => Completion::Rejected {
                     ticket: message.ticket,
-                    id: message.event.id.to_string(),
+                    id: message.event.id().to_string(),
                     reason,
                 },
                 Verdict::Retry(reason) => {
                     failed.insert(group, reason);
-                    retry.push(message);
+                    retry.push((message, group));
                     continue;
                 }
             };
@@ -401,7 +464,7 @@ impl<S: Sink> Publisher<S> {
         for group in groups {
             match failed.get(&group) {
                 Some(_) => {
-                    let attempts = self.failures.entry(group.clone()).or_insert(0);
+                    let attempts = self.failures.entry(group).or_insert(0);
                     let delay = self.backoff.delay(*attempts);
                     *attempts = attempts.saturating_add(1);
                     worst = worst.max(*attempts);
@@ -426,9 +489,10 @@ impl<S: Sink> Publisher<S> {
                 "publish failed, retrying with backoff"
             );
         }
-        for message in retry.into_iter().rev() {
+        for (message, key) in retry.into_iter().rev() {
             self.queue.push_front(Queued {
                 arrived: now,
+                key,
                 message,
             });
         }
@@ -457,7 +521,7 @@ fn verdicts(batch: &[Message], outcomes: Vec<Outcome>) -> Vec<Verdict> {
 mod tests {
     use super::*;
     use crate::ack::AckTracker;
-    use crate::event::{OutboxEvent, Payload};
+    use crate::event::{Fields, OutboxEvent, Payload};
     use std::sync::Mutex;
 
     /// A sink that fails the first attempt of chosen messages and records the
@@ -483,14 +547,14 @@ mod tests {
             batch
                 .iter()
                 .map(|m| {
-                    let id = m.event.id.to_string();
+                    let id = m.event.id().to_string();
                     if self.fail_once.lock().unwrap().remove(&id) {
                         Outcome::Retryable("injected".into())
                     } else {
                         self.accepted
                             .lock()
                             .unwrap()
-                            .push((m.event.group.to_string(), id));
+                            .push((m.event.group().to_string(), id));
                         Outcome::Delivered
                     }
                 })
@@ -501,17 +565,19 @@ mod tests {
     fn message(tracker: &mut AckTracker, group: &str, n: usize) -> Message {
         Message {
             ticket: tracker.event().unwrap(),
-            event: OutboxEvent {
-                id: format!("{group}-{n}").into(),
-                aggregate_type: "t".into(),
-                aggregate_id: group.into(),
-                event_type: "E".into(),
-                payload: Payload::Json("{}".into()),
-                headers: None,
-                topic: None,
-                group: group.into(),
-                time: "t".into(),
-            },
+            event: Box::new(OutboxEvent::new(
+                Fields {
+                    id: &format!("{group}-{n}"),
+                    aggregate_type: "t",
+                    aggregate_id: group,
+                    event_type: "E",
+                    group,
+                    time: "t",
+                    headers: None,
+                    topic: None,
+                },
+                Payload::Json("{}".into()),
+            )),
             body: bytes::Bytes::new(),
             destination: crate::route::nowhere(),
             commit_time: 0,
@@ -548,12 +614,12 @@ mod tests {
                     sink.fail_once
                         .lock()
                         .unwrap()
-                        .insert(m.event.id.to_string());
+                        .insert(m.event.id().to_string());
                 }
                 expected
                     .entry(group)
                     .or_default()
-                    .push(m.event.id.to_string());
+                    .push(m.event.id().to_string());
                 tx.send(vec![Dispatch::Publish(m)]).await.unwrap();
             }
             drop(tx);

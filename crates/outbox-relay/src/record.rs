@@ -167,9 +167,9 @@ impl Recorder {
                         &[
                             &id,
                             &reason,
-                            &event.map(|e| e.event_type.as_str()),
-                            &event.map(|e| e.aggregate_type.as_str()),
-                            &event.map(|e| e.aggregate_id.as_str()),
+                            &event.map(|e| e.event_type()),
+                            &event.map(|e| e.aggregate_type()),
+                            &event.map(|e| e.aggregate_id()),
                             &envelope.as_deref(),
                         ],
                     )

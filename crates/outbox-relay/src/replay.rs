@@ -306,10 +306,10 @@ pub async fn run<S: Sink>(
             // A retried batch is sent whole again; what was delivered before is delivered again.
             for (m, outcome) in batch.iter().zip(outcomes) {
                 match outcome {
-                    Outcome::Delivered => published.push(m.event.id.to_string()),
-                    Outcome::Rejected(reason) => rejected.push((m.event.id.to_string(), reason)),
+                    Outcome::Delivered => published.push(m.event.id().to_string()),
+                    Outcome::Rejected(reason) => rejected.push((m.event.id().to_string(), reason)),
                     // Not left after the loop above; counted as rejected if it ever were.
-                    Outcome::Retryable(reason) => rejected.push((m.event.id.to_string(), reason)),
+                    Outcome::Retryable(reason) => rejected.push((m.event.id().to_string(), reason)),
                 }
             }
             if let Some(rate) = rate {

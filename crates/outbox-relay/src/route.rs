@@ -53,8 +53,7 @@ impl Router {
 
     /// The event's destination, or why it has none.
     pub fn route(&mut self, event: &OutboxEvent) -> Result<Arc<str>, String> {
-        if let Some(topic) = &event.topic {
-            let topic = topic.as_str();
+        if let Some(topic) = event.topic() {
             let arn = if topic.starts_with("arn:") {
                 topic.to_owned()
             } else {
@@ -66,8 +65,8 @@ impl Router {
             let arn = template
                 .replace("{region}", &self.region)
                 .replace("{account}", &self.account)
-                .replace("{aggregate_type}", event.aggregate_type.as_str())
-                .replace("{event_type}", event.event_type.as_str());
+                .replace("{aggregate_type}", event.aggregate_type())
+                .replace("{event_type}", event.event_type());
             return Ok(self.intern(arn));
         }
         self.default
@@ -90,20 +89,22 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{Payload, Text};
+    use crate::event::{Fields, Payload};
 
     fn event(topic: Option<&str>) -> OutboxEvent {
-        OutboxEvent {
-            id: "1".into(),
-            aggregate_type: "order".into(),
-            aggregate_id: "o-1".into(),
-            event_type: "OrderCreated".into(),
-            payload: Payload::Json("{}".into()),
-            headers: None,
-            topic: topic.map(Text::from),
-            group: "o-1".into(),
-            time: "t".into(),
-        }
+        OutboxEvent::new(
+            Fields {
+                id: "1",
+                aggregate_type: "order",
+                aggregate_id: "o-1",
+                event_type: "OrderCreated",
+                group: "o-1",
+                time: "t",
+                headers: None,
+                topic,
+            },
+            Payload::Json("{}".into()),
+        )
     }
 
     #[test]

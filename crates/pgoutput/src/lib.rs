@@ -76,4 +76,4 @@ pub use message::{
     Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin, Relation,
     Truncate, Type, Update,
 };
-pub use tuple::{TupleData, Value};
+pub use tuple::{TupleData, Value, ValueRef};

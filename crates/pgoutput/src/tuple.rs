@@ -28,6 +28,20 @@ pub enum Value {
     Binary(Bytes),
 }
 
+/// One column of a row image, borrowed from the row: a [`Value`] without
+/// the reference count (see [`TupleData::get_many_ref`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueRef<'a> {
+    /// SQL NULL (`'n'`).
+    Null,
+    /// A TOASTed value that did not change and was not sent (`'u'`).
+    UnchangedToast,
+    /// The value in the type's text output format (`'t'`).
+    Text(&'a [u8]),
+    /// The value in the type's binary send format (`'b'`).
+    Binary(&'a [u8]),
+}
+
 /// A row image of an [`Insert`](crate::Insert), [`Update`](crate::Update)
 /// or [`Delete`](crate::Delete).
 ///
@@ -84,7 +98,17 @@ impl TupleData {
     /// this is cheaper than [`get`](Self::get) for each, which starts from
     /// the first column every time.
     pub fn get_many<const N: usize>(&self, indices: [usize; N]) -> [Option<Value>; N] {
-        let mut values = [const { None }; N];
+        self.get_many_ref(indices)
+            .map(|value| value.map(|v| self.to_value(v)))
+    }
+
+    /// [`get_many`](Self::get_many), each value borrowed from the row. A
+    /// [`Value`] holds a reference-counted slice, and counting costs an
+    /// atomic operation a value, made and again dropped; a caller that copies
+    /// what it reads, or keeps one value of the row, pays only for what it
+    /// keeps ([`share`](Self::share)).
+    pub fn get_many_ref<const N: usize>(&self, indices: [usize; N]) -> [Option<ValueRef<'_>>; N] {
+        let mut values = [None; N];
         let Some(last) = indices.iter().copied().filter(|&i| i < self.len()).max() else {
             return values;
         };
@@ -95,11 +119,31 @@ impl TupleData {
             };
             for (value, &wanted) in values.iter_mut().zip(&indices) {
                 if wanted == column {
-                    *value = Some(span.clone().into_value(&self.columns));
+                    *value = Some(span.borrow(&self.columns));
                 }
             }
         }
         values
+    }
+
+    /// `slice`, which a [`ValueRef`] of this row holds, as `Bytes` sharing
+    /// the row's buffer (no copy).
+    ///
+    /// # Panics
+    ///
+    /// When `slice` is not within this row's bytes.
+    pub fn share(&self, slice: &[u8]) -> Bytes {
+        self.columns.slice_ref(slice)
+    }
+
+    /// A borrowed value of this row as an owned one.
+    fn to_value(&self, value: ValueRef<'_>) -> Value {
+        match value {
+            ValueRef::Null => Value::Null,
+            ValueRef::UnchangedToast => Value::UnchangedToast,
+            ValueRef::Text(s) => Value::Text(self.share(s)),
+            ValueRef::Binary(s) => Value::Binary(self.share(s)),
+        }
     }
 
     /// Reads and validates a complete `TupleData` (count and columns) at the
@@ -139,6 +183,15 @@ enum ColumnSpan {
 }
 
 impl ColumnSpan {
+    fn borrow<'a>(&self, buf: &'a [u8]) -> ValueRef<'a> {
+        match self {
+            Self::Null => ValueRef::Null,
+            Self::UnchangedToast => ValueRef::UnchangedToast,
+            Self::Text(range) => ValueRef::Text(&buf[range.clone()]),
+            Self::Binary(range) => ValueRef::Binary(&buf[range.clone()]),
+        }
+    }
+
     fn into_value(self, buf: &Bytes) -> Value {
         match self {
             Self::Null => Value::Null,

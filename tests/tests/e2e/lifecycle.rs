@@ -169,14 +169,14 @@ impl Sink for Picky {
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let mut out = Vec::new();
         for m in batch {
-            let id = m.event.id.to_string();
+            let id = m.event.id().to_string();
             let tries = {
                 let mut t = self.tries.lock().unwrap();
                 let n = t.entry(id).or_insert(0);
                 *n += 1;
                 *n
             };
-            let outcome = match m.event.event_type.as_str() {
+            let outcome = match m.event.event_type() {
                 "Flaky" if tries <= 3 => Outcome::Rejected(format!("injected failure {tries}")),
                 "Doomed" => Outcome::Rejected("injected: never".into()),
                 _ => Outcome::Delivered,
@@ -244,7 +244,7 @@ async fn a_row_failing_three_times_ends_published_and_one_failing_always_ends_de
 async fn the_poller_leaves_rows_the_stream_has_not_reached_and_takes_up_rows_it_passed_unmarked() {
     let outbox = Outbox::new().await;
     // The sink holds these: the slot stays active and stands still before them.
-    let sink = Collect::holding(|m| m.event.event_type.as_str() == "Held");
+    let sink = Collect::holding(|m| m.event.event_type() == "Held");
     let relay = Running::start(outbox.config(FAST_POLLER), sink.clone());
     outbox.wait_slot_active(true).await;
     let held = outbox

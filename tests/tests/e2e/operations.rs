@@ -380,7 +380,7 @@ async fn heartbeats_come_back_through_the_stream_and_one_that_does_not_fails_rea
     let outbox = Outbox::new().await;
     let addr = format!("127.0.0.1:{}", free_port());
     // One event in flight at most: a held event stops the stream from reading on.
-    let sink = Collect::holding(|m| m.event.event_type.as_str() == "Held");
+    let sink = Collect::holding(|m| m.event.event_type() == "Held");
     let relay = Running::start(
         outbox.config(&format!(
             "[stream]\nmax_in_flight = 1\nheartbeat_interval = \"200ms\"\nheartbeat_timeout = \"1s\"\n\

@@ -375,7 +375,7 @@ impl Collect {
             .lock()
             .unwrap()
             .iter()
-            .map(|m| m.event.id.to_string())
+            .map(|m| m.event.id().to_string())
             .collect()
     }
 }
@@ -396,7 +396,7 @@ impl Sink for Collect {
                 let hold = *self.held.lock().unwrap();
                 match hold {
                     Some(hold) if hold(m) => {
-                        self.waiting.lock().unwrap().push(m.event.id.to_string());
+                        self.waiting.lock().unwrap().push(m.event.id().to_string());
                         notified.await;
                     }
                     _ => break,

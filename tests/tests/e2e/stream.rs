@@ -77,7 +77,7 @@ async fn every_event_comes_out_once_in_commit_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_slot_is_never_confirmed_past_an_event_the_sink_has_not_finished() {
     let outbox = Outbox::new().await;
-    let sink = Collect::holding(|m| m.event.aggregate_id.as_str() == "held");
+    let sink = Collect::holding(|m| m.event.aggregate_id() == "held");
     let relay = start(&outbox, "", sink.clone());
     outbox.wait_slot_active(true).await;
 

@@ -38,8 +38,9 @@ pub use stdout::StdoutSink;
 pub struct Message {
     /// Reports the outcome back to the ack tracker.
     pub ticket: Ticket,
-    /// The event (routing, attributes, ordering group).
-    pub event: OutboxEvent,
+    /// The event (routing, attributes, ordering group). Boxed: a message
+    /// moves through several queues, and the event is most of its bytes.
+    pub event: Box<OutboxEvent>,
     /// The encoded envelope.
     pub body: Bytes,
     /// Where it goes (a topic ARN; empty for single-destination sinks).

@@ -250,17 +250,19 @@ mod tests {
     fn message(body: &str) -> Message {
         Message {
             ticket: crate::ack::Ticket::detached(),
-            event: crate::event::OutboxEvent {
-                id: "id".into(),
-                aggregate_type: "t".into(),
-                aggregate_id: "g".into(),
-                event_type: "E".into(),
-                payload: crate::event::Payload::Json("{}".into()),
-                headers: None,
-                topic: None,
-                group: "g".into(),
-                time: "t".into(),
-            },
+            event: Box::new(crate::event::OutboxEvent::new(
+                crate::event::Fields {
+                    id: "id",
+                    aggregate_type: "t",
+                    aggregate_id: "g",
+                    event_type: "E",
+                    group: "g",
+                    time: "t",
+                    headers: None,
+                    topic: None,
+                },
+                crate::event::Payload::Json("{}".into()),
+            )),
             body: bytes::Bytes::from(body.to_owned()),
             destination: crate::route::nowhere(),
             commit_time: 0,

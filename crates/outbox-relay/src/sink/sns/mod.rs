@@ -138,18 +138,14 @@ impl SnsSink {
             size += name.len() + "String".len() + value.len();
             attributes.push((name, value));
         };
-        attribute("event_id", Cow::Borrowed(event.id.as_str()));
-        attribute("event_type", Cow::Borrowed(event.event_type.as_str()));
-        attribute(
-            "aggregate_type",
-            Cow::Borrowed(event.aggregate_type.as_str()),
-        );
-        attribute("aggregate_id", Cow::Borrowed(event.aggregate_id.as_str()));
+        attribute("event_id", Cow::Borrowed(event.id()));
+        attribute("event_type", Cow::Borrowed(event.event_type()));
+        attribute("aggregate_type", Cow::Borrowed(event.aggregate_type()));
+        attribute("aggregate_id", Cow::Borrowed(event.aggregate_id()));
         if !self.attributes.is_empty() {
-            if let Some(headers) = &event.headers {
-                if let Ok(mut map) = serde_json::from_str::<
-                    serde_json::Map<String, serde_json::Value>,
-                >(headers.as_str())
+            if let Some(headers) = event.headers() {
+                if let Ok(mut map) =
+                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(headers)
                 {
                     for name in &self.attributes {
                         if let Some(serde_json::Value::String(value)) = map.remove(name) {
@@ -164,7 +160,7 @@ impl SnsSink {
                 "message too large: {size} bytes with attributes; SNS accepts at most {MAX_REQUEST_BYTES}"
             ));
         }
-        let fifo = fifo.then(|| (fifo_id(event.group.as_str()), fifo_id(event.id.as_str())));
+        let fifo = fifo.then(|| (fifo_id(event.group()), fifo_id(event.id())));
         let entry = Entry {
             index,
             message: body,
