@@ -9,10 +9,12 @@ use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 /// One label.
@@ -54,6 +56,58 @@ impl Labelled {
     }
 }
 
+/// A classic Prometheus histogram that takes a run of equal observations
+/// in one step: a batch's events of one transaction share their latency,
+/// and one lock a run replaces one a message (prometheus-client's
+/// `Histogram` observes one value at a time). Exposed exactly as that
+/// `Histogram` is: `_bucket{le}`, `_sum`, `_count`.
+#[derive(Debug, Clone)]
+pub struct Latency(std::sync::Arc<std::sync::Mutex<LatencyState>>);
+
+#[derive(Debug)]
+struct LatencyState {
+    sum: f64,
+    count: u64,
+    /// (upper bound, observations in this bucket alone); the last is +Inf.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Latency {
+    fn new(bounds: impl Iterator<Item = f64>) -> Self {
+        let buckets = bounds
+            .filter(|b| b.is_finite())
+            .chain(std::iter::once(f64::INFINITY))
+            .map(|b| (b, 0))
+            .collect();
+        Self(std::sync::Arc::new(std::sync::Mutex::new(LatencyState {
+            sum: 0.0,
+            count: 0,
+            buckets,
+        })))
+    }
+
+    /// Observe `value` `n` times.
+    pub fn observe_n(&self, value: f64, n: u64) {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        state.sum += value * n as f64;
+        state.count += n;
+        if let Some(bucket) = state.buckets.iter_mut().find(|(upper, _)| value <= *upper) {
+            bucket.1 += n;
+        }
+    }
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::fmt::Result {
+        let state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        encoder.encode_histogram::<NoLabelSet>(state.sum, state.count, &state.buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
 /// Every metric of the relay.
 pub struct Metrics {
     registry: Registry,
@@ -62,7 +116,7 @@ pub struct Metrics {
     /// Duration of one sink call (a PublishBatch).
     pub publish_duration: Histogram,
     /// Commit timestamp to confirmed publish.
-    pub end_to_end_latency: Histogram,
+    pub end_to_end_latency: Latency,
     /// Events received and not yet finished.
     pub in_flight: Gauge,
     /// WAL between the server's current position and the slot's confirmed flush.
@@ -127,7 +181,7 @@ impl Metrics {
             Unit::Seconds,
             publish_duration.clone(),
         );
-        let end_to_end_latency = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let end_to_end_latency = Latency::new(exponential_buckets(0.001, 2.0, 18));
         registry.register_with_unit(
             "outbox_relay_end_to_end_latency",
             "From the transaction's commit timestamp to the sink's confirmation",
@@ -255,17 +309,18 @@ impl Metrics {
         self.envelopes_published.inc_by(outcome, n);
     }
 
-    /// The end-to-end latency of an event committed at `commit_time` (µs
+    /// The end-to-end latency of `n` events committed at `commit_time` (µs
     /// since 2000-01-01) and delivered at `now_unix_micros` (µs since the
     /// Unix epoch, [`unix_micros_now`], read once for a batch); unknown
     /// commit times (0) are not observed.
-    pub fn delivered_after_commit_at(&self, commit_time: i64, now_unix_micros: i64) {
-        if commit_time == 0 {
+    pub fn delivered_after_commit_at(&self, commit_time: i64, now_unix_micros: i64, n: u64) {
+        if commit_time == 0 || n == 0 {
             return;
         }
         const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
         let micros = now_unix_micros - (commit_time + PG_EPOCH_UNIX_MICROS);
-        self.end_to_end_latency.observe(micros.max(0) as f64 / 1e6);
+        self.end_to_end_latency
+            .observe_n(micros.max(0) as f64 / 1e6, n);
     }
 
     /// The replication client's cumulative count of status updates.
@@ -418,5 +473,46 @@ mod tests {
         assert!(m.not_ready(100).is_none());
         m.slot("lost", 10, 20, 0);
         assert!(m.not_ready(100).unwrap().contains("invalidated"));
+    }
+    /// A run observed at once is exposed as prometheus-client's histogram
+    /// exposes the same values observed one at a time.
+    #[test]
+    fn a_latency_run_reads_as_its_observations_one_by_one() {
+        let bounds = || exponential_buckets(0.001, 2.0, 18);
+        let ours = Latency::new(bounds());
+        let theirs = Histogram::new(bounds());
+        for (value, n) in [
+            (0.0004, 3),
+            (0.0031, 1),
+            (0.5, 1000),
+            (7.0, 2),
+            (1e9, 5),
+            (0.004, 2),
+            (0.002, 0),
+        ] {
+            ours.observe_n(value, n);
+            (0..n).for_each(|_| theirs.observe(value));
+        }
+        fn expose(metric: impl prometheus_client::registry::Metric) -> String {
+            let mut registry = Registry::default();
+            registry.register_with_unit("l", "latency", Unit::Seconds, metric);
+            let mut text = String::new();
+            encode(&mut text, &registry).unwrap();
+            text
+        }
+        // The sums may differ in the last digits (n × v against v added n times).
+        let split = |text: String| {
+            let (sum, rest): (Vec<&str>, Vec<&str>) =
+                text.lines().partition(|l| l.starts_with("l_seconds_sum "));
+            let sum: f64 = sum[0]["l_seconds_sum ".len()..].parse().unwrap();
+            (sum, rest.join("\n"))
+        };
+        let ((sum_a, a), (sum_b, b)) = (split(expose(ours)), split(expose(theirs)));
+        assert!(a.contains("l_seconds_count 1013"), "{a}");
+        assert_eq!(a, b);
+        assert!(
+            (sum_a - sum_b).abs() <= sum_b * 1e-12,
+            "{sum_a} against {sum_b}"
+        );
     }
 }

@@ -425,6 +425,9 @@ impl<S: Sink> Publisher<S> {
         // One clock reading and one counter update a batch, not a message.
         let delivered_at = crate::metrics::unix_micros_now();
         let mut delivered = 0;
+        // Events of one transaction (one commit time) side by side are
+        // observed together.
+        let mut run: (i64, u64) = (0, 0);
         for ((message, verdict), group) in messages.into_iter().zip(verdicts).zip(keys) {
             groups.insert(group);
             if failed.contains_key(&group) {
@@ -434,7 +437,11 @@ impl<S: Sink> Publisher<S> {
             let completion = match verdict {
                 Verdict::Delivered => {
                     delivered += 1;
-                    metrics.delivered_after_commit_at(message.commit_time, delivered_at);
+                    if run.0 != message.commit_time {
+                        metrics.delivered_after_commit_at(run.0, delivered_at, run.1);
+                        run = (message.commit_time, 0);
+                    }
+                    run.1 += 1;
                     if let Some(marker) = &self.marker {
                         marker.send(Mark::Published(message.event.id().to_owned()));
                     }
@@ -453,6 +460,7 @@ impl<S: Sink> Publisher<S> {
             };
             completions.push(completion);
         }
+        metrics.delivered_after_commit_at(run.0, delivered_at, run.1);
         if delivered > 0 {
             metrics.published("delivered", delivered);
         }
