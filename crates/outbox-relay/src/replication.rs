@@ -86,7 +86,7 @@ const BURST_MAX: usize = 1024;
 pub const COALESCE_BELOW: usize = 64;
 
 /// After a read of fewer than [`COALESCE_BELOW`] events that took everything
-/// there was, hold the thread for `pause` (`stream.coalesce`, default 100 µs)
+/// there was, hold the thread for `pause` (`stream.coalesce`, default 300 µs)
 /// before anything reads again.
 ///
 /// The walsender sends each change as it decodes it. A relay that keeps up
@@ -95,15 +95,18 @@ pub const COALESCE_BELOW: usize = 64;
 /// hand-over to the publisher, one sink call and its completion. During the
 /// pause the kernel gathers what arrives, so the next read takes a run of
 /// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
-/// a row without the pause, about 4 with it (docs/benchmarks.md).
+/// a row without the pause, about 4 with 100 µs (fourth session); once the
+/// rows themselves cost less, 300 µs took another 10–15% off (2.6–2.9 µs
+/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md).
 ///
 /// Kept small on purpose: the pause holds the runtime's thread, so
 /// everything else (completions, health, metrics) waits about this long (the
 /// kernel's timer slack adds some 50 µs), and so may an event. No pause when
 /// the relay is behind: a read of a full run, a read cut short by the
-/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 100 µs is about
-/// 7 KiB of stream, far below the socket's receive buffer, so the walsender
-/// does not stall (a 1 ms pause, tried earlier, halved throughput).
+/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 300 µs is about
+/// 25 KiB of stream, far below the socket's receive buffer, so the walsender
+/// does not stall (a 1 ms tokio sleep, tried earlier, halved throughput: its
+/// timer rounds up to whole milliseconds).
 fn coalesce(taken: usize, pause: Duration) {
     if taken < COALESCE_BELOW && !pause.is_zero() {
         std::thread::sleep(pause);
