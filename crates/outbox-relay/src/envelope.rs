@@ -163,7 +163,12 @@ fn json_string(s: &str, out: &mut Vec<u8>) {
     // Ids, types, subjects and times rarely hold a byte JSON escapes (a
     // control character, `"` or `\`): those are copied as they are, the
     // rest goes through serde_json. Both write the same bytes.
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    // Every byte looked at, no early exit: the compiler checks a vector of
+    // bytes at a time.
+    let plain = s.bytes().fold(true, |plain, b| {
+        plain & (b >= 0x20) & (b != b'"') & (b != b'\\')
+    });
+    if plain {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

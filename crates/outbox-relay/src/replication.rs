@@ -672,7 +672,7 @@ async fn session<S: Sink>(
         table_oid: table_info.oid,
         outgoing: Outgoing::new(config, &conn.dbname),
         tracker: AckTracker::new(start),
-        relations: HashMap::new(),
+        relations: HashMap::default(),
         commit_time: 0,
         to_publisher,
         burst: Vec::new(),
@@ -845,7 +845,8 @@ struct Stream<'a> {
     outgoing: Outgoing,
     tracker: AckTracker,
     /// Relation oid → mapping for the outbox table, `None` for other tables.
-    relations: HashMap<u32, Option<RowMapping>>,
+    /// By relation oid; looked up for every row, so not with SipHash.
+    relations: HashMap<u32, Option<RowMapping>, foldhash::fast::FixedState>,
     /// The outbox table's oid (Relation messages carry it).
     table_oid: u32,
     /// Commit time of the open transaction.
@@ -883,8 +884,10 @@ impl Stream<'_> {
         if self.burst.is_empty() {
             return Ok(());
         }
+        // The next burst is likely about as long: sized once, not grown.
+        let next = Vec::with_capacity(self.burst.len());
         self.to_publisher
-            .send(std::mem::take(&mut self.burst))
+            .send(std::mem::replace(&mut self.burst, next))
             .await
             .map_err(|_| RelayError::PublisherStopped)
     }
