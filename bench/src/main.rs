@@ -312,15 +312,22 @@ async fn drain(
         }
         if rounds > 1 {
             let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
+            // CPU µs a row.
+            let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
             let (b, o, n) = (&recvlogicals[round], &stdouts[round], &snss[round]);
             println!(
-                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x), SNS {:.0} ({:.2}x)",
+                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x), SNS {:.0} ({:.2}x); \
+                 CPU µs a row pg_recvlogical {:.2}, stdout {:.2} ({:.2}x), SNS {:.2}",
                 round + 1,
                 rate(b),
                 rate(o),
                 rate(o) / rate(b),
                 rate(n),
-                rate(n) / rate(b)
+                rate(n) / rate(b),
+                cpu(b),
+                cpu(o),
+                cpu(o) / cpu(b),
+                cpu(n),
             );
         }
     }
