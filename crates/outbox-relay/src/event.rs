@@ -237,9 +237,10 @@ impl TextBuilder {
         let start = self.0.len();
         write(&mut self.0);
         // Postgres values are at most 1 GB; an event's text fits in u32.
+        let at = |n: usize| u32::try_from(n).expect("an event's text is under 4 GiB");
         Span {
-            start: start as u32,
-            end: self.0.len() as u32,
+            start: at(start),
+            end: at(self.0.len()),
         }
     }
 }

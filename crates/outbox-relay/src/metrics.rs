@@ -91,9 +91,14 @@ impl Latency {
         let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
         state.sum += value * n as f64;
         state.count += n;
-        if let Some(bucket) = state.buckets.iter_mut().find(|(upper, _)| value <= *upper) {
-            bucket.1 += n;
-        }
+        // NaN fits no bound: the last bucket, as prometheus-client does.
+        let last = state.buckets.len() - 1;
+        let i = state
+            .buckets
+            .iter()
+            .position(|(upper, _)| value <= *upper)
+            .unwrap_or(last);
+        state.buckets[i].1 += n;
     }
 }
 
