@@ -205,7 +205,7 @@ struct Span {
 }
 
 /// An event's text fields, borrowed: what [`OutboxEvent::new`] copies.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fields<'a> {
     /// Event id: the envelope id and the deduplication id.
     pub id: &'a str,
@@ -357,16 +357,7 @@ impl fmt::Debug for OutboxEvent {
 /// Equal when every field and the payload are: not how the text is laid out.
 impl PartialEq for OutboxEvent {
     fn eq(&self, other: &Self) -> bool {
-        let (a, b) = (self.fields(), other.fields());
-        a.id == b.id
-            && a.aggregate_type == b.aggregate_type
-            && a.aggregate_id == b.aggregate_id
-            && a.event_type == b.event_type
-            && a.group == b.group
-            && a.time == b.time
-            && a.headers == b.headers
-            && a.topic == b.topic
-            && self.payload == other.payload
+        self.fields() == other.fields() && self.payload == other.payload
     }
 }
 
@@ -590,10 +581,11 @@ impl RowMapping {
         };
         let created_at = optional_text(created_at, count, self.created_at.as_ref())?;
         let aggregate_id = text(aggregate_id, count, &self.aggregate_id)?;
-        let group = match &self.group {
-            Some(slot) => Some(text(group, count, slot)?),
-            None => None,
-        };
+        let group = self
+            .group
+            .as_ref()
+            .map(|slot| text(group, count, slot))
+            .transpose()?;
         let id = text(id, count, &self.id)?;
         let aggregate_type = text(aggregate_type, count, &self.aggregate_type)?;
         let event_type = text(event_type, count, &self.event_type)?;
@@ -825,6 +817,66 @@ mod tests {
         assert!(Text::new(Bytes::from_static(b"bad \xff")).is_err());
         let error = RowError::NotUtf8("aggregate_id".into()).to_string();
         assert_eq!(error, "column \"aggregate_id\" is not valid UTF-8");
+    }
+
+    /// A mapped row reads back field by field as the row held it: each span
+    /// lands on its own field, the group shares the aggregate id's, the time
+    /// is rewritten, an empty topic is none, and the payload shares the row.
+    #[test]
+    fn a_mapped_row_reads_back_field_by_field() {
+        let described = [
+            ("id", oid::TEXT),
+            ("aggregate_type", oid::TEXT),
+            ("aggregate_id", oid::TEXT),
+            ("event_type", oid::TEXT),
+            ("payload", oid::JSONB),
+            ("headers", oid::JSONB),
+            ("topic", oid::TEXT),
+            ("created_at", 1184),
+        ];
+        let mapping =
+            RowMapping::from_columns("public.outbox", &described, &ColumnMapping::default())
+                .unwrap();
+        let column = |s: &'static str| Some(Bytes::from_static(s.as_bytes()));
+        let row = TextRow(vec![
+            column("e-1"),
+            column("order"),
+            column("ord-\u{e9}T+1"),
+            column("OrderCreated"),
+            column(r#"{"a": 1}"#),
+            None,
+            column(""),
+            column("2026-11-22 05:48:24.5"),
+        ]);
+        let event = mapping.event(&row, 0).unwrap();
+        let expected = OutboxEvent::new(
+            Fields {
+                id: "e-1",
+                aggregate_type: "order",
+                aggregate_id: "ord-\u{e9}T+1",
+                event_type: "OrderCreated",
+                group: "ord-\u{e9}T+1",
+                time: "2026-11-22T05:48:24.5Z",
+                headers: None,
+                topic: None,
+            },
+            Payload::Json(r#"{"a": 1}"#.into()),
+        );
+        assert_eq!(event, expected);
+        assert_eq!(event.time(), "2026-11-22T05:48:24.5Z");
+        let Payload::Json(payload) = &event.payload else {
+            panic!("a jsonb payload")
+        };
+        assert_eq!(
+            payload.bytes().as_ptr(),
+            row.0[4].as_ref().unwrap().as_ptr()
+        );
+
+        let mut moved = event.clone();
+        moved.set_group("dead-letters");
+        assert_eq!(moved.group(), "dead-letters");
+        assert_eq!(moved.aggregate_id(), event.aggregate_id());
+        assert_ne!(moved, event);
     }
 
     #[test]

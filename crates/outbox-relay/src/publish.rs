@@ -110,8 +110,10 @@ struct Queued {
 /// a string, and hold no reference to the message's buffer.
 ///
 /// Two groups whose texts hash alike are one group here: each waits for the
-/// other's batches and backoffs. That is slower for those two, never out of
-/// order, so the hash needs no defence against chosen group names.
+/// other's batches and backoffs, and an entry of one behind a failed entry of
+/// the other in a batch is sent again. That is slower for those two and may
+/// repeat a message (at least once, as ever), never out of order; so the
+/// hash needs no defence against chosen group names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 struct GroupKey(u64);
 
@@ -124,6 +126,9 @@ impl GroupKey {
 
 /// A map by group key: the key is already a hash, so the map uses it as is.
 type ByGroup<V> = HashMap<GroupKey, V, BuildHasherDefault<KeyHasher>>;
+
+/// A set of group keys, hashed as [`ByGroup`] is.
+type GroupSet = HashSet<GroupKey, BuildHasherDefault<KeyHasher>>;
 
 /// Passes a [`GroupKey`]'s hash through.
 #[derive(Default)]
@@ -306,8 +311,7 @@ impl<S: Sink> Publisher<S> {
                 if let Some(recorder) = recorder {
                     // Record only what `settle` will report: a rejection behind a
                     // failed entry of its group is sent again, not reported.
-                    let mut failed: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> =
-                        HashSet::default();
+                    let mut failed = GroupSet::default();
                     for ((m, v), key) in batch.iter().zip(&verdicts).zip(&keys) {
                         match v {
                             _ if failed.contains(key) => {}
@@ -367,7 +371,7 @@ impl<S: Sink> Publisher<S> {
     /// Queue positions of the next batch, in order; or when to look again.
     fn pick(&self, now: Instant, open: bool) -> (Vec<usize>, Option<Instant>) {
         let mut picked = Vec::new();
-        let mut passed: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> = HashSet::default();
+        let mut passed = GroupSet::default();
         let mut destination: Option<&str> = None;
         let mut wake: Option<Instant> = None;
         for (i, q) in self.queue.iter().enumerate() {
@@ -418,8 +422,7 @@ impl<S: Sink> Publisher<S> {
         let mut retry: Vec<(Message, GroupKey)> = Vec::new();
         let mut failed: ByGroup<String> = ByGroup::default();
         // The batch's groups, each once (a set: batches hold up to 1024 messages).
-        let mut groups: HashSet<GroupKey, BuildHasherDefault<KeyHasher>> =
-            HashSet::with_capacity_and_hasher(messages.len(), Default::default());
+        let mut groups = GroupSet::with_capacity_and_hasher(messages.len(), Default::default());
         let mut completions = Vec::with_capacity(messages.len());
         let metrics = crate::metrics::get();
         // One clock reading and one counter update a batch, not a message.
