@@ -12,8 +12,6 @@ use crate::route::Router;
 use crate::sink::Message;
 
 /// What became of one event.
-// `Publish` is the common case; boxing it would add an allocation per event.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Prepared {
     /// Ready to publish.

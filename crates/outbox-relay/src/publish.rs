@@ -42,8 +42,6 @@ use crate::retry::Backoff;
 use crate::sink::{Message, Outcome, Sink};
 
 /// What the replication loop hands the publisher.
-// `Publish` is the hot path; boxing it would add an allocation per event.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Dispatch {
     /// Publish this message.
