@@ -409,11 +409,9 @@ impl Metrics {
     }
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    (unix_micros_now() / 1000) as u64
 }
 
 /// Now, in µs since the Unix epoch (0 if the clock is before it).
@@ -479,6 +477,7 @@ mod tests {
         m.slot("lost", 10, 20, 0);
         assert!(m.not_ready(100).unwrap().contains("invalidated"));
     }
+
     /// A run observed at once is exposed as prometheus-client's histogram
     /// exposes the same values observed one at a time.
     #[test]

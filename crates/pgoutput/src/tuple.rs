@@ -74,7 +74,7 @@ impl TupleData {
         let mut reader = Reader::new(&self.columns, 0, "TupleData");
         (0..self.count).map_while(move |_| {
             let span = read_column(&mut reader).ok()?;
-            Some(span.into_value(&self.columns))
+            Some(self.to_value(span.borrow(&self.columns)))
         })
     }
 
@@ -90,7 +90,8 @@ impl TupleData {
         for _ in 0..index {
             read_column(&mut reader).ok()?;
         }
-        Some(read_column(&mut reader).ok()?.into_value(&self.columns))
+        let span = read_column(&mut reader).ok()?;
+        Some(self.to_value(span.borrow(&self.columns)))
     }
 
     /// The values of the columns at `indices`, each `None` past the last
@@ -189,15 +190,6 @@ impl ColumnSpan {
             Self::UnchangedToast => ValueRef::UnchangedToast,
             Self::Text(range) => ValueRef::Text(&buf[range.clone()]),
             Self::Binary(range) => ValueRef::Binary(&buf[range.clone()]),
-        }
-    }
-
-    fn into_value(self, buf: &Bytes) -> Value {
-        match self {
-            Self::Null => Value::Null,
-            Self::UnchangedToast => Value::UnchangedToast,
-            Self::Text(range) => Value::Text(buf.slice(range)),
-            Self::Binary(range) => Value::Binary(buf.slice(range)),
         }
     }
 }

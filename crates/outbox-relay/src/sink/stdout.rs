@@ -269,6 +269,24 @@ mod tests {
         }
     }
 
+    /// Everything the pipe's writers write, read on a thread until the last
+    /// of them is gone.
+    fn read_to_end(mut reader: std::io::PipeReader) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
+            all
+        })
+    }
+
+    /// The lines of `output`, without their ends.
+    fn lines(output: &[u8]) -> Vec<&[u8]> {
+        output
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .collect()
+    }
+
     /// One outcome, a retryable failure whose reason says `words`.
     fn assert_retryable(outcomes: &[Outcome], words: &str) {
         assert!(
@@ -341,7 +359,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_full_pipe_waits_for_room_without_stopping_the_runtime() {
-        let (mut reader, writer) = std::io::pipe().unwrap();
+        let (reader, writer) = std::io::pipe().unwrap();
         let sink = Arc::new(StdoutSink::on(writer.into()));
         assert_eq!(sink.path(), "to a non-blocking pipe");
         // More than a pipe holds (64 KiB on Linux), in one batch.
@@ -354,25 +372,18 @@ mod tests {
         // The one runtime thread keeps running other tasks (timers here).
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert!(!publishing.is_finished(), "the write waits for the reader");
-        let reading = std::thread::spawn(move || {
-            let mut all = Vec::new();
-            std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
-            all
-        });
+        let reading = read_to_end(reader);
         assert_eq!(publishing.await.unwrap(), vec![Outcome::Delivered; 200]);
         drop(sink); // the last writer: the reader sees the end
         let all = reading.join().unwrap();
-        let lines: Vec<&[u8]> = all
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .collect();
+        let lines = lines(&all);
         assert_eq!(lines.len(), 200);
         assert!(lines.iter().all(|l| *l == line.as_bytes()));
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_pipe_write_cut_off_by_its_caller_still_ends_its_lines() {
-        let (mut reader, writer) = std::io::pipe().unwrap();
+        let (reader, writer) = std::io::pipe().unwrap();
         let sink = Arc::new(StdoutSink::on(writer.into()));
         let line = "x".repeat(1000);
         let batch: Vec<Message> = (0..200).map(|_| message(&line)).collect();
@@ -380,11 +391,7 @@ mod tests {
         // restarting drops it) with the batch half written.
         let cut = tokio::time::timeout(std::time::Duration::from_millis(100), sink.publish(&batch));
         assert!(cut.await.is_err(), "the write should have waited for room");
-        let reading = std::thread::spawn(move || {
-            let mut all = Vec::new();
-            std::io::Read::read_to_end(&mut reader, &mut all).unwrap();
-            all
-        });
+        let reading = read_to_end(reader);
         // The next batch starts on a line of its own.
         assert_eq!(
             sink.publish(&[message("y")]).await,
@@ -393,10 +400,7 @@ mod tests {
         drop(sink);
         let all = reading.join().unwrap();
         assert!(all.ends_with(b"\n"));
-        let lines: Vec<&[u8]> = all
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .collect();
+        let lines = lines(&all);
         assert_eq!(lines.last(), Some(&&b"y"[..]));
         assert!(
             lines[..lines.len() - 1]
