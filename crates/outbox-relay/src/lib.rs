@@ -42,6 +42,7 @@ pub mod setup;
 pub mod sink;
 pub mod table;
 pub mod tls;
+pub mod walstream;
 
 pub use config::Config;
 pub use relay::run;

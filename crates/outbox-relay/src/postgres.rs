@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use pgwire_replication::{Lsn, ReplicationConfig};
 use tokio_postgres::config::Host;
 
 use crate::config::{PostgresConfig, Secret};
-use crate::tls::{Bridge, MakeRustls, TlsSettings};
+use crate::tls::{MakeRustls, TlsSettings};
+use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
 
 /// Where and as whom to connect, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -143,17 +143,6 @@ impl ConnInfo {
         })
     }
 
-    /// A replication connection error, TLS failures explained as for the ordinary one.
-    pub fn explain_replication(&self, error: &pgwire_replication::PgWireError) -> Option<String> {
-        let host = match &self.host {
-            Endpoint::Tcp(h) => h.as_str(),
-            Endpoint::Unix(_) => return None,
-        };
-        error
-            .is_tls()
-            .then(|| crate::tls::explain(&error.to_string(), &self.tls, host))
-    }
-
     /// `host:port/database` for logs (no credentials).
     pub fn display(&self) -> String {
         match &self.host {
@@ -162,63 +151,36 @@ impl ConnInfo {
         }
     }
 
-    /// For `verify-ca` over TCP, the relay's own TLS for the replication
-    /// connection (see [`Bridge`]); `None` otherwise.
-    pub async fn bridge(&self) -> Result<Option<Bridge>, crate::tls::TlsError> {
-        match (&self.host, self.tls.mode, &self.connector) {
-            (Endpoint::Tcp(host), crate::tls::SslMode::VerifyCa, Some(connector)) => {
-                Bridge::open(connector, host, self.port).await.map(Some)
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Settings of a replication session on `slot` for `publication`, starting
-    /// at `start`; through `bridge` when there is one.
-    pub fn replication(
+    /// Open a replication session on `slot` for `publication`, streaming
+    /// from `start`: over TLS as the ordinary connection is (same modes, same
+    /// certificates, same explanations), authenticated as the same role.
+    pub async fn replicate(
         &self,
         slot: &str,
         publication: &str,
-        start: Lsn,
-        bridge: Option<&Bridge>,
-    ) -> ReplicationConfig {
-        let password = self
-            .password
-            .as_ref()
-            .map(|p| p.expose().to_owned())
-            .unwrap_or_default();
-        // A unix socket: the server's, or the verify-ca bridge's.
-        let unix = |dir: &std::path::Path| {
-            ReplicationConfig::unix(
-                dir.to_string_lossy(),
-                self.port,
-                &self.user,
-                password.clone(),
-                &self.dbname,
-                slot,
-                publication,
-            )
+        start: u64,
+    ) -> Result<WalStream, WireError> {
+        let io = match &self.host {
+            Endpoint::Unix(dir) => Transport::unix(dir, self.port).await?,
+            Endpoint::Tcp(host) => {
+                let required = self.tls.mode != crate::tls::SslMode::Prefer;
+                Transport::tcp(host, self.port, self.connector.as_ref(), required).await?
+            }
         };
-        let base = match (&self.host, bridge) {
-            (_, Some(bridge)) => unix(bridge.dir()),
-            (Endpoint::Unix(dir), None) => unix(dir),
-            (Endpoint::Tcp(h), None) => ReplicationConfig::new(
-                h,
-                &self.user,
-                password.clone(),
-                &self.dbname,
-                slot,
-                publication,
-            )
-            .with_port(self.port)
-            .with_tls(self.tls.replication(h)),
-        };
-        base.with_start_lsn(start)
-            .with_application_name(&self.application_name)
+        let startup = Startup {
+            user: &self.user,
+            password: self.password.as_ref().map(Secret::expose),
+            database: &self.dbname,
+            application_name: &self.application_name,
             // Values arrive as text: fix the formats they are printed in.
-            .with_options(
-                "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3",
-            )
+            options: "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3",
+        };
+        let start = Start {
+            slot,
+            publication,
+            lsn: start,
+        };
+        WalStream::start(io, &startup, &start).await
     }
 }
 
@@ -260,14 +222,20 @@ where
     client
 }
 
-/// Parse Postgres's `X/Y` LSN text.
+/// Parse Postgres's `X/Y` LSN text (two hexadecimal halves).
 pub fn parse_lsn(text: &str) -> Option<u64> {
-    Lsn::parse(text).ok().map(|l| l.0)
+    let (high, low) = text.split_once('/')?;
+    let half = |h: &str| {
+        (!h.is_empty() && h.len() <= 8)
+            .then(|| u32::from_str_radix(h, 16).ok())
+            .flatten()
+    };
+    Some((u64::from(half(high)?) << 32) | u64::from(half(low)?))
 }
 
-/// Format an LSN as Postgres does.
+/// Format an LSN as Postgres does (`16/B374D848`).
 pub fn format_lsn(lsn: u64) -> String {
-    Lsn(lsn).to_string()
+    format!("{:X}/{:X}", lsn >> 32, lsn as u32)
 }
 
 /// What `pg_replication_slots` says about one slot.
@@ -347,6 +315,22 @@ mod tests {
                 conn.sql.get_ssl_mode(),
                 tokio_postgres::config::SslMode::Disable
             );
+        }
+    }
+
+    #[test]
+    fn lsns_read_and_print_as_postgres_does() {
+        for (text, lsn) in [
+            ("0/0", 0),
+            ("16/B374D848", 0x16_B374_D848),
+            ("FFFFFFFF/FFFFFFFF", u64::MAX),
+        ] {
+            assert_eq!(parse_lsn(text), Some(lsn), "{text}");
+            assert_eq!(format_lsn(lsn), text);
+        }
+        assert_eq!(parse_lsn("16/b374d848"), Some(0x16_B374_D848));
+        for bad in ["", "16", "/1", "1/", "1/2/3", "G/0", "100000000/0"] {
+            assert_eq!(parse_lsn(bad), None, "{bad:?}");
         }
     }
 

@@ -1,10 +1,10 @@
 //! The replication stream: from the slot to the sink, and acknowledgements back.
 //!
 //! ```text
-//!  Postgres walsender ──pgoutput──► pgwire-replication worker ──ReplicationEvent──► Stream
-//!      ▲                                   (status updates)                          │ decode, map, encode
-//!      │                                                                             ▼
-//!      └──── update_applied_lsn(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
+//!  Postgres walsender ──pgoutput──► WalStream (read in place) ──WalMessage──► Stream
+//!      ▲                                                                      │ decode, map, encode
+//!      │  status updates                                                      ▼
+//!      └──── WalStream::confirm(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
 //! ```
 //!
 //! # Progress tracking
@@ -12,9 +12,10 @@
 //! The only position ever reported to Postgres is [`AckTracker::confirmed`]:
 //! the end of the last commit whose events, and all earlier ones, the sink has
 //! finished, or a keepalive's `wal_end` when nothing is open or unfinished (see
-//! [`crate::ack`] for why that is safe). The worker sends it in standby status
-//! updates every `min(1 s, wal_sender_timeout / 2)` and whenever the server
-//! asks for a reply.
+//! [`crate::ack`] for why that is safe). The loop sends it in standby status
+//! updates every `min(1 s, wal_sender_timeout / 2)`, on a timer of its own
+//! that runs whether or not it reads, and after a burst in which the server
+//! asked for a reply.
 //!
 //! A session starts at the slot's `confirmed_flush_lsn` and reports that
 //! position until it confirms more, so a restart never moves the slot.
@@ -22,8 +23,8 @@
 //! # Backpressure
 //!
 //! At most `[stream] max_in_flight` events are between receipt and their final
-//! outcome; at the ceiling the loop stops reading the replication channel, the
-//! worker stops reading the socket, and the walsender waits. Memory stays
+//! outcome; at the ceiling the loop stops reading the socket (status updates go
+//! on), and the walsender waits. Memory stays
 //! bounded however large the backlog.
 //!
 //! # Graceful shutdown
@@ -31,9 +32,9 @@
 //! On the stop signal the loop reads on to the end of the open transaction (so
 //! nothing half-emitted is left unconfirmed), stops reading, waits for the
 //! in-flight events (up to `[stream] shutdown_timeout`), reports the final
-//! position and waits until the slot shows it, then closes the stream.
-//! `pgwire-replication`'s own shutdown sends no final status update; without
-//! this step a clean restart would send the last events again.
+//! position and waits until the slot shows it, then closes the stream
+//! (CopyDone, Terminate). Without this step a clean restart would send the
+//! last events again.
 //!
 //! # Errors
 //!
@@ -49,7 +50,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pgoutput::Message as Pgoutput;
-use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -64,6 +64,7 @@ use crate::record::Recorder;
 use crate::retry::Backoff;
 use crate::sink::Sink;
 use crate::table::Table;
+use crate::walstream::{WalMessage, WalStream, WireError};
 
 /// Prefix of the relay's heartbeat messages.
 const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
@@ -114,7 +115,7 @@ fn coalesce(taken: usize, pause: Duration) {
 }
 
 /// A replication error, with what to do when the cause is known.
-fn with_advice(error: &PgWireError) -> String {
+fn with_advice(error: &WireError) -> String {
     let text = error.to_string();
     if text.contains("SQLSTATE 22021") {
         // The walsender converts text to the client's UTF-8 and cannot.
@@ -131,8 +132,9 @@ fn with_advice(error: &PgWireError) -> String {
 
 /// Poll `future` once: its output if it is ready now. For cancel-safe futures
 /// only (a pending one is dropped). Tokio's task budget may make a ready
-/// future look pending: the burst then ends early (after about 128 events),
-/// which also keeps the pipeline, and the memory it holds, shallow.
+/// future look pending: the burst then ends early (after about 128 messages,
+/// the loop taking one unit a message), and the task yields to the publisher,
+/// which keeps the pipeline, and the memory it holds, shallow.
 fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -168,7 +170,7 @@ pub enum RelayError {
     },
     /// The replication session failed.
     #[error("replication stream: {}", with_advice(.0))]
-    Replication(#[source] PgWireError),
+    Replication(#[source] WireError),
     /// The replication connection's TLS failed (the message says why).
     #[error("replication connection: {message}")]
     Tls {
@@ -245,23 +247,33 @@ impl RelayError {
                     Transient
                 }
             }
-            RelayError::Replication(e) => {
-                let text = e.to_string();
-                if e.is_auth() || e.is_tls() || crate::tls::is_certificate_problem(&text) {
-                    Fatal
-                } else if e.is_transient() || text.contains("is active for PID") {
-                    Transient
-                } else if e.is_server() {
-                    // e.g. a missing publication: wait for an operator? No: say so and stop.
-                    if text.contains("SQLSTATE 55006") || text.contains("SQLSTATE 57P") {
+            RelayError::Replication(e) => match e {
+                WireError::Auth(_) => Fatal,
+                WireError::Server { code, message } => {
+                    if message.contains("is active for PID")
+                        || ["08", "53", "57P"].iter().any(|c| code.starts_with(c))
+                        || code == "55006"
+                    {
+                        // Connection trouble, too many connections, the server
+                        // shutting down or starting up, the slot busy.
                         Transient
                     } else {
+                        // Authentication, a missing publication or slot, a
+                        // SQL_ASCII row: say so and stop.
                         Fatal
                     }
-                } else {
-                    Transient
                 }
-            }
+                // As the other connection's: see `RelayError::Tls`.
+                WireError::Tls(tls) if tls.fatal => Fatal,
+                // The server refused our client certificate after the
+                // handshake (TLS 1.3): its alert arrives with the first read.
+                WireError::Io(io) if crate::tls::is_certificate_problem(&io.to_string()) => Fatal,
+                WireError::Io(_)
+                | WireError::Closed
+                | WireError::Ended
+                | WireError::Tls(_)
+                | WireError::Protocol(_) => Transient,
+            },
             RelayError::Unusable { transient, .. } => {
                 if *transient {
                     Transient
@@ -280,6 +292,20 @@ impl RelayError {
             | RelayError::Decode { .. }
             | RelayError::Framing(_)
             | RelayError::UnknownRelation(_) => Fatal,
+        }
+    }
+}
+
+impl From<WireError> for RelayError {
+    fn from(error: WireError) -> Self {
+        match error {
+            // Explained like the ordinary connection's.
+            WireError::Tls(tls) => RelayError::Tls {
+                message: tls.message,
+                fatal: tls.fatal,
+            },
+            WireError::Ended => RelayError::StreamEnded,
+            other => RelayError::Replication(other),
         }
     }
 }
@@ -562,47 +588,17 @@ async fn session<S: Sink>(
             .await
             .map_err(sql("reading wal_sender_timeout"))?,
     );
-    // Held for the session: the verify-ca replication connection runs through it.
-    let bridge = tokio::select! {
-        opened = tokio::time::timeout(START_TIMEOUT, conn.bridge()) => match opened {
-            Ok(bridge) => bridge.map_err(|e| RelayError::Tls { message: e.message, fatal: e.fatal })?,
-            Err(_) => return Err(RelayError::Tls {
-                message: format!("no TLS connection to the server within {} s", START_TIMEOUT.as_secs()),
-                fatal: false,
-            }),
-        },
-        _ = stop.cancelled() => return Ok(()),
-    };
-    let replication = conn
-        .replication(
-            slot,
-            &config.postgres.publication,
-            Lsn(start),
-            bridge.as_ref(),
-        )
-        .with_status_interval(interval)
-        .with_wakeup_interval(interval)
-        .with_buffer_size(config.stream.max_in_flight.clamp(64, 4096));
-    let failed = |e: PgWireError| match conn.explain_replication(&e) {
-        Some(message) => RelayError::Tls {
-            fatal: crate::tls::is_certificate_problem(&e.to_string()),
-            message,
-        },
-        None => RelayError::Replication(e),
-    };
-    let mut client = ReplicationClient::connect(replication)
-        .await
-        .map_err(failed)?;
-    // pgwire-replication sets no deadline on connecting and START_REPLICATION.
-    tokio::select! {
-        started = tokio::time::timeout(START_TIMEOUT, client.wait_started()) => match started {
-            Ok(started) => started.map_err(failed)?,
-            Err(_) => return Err(RelayError::Replication(PgWireError::Io(std::sync::Arc::new(
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "replication did not start within 30 s"),
+    let opening = conn.replicate(slot, &config.postgres.publication, start);
+    let mut wal = tokio::select! {
+        opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
+            Ok(opened) => opened.map_err(RelayError::from)?,
+            Err(_) => return Err(RelayError::Replication(WireError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
             )))),
         },
         _ = stop.cancelled() => return Ok(()),
-    }
+    };
     summary.sessions += 1;
     let metrics = crate::metrics::get();
     metrics.set_streaming(true);
@@ -698,6 +694,9 @@ async fn session<S: Sink>(
         heartbeat
     });
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Status updates go out on this clock whether or not the loop reads.
+    let status = tokio::time::sleep(interval);
+    tokio::pin!(status);
     // Draining: read on only to the end of the open transaction.
     let may_read = |tracker: &AckTracker, draining: bool| {
         (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight
@@ -733,29 +732,42 @@ async fn session<S: Sink>(
                 tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
                 deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
             }
-            first = client.recv(), if read => {
-                // Then what is already buffered, without a round through select.
-                // Only while the worker runs: once it ended, `recv` takes its
-                // result in two steps, and only select's future survives both.
+            () = &mut status => {
+                wal.confirm(stream.tracker.confirmed());
+                wal.send_status().await?;
+                status.as_mut().reset(tokio::time::Instant::now() + interval);
+            }
+            first = wal.next(), if read => {
+                // Then what is already buffered or readable now, without a
+                // round through select.
                 let mut next = Some(first);
                 let mut taken = 0;
                 // Whether the burst ended because nothing more had come in
                 // (not at the in-flight ceiling, the burst limit, or the end
                 // of the task's budget): only then has the relay caught up.
                 let mut caught_up = false;
-                while let Some(event) = next.take() {
-                    match event {
-                        Ok(Some(event)) => stream.received(event)?,
-                        Ok(None) => return Err(RelayError::StreamEnded),
-                        Err(e) => return Err(RelayError::Replication(e)),
-                    }
+                while let Some(message) = next.take() {
+                    stream.received(message?)?;
                     taken += 1;
-                    if taken < BURST_MAX && may_read(&stream.tracker, draining) && client.is_running() {
-                        next = now_or_never(client.recv());
+                    // One unit of tokio's task budget a message: a spent
+                    // budget ends the burst (see `now_or_never`).
+                    if taken < BURST_MAX
+                        && may_read(&stream.tracker, draining)
+                        && now_or_never(tokio::task::coop::consume_budget()).is_some()
+                    {
+                        next = match wal.buffered()? {
+                            Some(message) => Some(Ok(message)),
+                            None => now_or_never(wal.next()),
+                        };
                         caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
                     }
                 }
                 stream.flush().await?;
+                if wal.reply_wanted() {
+                    wal.confirm(stream.tracker.confirmed());
+                    wal.send_status().await?;
+                    status.as_mut().reset(tokio::time::Instant::now() + interval);
+                }
                 if caught_up && !draining {
                     coalesce(taken, config.stream.coalesce);
                 }
@@ -772,10 +784,8 @@ async fn session<S: Sink>(
             // Recording and marking need it: start over on a fresh connection.
             return Err(RelayError::StreamEnded);
         }
-        // Monotonic and cheap: a no-op unless the tracker moved.
-        client.update_applied_lsn(Lsn(stream.tracker.confirmed()));
         metrics.in_flight.set(stream.tracker.unfinished() as i64);
-        metrics.status_updates_total(client.metrics().feedback_sent());
+        metrics.status_updates_total(wal.status_updates());
     }
 
     let confirmed = stream.tracker.confirmed();
@@ -790,40 +800,43 @@ async fn session<S: Sink>(
             tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
         }
     }
-    confirm_final(&mut client, &sql_client, slot, confirmed).await;
+    confirm_final(wal, &sql_client, slot, confirmed).await;
     summary.confirmed_lsn = confirmed;
     Ok(())
 }
 
 /// Report `lsn`, wait until the slot shows it, then close the stream.
 async fn confirm_final(
-    client: &mut ReplicationClient,
+    mut wal: WalStream,
     sql_client: &tokio_postgres::Client,
     slot: &str,
     lsn: u64,
 ) {
-    client.update_applied_lsn(Lsn(lsn));
+    wal.confirm(lsn);
     let started = Instant::now();
     let mut shown = None;
-    while started.elapsed() < FINAL_ACK_TIMEOUT {
-        if client.metrics().last_applied_lsn().0 >= lsn {
-            let state = tokio::time::timeout(
-                Duration::from_secs(2),
-                postgres::slot_state(sql_client, slot),
-            );
-            match state.await.unwrap_or(Ok(None)) {
-                Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
-                    shown = state.confirmed_flush;
-                    break;
+    match wal.send_status().await {
+        Err(e) => tracing::warn!(error = %e, "cannot send the final position"),
+        Ok(()) => {
+            while started.elapsed() < FINAL_ACK_TIMEOUT {
+                let state = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    postgres::slot_state(sql_client, slot),
+                );
+                match state.await.unwrap_or(Ok(None)) {
+                    Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
+                        shown = state.confirmed_flush;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
+                        break;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
-                    break;
-                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     match shown {
         Some(at) => tracing::info!(confirmed_lsn = %format_lsn(at), "final position acknowledged"),
@@ -832,9 +845,7 @@ async fn confirm_final(
             "the server did not show the final acknowledgement in time; the last events may be sent again"
         ),
     }
-    if let Err(e) = client.shutdown().await {
-        tracing::debug!(error = %crate::postgres::Chain(&e), "closing the replication stream");
-    }
+    wal.close().await;
 }
 
 /// Per-session state of the loop.
@@ -892,44 +903,19 @@ impl Stream<'_> {
             .map_err(|_| RelayError::PublisherStopped)
     }
 
-    fn received(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
-        match event {
-            ReplicationEvent::Begin {
-                commit_time_micros, ..
-            } => {
-                self.tracker.begin()?;
-                self.commit_time = commit_time_micros;
+    fn received(&mut self, message: WalMessage) -> Result<(), RelayError> {
+        match message {
+            WalMessage::KeepAlive { wal_end } => {
+                self.tracker.keepalive(wal_end);
             }
-            ReplicationEvent::Commit { end_lsn, .. } => {
-                self.tracker.commit(end_lsn.0)?;
-            }
-            ReplicationEvent::KeepAlive { wal_end, .. } => {
-                self.tracker.keepalive(wal_end.0);
-            }
-            ReplicationEvent::XLogData {
-                wal_start, data, ..
-            } => self.data(wal_start, data)?,
-            ReplicationEvent::Message {
-                prefix, content, ..
-            } if prefix == HEARTBEAT_PREFIX => {
-                if let Some(sent) = std::str::from_utf8(&content)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                {
-                    crate::metrics::get().heartbeat_seen(sent);
-                }
-            }
-            ReplicationEvent::Message { prefix, .. } => {
-                tracing::debug!(prefix = %prefix, "logical decoding message ignored");
-            }
-            ReplicationEvent::StoppedAt { .. } => return Err(RelayError::StreamEnded),
+            WalMessage::Data { start, data } => self.data(start, data)?,
         }
         Ok(())
     }
 
-    fn data(&mut self, at: Lsn, data: Bytes) -> Result<(), RelayError> {
+    fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
-            lsn: at.to_string(),
+            lsn: format_lsn(at),
             source,
         })?;
         match message {
@@ -989,7 +975,7 @@ impl Stream<'_> {
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %at, id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
+                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
                         Dispatch::Reject {
                             ticket,
                             id,
@@ -999,13 +985,28 @@ impl Stream<'_> {
                 };
                 self.burst.push(dispatch);
             }
-            Pgoutput::Begin(_) | Pgoutput::Commit(_) => {
-                // The replication client turns these into Begin/Commit events.
+            Pgoutput::Begin(begin) => {
+                self.tracker.begin()?;
+                self.commit_time = begin.commit_time;
+            }
+            Pgoutput::Commit(commit) => {
+                self.tracker.commit(commit.end_lsn)?;
+            }
+            Pgoutput::Message(message) if message.prefix == HEARTBEAT_PREFIX => {
+                if let Some(sent) = std::str::from_utf8(&message.content)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    crate::metrics::get().heartbeat_seen(sent);
+                }
+            }
+            Pgoutput::Message(message) => {
+                tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
             }
             Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
-                tracing::debug!(lsn = %at, "update, delete or truncate skipped; the relay publishes inserts");
+                tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
             }
-            Pgoutput::Origin(_) | Pgoutput::Type(_) | Pgoutput::Message(_) => {}
+            Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
         }
         Ok(())
     }

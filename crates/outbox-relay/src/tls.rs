@@ -20,10 +20,10 @@
 //! `~/.postgresql/root.crt`: a verifying mode without a CA is refused at
 //! start-up rather than quietly trusting something.
 //!
-//! The replication connection is pgwire-replication's (rustls), except in
-//! `verify-ca`, where the relay negotiates TLS itself ([`Bridge`]); the
-//! ordinary one is tokio-postgres with the [`MakeRustls`] connector below. All
-//! use the `ring` provider, which pgwire-replication already brings.
+//! The ordinary connection is tokio-postgres with the [`MakeRustls`]
+//! connector below; the replication connection ([`crate::walstream`])
+//! negotiates TLS with the same connector ([`negotiate`]). Both use rustls
+//! with the `ring` provider.
 //!
 //! Certificate problems are fatal and explained ([`explain`]): a wrong CA, a
 //! name mismatch or an expired certificate does not heal by retrying.
@@ -31,7 +31,6 @@
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::str::FromStr;
@@ -329,34 +328,7 @@ impl TlsSettings {
         }
     }
 
-    /// Settings for pgwire-replication's connection to `host`.
-    pub fn replication(&self, host: &str) -> pgwire_replication::TlsConfig {
-        use pgwire_replication::SslMode as M;
-        pgwire_replication::TlsConfig {
-            mode: match self.mode {
-                SslMode::Disable => M::Disable,
-                SslMode::Prefer => M::Prefer,
-                SslMode::Require => M::Require,
-                SslMode::VerifyCa => M::VerifyCa,
-                SslMode::VerifyFull => M::VerifyFull,
-            },
-            // `None` means the compiled-in public roots there too.
-            ca_pem_path: match &self.roots {
-                Some(Roots::File(path)) => Some(path.clone()),
-                _ => None,
-            },
-            // An IP address is checked against the certificate's IP entries
-            // (pgwire-replication refuses verify-full to a bare IP otherwise).
-            sni_hostname: host
-                .parse::<std::net::IpAddr>()
-                .is_ok()
-                .then(|| host.to_owned()),
-            client_cert_pem_path: self.cert.clone(),
-            client_key_pem_path: self.key.clone(),
-        }
-    }
-
-    /// The connector of the ordinary connection; `None` for `disable`.
+    /// The connector of both connections; `None` for `disable`.
     /// Reads the PEM files now, so a bad one fails at start-up naming its key.
     pub fn connector(&self) -> Result<Option<MakeRustls>, (String, String)> {
         if self.mode == SslMode::Disable {
@@ -638,95 +610,43 @@ where
     }
 }
 
-/// The replication connection of `verify-ca`, encrypted by the relay itself.
-///
-/// pgwire-replication 0.5.0 checks the host name in `verify-ca` too (it
-/// lets only rustls's older `NotValidForName` error through, and rustls now
-/// reports `NotValidForNameContext`), so `verify-ca` to a name the
-/// certificate does not hold would always fail. For that mode the relay
-/// opens the TCP connection, negotiates TLS with the same verifier as the
-/// ordinary connection, and hands pgwire-replication a private unix socket
-/// (in a fresh 0700 directory) whose single connection is relayed through the
-/// TLS stream. The other modes use pgwire-replication's own TLS.
-pub struct Bridge {
-    dir: PathBuf,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Bridge {
-    /// Connect to `host:port`, negotiate TLS, and listen for the one
-    /// connection to relay. Handshake failures are explained like the
-    /// ordinary connection's.
-    pub async fn open(connector: &MakeRustls, host: &str, port: u16) -> Result<Bridge, TlsError> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let broken = |e: io::Error| TlsError {
-            message: format!("cannot reach {host}:{port}: {e}"),
-            fatal: false,
-        };
-        let mut tcp = tokio::net::TcpStream::connect((host, port))
-            .await
-            .map_err(broken)?;
-        tcp.set_nodelay(true).map_err(broken)?;
-        // SSLRequest: length 8, code 80877103.
-        tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
-            .await
-            .map_err(broken)?;
-        let mut answer = [0u8; 1];
-        tcp.read_exact(&mut answer).await.map_err(broken)?;
-        if answer[0] != b'S' {
-            return Err(TlsError {
-                message: explain("server does not support TLS", &connector.settings, host),
-                fatal: true,
-            });
+/// Ask the server for TLS on `tcp` (SSLRequest) and negotiate it with the
+/// ordinary connection's settings: the replication connection is encrypted
+/// and checked exactly as the ordinary one, and its failures explained in the
+/// same words. A server that declines gives the plain stream back, unless
+/// TLS is `required` (every mode but `prefer`).
+pub async fn negotiate(
+    connector: &MakeRustls,
+    mut tcp: tokio::net::TcpStream,
+    host: &str,
+    required: bool,
+) -> Result<Result<RustlsStream<tokio::net::TcpStream>, tokio::net::TcpStream>, TlsError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let broken = |e: io::Error| TlsError {
+        message: format!("TLS negotiation with {host}: {e}"),
+        fatal: false,
+    };
+    // SSLRequest: length 8, code 80877103.
+    tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await
+        .map_err(broken)?;
+    let mut answer = [0u8; 1];
+    tcp.read_exact(&mut answer).await.map_err(broken)?;
+    if answer[0] != b'S' {
+        if !required {
+            return Ok(Err(tcp));
         }
-        let tls = MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(
-            &mut connector.clone(),
-            host,
-        )?;
-        let mut tls = TlsConnect::connect(tls, tcp).await?;
-        let dir = std::env::temp_dir().join(format!(
-            "outbox-relay-{}-{:016x}",
-            std::process::id(),
-            fastrand::u64(..)
-        ));
-        let private = |e: io::Error| TlsError {
-            message: format!("cannot make the private socket in {}: {e}", dir.display()),
-            fatal: false,
-        };
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(private)?;
-        let listener = match tokio::net::UnixListener::bind(dir.join(format!(".s.PGSQL.{port}"))) {
-            Ok(listener) => listener,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(private(e));
-            }
-        };
-        let task = tokio::spawn(async move {
-            if let Ok((mut unix, _)) = listener.accept().await {
-                drop(listener);
-                let _ = tokio::io::copy_bidirectional(&mut unix, &mut tls).await;
-            }
+        return Err(TlsError {
+            message: explain("server does not support TLS", &connector.settings, host),
+            fatal: true,
         });
-        Ok(Bridge { dir, task })
     }
-
-    /// The socket directory to give pgwire-replication.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
+    let tls =
+        MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut connector.clone(), host)?;
+    TlsConnect::connect(tls, tcp).await.map(Ok)
 }
 
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A TLS failure of the ordinary connection.
+/// A TLS failure of either connection.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct TlsError {

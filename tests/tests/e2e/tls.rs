@@ -137,6 +137,42 @@ async fn verify_full_with_the_test_ca_encrypts_both_connections() {
     );
 }
 
+/// MD5 and cleartext passwords (what `pg_hba.conf` may still ask for)
+/// authenticate both connections, in plain text (`disable`) and with TLS
+/// when the server offers it (`prefer`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn md5_and_cleartext_passwords_log_both_connections_in() {
+    for method in ["md5", "password"] {
+        let (outbox, _pki) = tls_outbox(method).await;
+        // Stored as MD5, or the server answers an md5 line with SCRAM.
+        outbox
+            .sql
+            .batch_execute(&format!(
+                "SET password_encryption = 'md5'; ALTER ROLE {} PASSWORD '{ROLE_PASSWORD}'",
+                outbox.role
+            ))
+            .await
+            .unwrap();
+        let mut delivered = 0;
+        for (mode, encrypted) in [("disable", false), ("prefer", true)] {
+            let tls = format!("ssl_mode = \"{mode}\"");
+            let (sessions, ids) = stream_some(&outbox, config(&outbox, "127.0.0.1", &tls)).await;
+            assert!(
+                sessions.iter().any(|(kind, _, _)| kind == "walsender"),
+                "{method}, {mode}: the replication connection logged in: {sessions:?}"
+            );
+            assert!(
+                sessions.iter().all(|(_, ssl, _)| *ssl == encrypted),
+                "{method}, {mode}: encrypted {encrypted}: {sessions:?}"
+            );
+            // Three transactions of two each, every time, none twice.
+            assert_eq!(ids.len(), 6, "{method}, {mode}: {ids:?}");
+            delivered += ids.len();
+        }
+        assert_eq!(delivered, 12, "{method}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_ca_or_host_name_is_refused_with_a_message_that_says_so() {
     let (outbox, pki) = tls_outbox("scram-sha-256").await;
@@ -163,23 +199,20 @@ async fn a_wrong_ca_or_host_name_is_refused_with_a_message_that_says_so() {
     );
     // The replication connection explains it in the same words.
     let conn = outbox_relay::postgres::ConnInfo::new(&wrong.postgres).unwrap();
-    let replication = conn.replication(
-        &outbox.slot,
-        &wrong.postgres.publication,
-        pgwire_replication::Lsn(0),
-        None,
-    );
-    let failure = match pgwire_replication::ReplicationClient::connect(replication).await {
-        Err(e) => e,
-        Ok(mut client) => client
-            .wait_started()
-            .await
-            .expect_err("the replication connection refuses the wrong CA"),
+    let failure = match conn
+        .replicate(&outbox.slot, &wrong.postgres.publication, 0)
+        .await
+    {
+        Err(outbox_relay::walstream::WireError::Tls(e)) => e,
+        Err(other) => panic!("a TLS error: {other}"),
+        Ok(_) => panic!("the replication connection refuses the wrong CA"),
     };
-    let explained = conn
-        .explain_replication(&failure)
-        .unwrap_or_else(|| panic!("a TLS error: {failure}"));
-    assert!(explained.contains("not signed by a CA in"), "{explained}");
+    assert!(failure.fatal);
+    assert!(
+        failure.message.contains("not signed by a CA in"),
+        "{}",
+        failure.message
+    );
 
     // The right CA, but a host name the certificate does not hold.
     let by_ip = |mode: &str| {

@@ -1,0 +1,672 @@
+//! The replication connection: the walsender's streaming protocol, spoken on
+//! the relay's own task.
+//!
+//! ```text
+//!  connect ─► TLS (SSLRequest, the ordinary connection's rustls set-up) ─► StartupMessage
+//!          ─► authentication (SCRAM-SHA-256, MD5, password) ─► START_REPLICATION … LOGICAL
+//!          ─► CopyBoth: XLogData / keepalives in, standby status updates out
+//! ```
+//!
+//! The stream is read into one buffer, [`READ_BUFFER`] bytes at a time; each
+//! CopyData frame is taken from it in place, and only an XLogData's pgoutput
+//! message is copied out, into an allocation of its own. So an event that
+//! stays in flight for long holds its own few hundred bytes, never a whole
+//! read's worth of other rows (a retried message must not pin the buffer it
+//! arrived in).
+//!
+//! # Positions reported
+//!
+//! A standby status update reports one position as written, flushed and
+//! applied: the one given to [`WalStream::confirm`], never anything else. The
+//! caller sends one every `status_interval` ([`WalStream::send_status`]),
+//! whether or not it reads, so the walsender's `wal_sender_timeout` never
+//! ends a session that is only waiting for its sink; and at once when a
+//! keepalive asks for a reply ([`WalStream::reply_wanted`]).
+//!
+//! # Cancellation
+//!
+//! [`WalStream::next`] may be dropped at any await (it sits in the session
+//! loop's `select!`): bytes are only ever appended to the buffer by a
+//! completed read and only removed with the message they form, so nothing is
+//! lost or read twice. Writes (status updates) are awaited to the end outside
+//! any `select!`.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::tls::{MakeRustls, RustlsStream, TlsError};
+
+/// Size of the read buffer: one `recv` takes up to this much of the stream.
+pub const READ_BUFFER: usize = 256 * 1024;
+
+/// The largest backend message accepted (PostgreSQL's own limit on a
+/// message is 1 GiB).
+const MAX_MESSAGE: usize = 1 << 30;
+
+/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 UTC).
+const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// Why the replication connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// Reading or writing the socket failed.
+    #[error("connection: {0}")]
+    Io(#[from] io::Error),
+    /// The server closed the connection.
+    #[error("the server closed the connection")]
+    Closed,
+    /// The server ended the replication stream (CopyDone).
+    #[error("the server ended the replication stream")]
+    Ended,
+    /// TLS could not be set up (the message says why and what to do).
+    #[error(transparent)]
+    Tls(TlsError),
+    /// Authentication cannot proceed on the relay's side.
+    #[error("authentication: {0}")]
+    Auth(String),
+    /// The server refused something (an ErrorResponse).
+    #[error("server error: {message} (SQLSTATE {code})")]
+    Server {
+        /// SQLSTATE.
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server sent what the protocol does not allow here.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+/// What the walsender streams.
+#[derive(Debug)]
+pub enum WalMessage {
+    /// XLogData: one pgoutput message, in its own allocation.
+    Data {
+        /// Where the message starts in the WAL.
+        start: u64,
+        /// The pgoutput message.
+        data: Bytes,
+    },
+    /// A primary keepalive: everything up to `wal_end` has been sent.
+    KeepAlive {
+        /// The server's current end of WAL.
+        wal_end: u64,
+    },
+}
+
+/// The socket under the stream.
+pub enum Transport {
+    /// TCP without TLS.
+    Tcp(TcpStream),
+    /// TCP with TLS.
+    Tls(RustlsStream<TcpStream>),
+    /// A unix socket (TLS does not apply, as in libpq).
+    Unix(UnixStream),
+}
+
+impl Transport {
+    /// A unix socket in `dir` for `port` (`.s.PGSQL.<port>`, as libpq names it).
+    pub async fn unix(dir: &Path, port: u16) -> Result<Transport, WireError> {
+        Ok(Transport::Unix(
+            UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?,
+        ))
+    }
+
+    /// TCP to `host:port`; with TLS negotiated through `connector` when there
+    /// is one (`None` for `sslmode=disable`). `required`: a server that
+    /// declines TLS is an error (every mode but `prefer`).
+    pub async fn tcp(
+        host: &str,
+        port: u16,
+        connector: Option<&MakeRustls>,
+        required: bool,
+    ) -> Result<Transport, WireError> {
+        let tcp = TcpStream::connect((host, port)).await?;
+        tcp.set_nodelay(true)?;
+        match connector {
+            None => Ok(Transport::Tcp(tcp)),
+            Some(connector) => match crate::tls::negotiate(connector, tcp, host, required).await {
+                Ok(Ok(tls)) => Ok(Transport::Tls(tls)),
+                Ok(Err(plain)) => Ok(Transport::Tcp(plain)),
+                Err(e) => Err(WireError::Tls(e)),
+            },
+        }
+    }
+}
+
+impl AsyncRead for Transport {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            Transport::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Transport {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            Transport::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Transport::Tls(s) => Pin::new(s).poll_flush(cx),
+            Transport::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Transport::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            Transport::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Who connects, and the session settings of the StartupMessage.
+pub struct Startup<'a> {
+    /// The role (it needs REPLICATION).
+    pub user: &'a str,
+    /// Its password, if the server asks for one.
+    pub password: Option<&'a str>,
+    /// The database the slot belongs to.
+    pub database: &'a str,
+    /// `application_name` (shown in `pg_stat_replication`).
+    pub application_name: &'a str,
+    /// The `options` parameter (`-c name=value …`).
+    pub options: &'a str,
+}
+
+/// What START_REPLICATION asks for.
+pub struct Start<'a> {
+    /// The logical slot (pgoutput).
+    pub slot: &'a str,
+    /// The publication.
+    pub publication: &'a str,
+    /// Where to start (the slot's confirmed position, normally).
+    pub lsn: u64,
+}
+
+/// A logical replication stream after START_REPLICATION.
+pub struct WalStream {
+    io: Transport,
+    /// What was read and not yet taken: whole frames, then at most one partial.
+    buf: BytesMut,
+    /// Frontend messages being written.
+    out: BytesMut,
+    /// The position the next status update reports.
+    confirmed: u64,
+    /// A keepalive asked for a reply that has not been sent.
+    reply_wanted: bool,
+    /// Status updates sent in this session.
+    status_updates: u64,
+}
+
+impl WalStream {
+    /// Log in on `io` and start streaming `start`.
+    pub async fn start(
+        io: Transport,
+        startup: &Startup<'_>,
+        start: &Start<'_>,
+    ) -> Result<WalStream, WireError> {
+        let mut stream = WalStream {
+            io,
+            buf: BytesMut::with_capacity(READ_BUFFER),
+            out: BytesMut::with_capacity(256),
+            confirmed: start.lsn,
+            reply_wanted: false,
+            status_updates: 0,
+        };
+        stream.log_in(startup).await?;
+        let sql = format!(
+            "START_REPLICATION SLOT \"{}\" LOGICAL {} (proto_version '1', publication_names '{}', messages 'true')",
+            start.slot.replace('"', "\"\""),
+            crate::postgres::format_lsn(start.lsn),
+            start.publication.replace('\'', "''"),
+        );
+        frontend::query(&sql, &mut stream.out)?;
+        stream.write_out().await?;
+        loop {
+            let (tag, body) = stream.frame().await?;
+            match tag {
+                b'W' => return Ok(stream), // CopyBothResponse
+                b'E' => return Err(server_error(&body)),
+                _ => {} // notices, parameter status
+            }
+        }
+    }
+
+    async fn log_in(&mut self, startup: &Startup<'_>) -> Result<(), WireError> {
+        frontend::startup_message(
+            [
+                ("user", startup.user),
+                ("database", startup.database),
+                ("replication", "database"),
+                ("client_encoding", "UTF8"),
+                ("application_name", startup.application_name),
+                ("options", startup.options),
+            ],
+            &mut self.out,
+        )?;
+        self.write_out().await?;
+        let password = || {
+            startup.password.ok_or_else(|| {
+                WireError::Auth(
+                    "the server asks for a password and none is set: set postgres.password_file, \
+                     postgres.password or the password in postgres.url"
+                        .into(),
+                )
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let (tag, body) = self.frame().await?;
+            match tag {
+                b'R' => {
+                    let (code, data) = match body.split_first_chunk::<4>() {
+                        Some((code, data)) => (i32::from_be_bytes(*code), data),
+                        None => {
+                            return Err(WireError::Protocol("short authentication request".into()))
+                        }
+                    };
+                    match code {
+                        0 => {} // AuthenticationOk
+                        3 => frontend::password_message(password()?.as_bytes(), &mut self.out)?,
+                        5 => {
+                            let salt = data.first_chunk::<4>().ok_or_else(|| {
+                                WireError::Protocol("MD5 request without its salt".into())
+                            })?;
+                            let hash = postgres_protocol::authentication::md5_hash(
+                                startup.user.as_bytes(),
+                                password()?.as_bytes(),
+                                *salt,
+                            );
+                            frontend::password_message(hash.as_bytes(), &mut self.out)?;
+                        }
+                        10 => {
+                            let offered: Vec<&[u8]> =
+                                data.split(|&b| b == 0).filter(|m| !m.is_empty()).collect();
+                            if !offered.contains(&&b"SCRAM-SHA-256"[..]) {
+                                return Err(WireError::Auth(format!(
+                                    "the server offers SASL mechanisms {:?}; the relay speaks SCRAM-SHA-256",
+                                    offered.iter().map(|m| String::from_utf8_lossy(m)).collect::<Vec<_>>()
+                                )));
+                            }
+                            // No channel binding: like the ordinary connection
+                            // (channel_binding=prefer without it).
+                            let client =
+                                ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                            frontend::sasl_initial_response("SCRAM-SHA-256", client.message(), &mut self.out)?;
+                            scram = Some(client);
+                        }
+                        11 | 12 => {
+                            let client = scram.as_mut().ok_or_else(|| {
+                                WireError::Protocol("SASL continuation before SASL started".into())
+                            })?;
+                            let checked = if code == 11 {
+                                client.update(data).map(|()| {
+                                    frontend::sasl_response(client.message(), &mut self.out)
+                                })
+                            } else {
+                                client.finish(data).map(|()| Ok(()))
+                            };
+                            checked
+                                .and_then(|written| written)
+                                .map_err(|e| WireError::Auth(format!("SCRAM-SHA-256: {e}")))?;
+                        }
+                        other => {
+                            return Err(WireError::Auth(format!(
+                                "the server asks for an authentication method the relay does not speak \
+                                 (code {other}): allow scram-sha-256, md5 or password for the relay's role \
+                                 in pg_hba.conf"
+                            )))
+                        }
+                    }
+                    if !self.out.is_empty() {
+                        self.write_out().await?;
+                    }
+                }
+                b'E' => return Err(server_error(&body)),
+                b'Z' => return Ok(()), // ReadyForQuery
+                _ => {}                // ParameterStatus, BackendKeyData, notices
+            }
+        }
+    }
+
+    /// The next message of the stream: from the buffer, or read for.
+    /// Cancel-safe (see the module docs).
+    pub async fn next(&mut self) -> Result<WalMessage, WireError> {
+        loop {
+            if let Some(message) = self.buffered()? {
+                return Ok(message);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// The next message if the buffer holds all of it.
+    pub fn buffered(&mut self) -> Result<Option<WalMessage>, WireError> {
+        while let Some((tag, total)) = self.complete()? {
+            let body = &self.buf[5..total];
+            let message = match (tag, body.first()) {
+                (b'd', Some(b'w')) if body.len() >= 25 => WalMessage::Data {
+                    start: be_u64(&body[1..9]),
+                    // wal_end (9..17) and the send time (17..25) are not used.
+                    data: Bytes::copy_from_slice(&body[25..]),
+                },
+                (b'd', Some(b'k')) if body.len() >= 18 => {
+                    self.reply_wanted |= body[17] != 0;
+                    WalMessage::KeepAlive {
+                        wal_end: be_u64(&body[1..9]),
+                    }
+                }
+                (b'd', kind) => {
+                    return Err(WireError::Protocol(format!(
+                        "unknown or short CopyData message (kind {:?}, {} bytes)",
+                        kind.map(|&k| k as char),
+                        body.len()
+                    )))
+                }
+                (b'E', _) => return Err(server_error(body)),
+                (b'c', _) => return Err(WireError::Ended), // CopyDone
+                (b'N' | b'S', _) => {
+                    // A notice or a parameter change: nothing to act on.
+                    self.buf.advance(total);
+                    continue;
+                }
+                (other, _) => {
+                    return Err(WireError::Protocol(format!(
+                        "unexpected message {:?} in the replication stream",
+                        other as char
+                    )))
+                }
+            };
+            self.buf.advance(total);
+            return Ok(Some(message));
+        }
+        Ok(None)
+    }
+
+    /// The tag and length of the first frame, if all of it is buffered.
+    fn complete(&mut self) -> Result<Option<(u8, usize)>, WireError> {
+        let Some(header) = self.buf.first_chunk::<5>() else {
+            return Ok(None);
+        };
+        let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+        if !(4..=MAX_MESSAGE).contains(&length) {
+            return Err(WireError::Protocol(format!(
+                "a message of {length} bytes (tag {:?})",
+                header[0] as char
+            )));
+        }
+        let total = 1 + length;
+        if self.buf.len() < total {
+            // Room for the rest of it, then the next read completes it.
+            self.buf.reserve(total - self.buf.len());
+            return Ok(None);
+        }
+        Ok(Some((header[0], total)))
+    }
+
+    /// One read from the socket into the buffer.
+    async fn fill(&mut self) -> Result<(), WireError> {
+        if self.buf.is_empty() && self.buf.capacity() > 2 * READ_BUFFER {
+            // After a very large message: give the memory back.
+            self.buf = BytesMut::with_capacity(READ_BUFFER);
+        } else if self.buf.capacity() - self.buf.len() < READ_BUFFER / 4 {
+            // Moves the partial frame to the front when the buffer is ours alone.
+            self.buf.reserve(READ_BUFFER / 2);
+        }
+        match self.io.read_buf(&mut self.buf).await? {
+            0 => Err(WireError::Closed),
+            _ => Ok(()),
+        }
+    }
+
+    /// The next whole frame, read for as needed: its tag and body.
+    /// For the start-up exchange, where nothing is hot.
+    async fn frame(&mut self) -> Result<(u8, Bytes), WireError> {
+        loop {
+            if let Some((tag, total)) = self.complete()? {
+                let mut frame = self.buf.split_to(total).freeze();
+                frame.advance(5);
+                return Ok((tag, frame));
+            }
+            self.fill().await?;
+        }
+    }
+
+    async fn write_out(&mut self) -> Result<(), WireError> {
+        self.io.write_all(&self.out).await?;
+        self.io.flush().await?;
+        self.out.clear();
+        Ok(())
+    }
+
+    /// Report `lsn` from the next status update on (written, flushed and
+    /// applied alike). It never goes back.
+    pub fn confirm(&mut self, lsn: u64) {
+        self.confirmed = self.confirmed.max(lsn);
+    }
+
+    /// The position the status updates report.
+    pub fn confirmed(&self) -> u64 {
+        self.confirmed
+    }
+
+    /// Whether a keepalive asked for a reply not yet sent.
+    pub fn reply_wanted(&self) -> bool {
+        self.reply_wanted
+    }
+
+    /// Status updates sent on this stream.
+    pub fn status_updates(&self) -> u64 {
+        self.status_updates
+    }
+
+    /// Send a standby status update with the confirmed position now.
+    pub async fn send_status(&mut self) -> Result<(), WireError> {
+        let now = crate::metrics::unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
+        // CopyData of 34 bytes: 'r', written, flushed, applied, the clock, no reply asked.
+        self.out.put_u8(b'd');
+        self.out.put_u32(4 + 34);
+        self.out.put_u8(b'r');
+        for _ in 0..3 {
+            self.out.put_u64(self.confirmed);
+        }
+        self.out.put_i64(now);
+        self.out.put_u8(0);
+        self.write_out().await?;
+        self.reply_wanted = false;
+        self.status_updates += 1;
+        Ok(())
+    }
+
+    /// End the stream politely: CopyDone, then Terminate. Errors are moot
+    /// (the connection is dropped either way).
+    pub async fn close(mut self) {
+        frontend::copy_done(&mut self.out);
+        frontend::terminate(&mut self.out);
+        let _ = self.write_out().await;
+        let _ = self.io.shutdown().await;
+    }
+}
+
+fn be_u64(bytes: &[u8]) -> u64 {
+    u64::from_be_bytes(bytes[..8].try_into().expect("eight bytes"))
+}
+
+/// An ErrorResponse's message and SQLSTATE.
+fn server_error(body: &[u8]) -> WireError {
+    let (mut code, mut message) = (String::new(), String::new());
+    let mut rest = body;
+    while let Some((&field, tail)) = rest.split_first() {
+        if field == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0).unwrap_or(tail.len());
+        let value = String::from_utf8_lossy(&tail[..end]);
+        match field {
+            b'C' => code = value.into_owned(),
+            b'M' => message = value.into_owned(),
+            _ => {}
+        }
+        rest = tail.get(end + 1..).unwrap_or_default();
+    }
+    WireError::Server { code, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stream over one end of a socket pair, already streaming.
+    fn streaming() -> (WalStream, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let stream = WalStream {
+            io: Transport::Unix(ours),
+            buf: BytesMut::with_capacity(READ_BUFFER),
+            out: BytesMut::new(),
+            confirmed: 0x10,
+            reply_wanted: false,
+            status_updates: 0,
+        };
+        (stream, theirs)
+    }
+
+    fn xlog(start: u64, data: &[u8]) -> Vec<u8> {
+        let mut body = vec![b'w'];
+        body.extend_from_slice(&start.to_be_bytes());
+        body.extend_from_slice(&(start + 100).to_be_bytes());
+        body.extend_from_slice(&0i64.to_be_bytes());
+        body.extend_from_slice(data);
+        frame(b'd', &body)
+    }
+
+    fn keepalive(wal_end: u64, reply: bool) -> Vec<u8> {
+        let mut body = vec![b'k'];
+        body.extend_from_slice(&wal_end.to_be_bytes());
+        body.extend_from_slice(&0i64.to_be_bytes());
+        body.push(reply as u8);
+        frame(b'd', &body)
+    }
+
+    fn frame(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![tag];
+        out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    #[tokio::test]
+    async fn messages_split_anywhere_across_reads_come_out_whole_and_in_order() {
+        let (mut stream, mut server) = streaming();
+        let mut wire = Vec::new();
+        let big = vec![7u8; 3 * READ_BUFFER]; // larger than the buffer
+        wire.extend(xlog(1, b"first"));
+        wire.extend(keepalive(50, false));
+        wire.extend(frame(b'N', b"SNOTICE\0\0"));
+        wire.extend(xlog(2, &big));
+        wire.extend(xlog(3, b"last"));
+        let writer = tokio::spawn(async move {
+            // Odd-sized pieces, so frames and headers are cut at every offset.
+            for piece in wire.chunks(4093) {
+                server.write_all(piece).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            server
+        });
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(match stream.next().await.unwrap() {
+                WalMessage::Data { start, data } => (start, data.len(), data.first().copied()),
+                WalMessage::KeepAlive { wal_end } => (wal_end, 0, None),
+            });
+        }
+        assert_eq!(
+            seen,
+            [
+                (1, 5, Some(b'f')),
+                (50, 0, None),
+                (2, big.len(), Some(7)),
+                (3, 4, Some(b'l'))
+            ]
+        );
+        assert!(!stream.reply_wanted());
+        let _server = writer.await.unwrap();
+        assert!(stream.buffered().unwrap().is_none());
+        assert_eq!(stream.buf.len(), 0, "nothing left over");
+    }
+
+    #[tokio::test]
+    async fn a_reply_request_is_answered_with_the_confirmed_position() {
+        let (mut stream, mut server) = streaming();
+        server.write_all(&keepalive(0x99, true)).await.unwrap();
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            WalMessage::KeepAlive { wal_end: 0x99 }
+        ));
+        assert!(stream.reply_wanted());
+        stream.confirm(0x40);
+        stream.confirm(0x30); // never back
+        stream.send_status().await.unwrap();
+        assert!(!stream.reply_wanted());
+        assert_eq!(stream.status_updates(), 1);
+        let mut update = [0u8; 39];
+        server.read_exact(&mut update).await.unwrap();
+        assert_eq!(&update[..6], &[b'd', 0, 0, 0, 38, b'r']);
+        for at in [6, 14, 22] {
+            assert_eq!(be_u64(&update[at..]), 0x40, "position at byte {at}");
+        }
+        assert_eq!(update[38], 0, "asks no reply");
+    }
+
+    #[tokio::test]
+    async fn errors_copy_done_and_a_closed_socket_end_the_stream_with_their_cause() {
+        let (mut stream, mut server) = streaming();
+        server
+            .write_all(&frame(b'E', b"SERROR\0C55000\0Mslot is gone\0\0"))
+            .await
+            .unwrap();
+        let error = stream.next().await.unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "server error: slot is gone (SQLSTATE 55000)"
+        );
+
+        let (mut stream, mut server) = streaming();
+        server.write_all(&frame(b'c', b"")).await.unwrap();
+        assert!(matches!(stream.next().await, Err(WireError::Ended)));
+
+        let (mut stream, server) = streaming();
+        drop(server);
+        assert!(matches!(stream.next().await, Err(WireError::Closed)));
+
+        let (mut stream, mut server) = streaming();
+        server.write_all(&[b'd', 0xff, 0, 0, 0]).await.unwrap();
+        assert!(matches!(stream.next().await, Err(WireError::Protocol(_))));
+    }
+}
