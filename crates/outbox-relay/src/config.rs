@@ -40,7 +40,7 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default pause after a small read of the stream (`stream.coalesce`).
-pub const DEFAULT_COALESCE: Duration = Duration::from_micros(300);
+pub const DEFAULT_COALESCE: Duration = Duration::from_millis(1);
 /// Longest `stream.coalesce` allowed.
 pub const MAX_COALESCE: Duration = Duration::from_millis(10);
 /// Default listen address of the metrics and health endpoint.

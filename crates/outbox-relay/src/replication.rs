@@ -87,7 +87,7 @@ const BURST_MAX: usize = 1024;
 pub const COALESCE_BELOW: usize = 64;
 
 /// After a read of fewer than [`COALESCE_BELOW`] events that took everything
-/// there was, hold the thread for `pause` (`stream.coalesce`, default 300 µs)
+/// there was, hold the thread for `pause` (`stream.coalesce`, default 1 ms)
 /// before anything reads again.
 ///
 /// The walsender sends each change as it decodes it. A relay that keeps up
@@ -98,16 +98,19 @@ pub const COALESCE_BELOW: usize = 64;
 /// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
 /// a row without the pause, about 4 with 100 µs (fourth session); once the
 /// rows themselves cost less, 300 µs took another 10–15% off (2.6–2.9 µs
-/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md).
+/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md). With
+/// the relay reading the socket itself (sixth session), 1 ms took another
+/// 15% off (1.95 µs against 2.3–2.4 at 300–700 µs), for 3 ms more median and
+/// 4 ms more p99 latency at 5,000 events/s (11.9 ms p99).
 ///
 /// Kept small on purpose: the pause holds the runtime's thread, so
 /// everything else (completions, health, metrics) waits about this long (the
 /// kernel's timer slack adds some 50 µs), and so may an event. No pause when
 /// the relay is behind: a read of a full run, a read cut short by the
-/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 300 µs is about
-/// 25 KiB of stream, far below the socket's receive buffer, so the walsender
-/// does not stall (a 1 ms tokio sleep, tried earlier, halved throughput: its
-/// timer rounds up to whole milliseconds).
+/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 1 ms is about
+/// 80 KiB of stream, below the read buffer and the socket's receive buffer,
+/// so the walsender does not stall (a 1 ms tokio sleep, tried earlier, halved
+/// throughput: its timer rounds up to whole milliseconds and more).
 fn coalesce(taken: usize, pause: Duration) {
     if taken < COALESCE_BELOW && !pause.is_zero() {
         std::thread::sleep(pause);
