@@ -64,7 +64,7 @@ use crate::record::Recorder;
 use crate::retry::Backoff;
 use crate::sink::Sink;
 use crate::table::Table;
-use crate::walstream::{WalMessage, WalStream, WireError};
+use crate::walstream::{WalMessage, WireError};
 
 /// Prefix of the relay's heartbeat messages.
 const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
@@ -255,9 +255,11 @@ impl RelayError {
                 WireError::Server { code, message } => {
                     if message.contains("is active for PID")
                         || ["08", "53", "57P"].iter().any(|c| code.starts_with(c))
+                            && code != "08P01"
                         || code == "55006"
                     {
-                        // Connection trouble, too many connections, the server
+                        // Connection trouble (not a protocol violation: that
+                        // would come back), too many connections, the server
                         // shutting down or starting up, the slot busy.
                         Transient
                     } else {
@@ -591,31 +593,6 @@ async fn session<S: Sink>(
             .await
             .map_err(sql("reading wal_sender_timeout"))?,
     );
-    let opening = conn.replicate(slot, &config.postgres.publication, start);
-    let mut wal = tokio::select! {
-        opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
-            Ok(opened) => opened.map_err(RelayError::from)?,
-            Err(_) => return Err(RelayError::Replication(WireError::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
-            )))),
-        },
-        _ = stop.cancelled() => return Ok(()),
-    };
-    summary.sessions += 1;
-    let metrics = crate::metrics::get();
-    metrics.set_streaming(true);
-    let _streaming = OnDrop(|| crate::metrics::get().set_streaming(false));
-    tracing::info!(
-        database = %conn.display(),
-        slot = %slot,
-        publication = %config.postgres.publication,
-        start_lsn = %format_lsn(start),
-        status_interval_ms = interval.as_millis() as u64,
-        sink = sink.name(),
-        "streaming"
-    );
-
     let table = config.table();
     let table_info = Table::inspect(&sql_client, config)
         .await
@@ -657,6 +634,7 @@ async fn session<S: Sink>(
     // Bursts, not events: `max_in_flight` bounds the events (the read condition below).
     let (to_publisher, from_stream) = mpsc::channel(64);
     let (done_tx, mut done) = mpsc::unbounded_channel();
+    let sink_name = sink.name();
     let publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
         Some(Arc::new(recorder)),
@@ -665,6 +643,34 @@ async fn session<S: Sink>(
         done_tx,
         Backoff::new(&config.retry),
     )));
+    // Opened once everything else is ready: from here on the loop answers the
+    // walsender (status updates), which nothing before it would.
+    let opening = conn.replicate(slot, &config.postgres.publication, start);
+    let mut wal = tokio::select! {
+        opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
+            Ok(opened) => opened.map_err(RelayError::from)?,
+            Err(_) => return Err(RelayError::Replication(WireError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
+            )))),
+        },
+        _ = stop.cancelled() => return Ok(()),
+    };
+    summary.sessions += 1;
+    let metrics = crate::metrics::get();
+    metrics.set_streaming(true);
+    metrics.status_updates_total(0); // this stream counts from zero
+    let _streaming = OnDrop(|| crate::metrics::get().set_streaming(false));
+    tracing::info!(
+        database = %conn.display(),
+        slot = %slot,
+        publication = %config.postgres.publication,
+        start_lsn = %format_lsn(start),
+        status_interval_ms = interval.as_millis() as u64,
+        sink = sink_name,
+        "streaming"
+    );
+
     let mut stream = Stream {
         config,
         table,
@@ -713,6 +719,11 @@ async fn session<S: Sink>(
         let read = may_read(tracker, draining);
         tokio::select! {
             biased;
+            () = &mut status => {
+                wal.confirm(stream.tracker.confirmed());
+                wal.send_status().await?;
+                status.as_mut().reset(tokio::time::Instant::now() + interval);
+            }
             completions = done.recv() => match completions {
                 Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
                 None => return Err(RelayError::PublisherStopped),
@@ -734,11 +745,6 @@ async fn session<S: Sink>(
             _ = stop.cancelled(), if !draining => {
                 tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
                 deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
-            }
-            () = &mut status => {
-                wal.confirm(stream.tracker.confirmed());
-                wal.send_status().await?;
-                status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             first = wal.next(), if read => {
                 // Then what is already buffered or readable now, without a
@@ -794,6 +800,25 @@ async fn session<S: Sink>(
     let confirmed = stream.tracker.confirmed();
     drop(stream);
     drop(publisher);
+    // Reported before waiting for marking, which does not hold the position
+    // back, so the walsender has it even if it times the session out then.
+    wal.confirm(confirmed);
+    let reported = match tokio::time::timeout(Duration::from_secs(5), wal.send_status()).await {
+        Ok(Ok(())) => {
+            metrics.status_updates_total(wal.status_updates());
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot send the final position; the last events may be sent again");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the final position could not be sent in 5 s; the last events may be sent again"
+            );
+            false
+        }
+    };
     if let Some(task) = marking_task {
         // Every marker is gone now: the task writes what it holds, then ends.
         if tokio::time::timeout(Duration::from_secs(5), task)
@@ -803,43 +828,36 @@ async fn session<S: Sink>(
             tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
         }
     }
-    confirm_final(wal, &sql_client, slot, confirmed).await;
+    if reported {
+        confirm_final(&sql_client, slot, confirmed).await;
+    }
+    // CopyDone, Terminate: the server ends the session at once.
+    let _ = tokio::time::timeout(Duration::from_secs(2), wal.close()).await;
     summary.confirmed_lsn = confirmed;
     Ok(())
 }
 
-/// Report `lsn`, wait until the slot shows it, then close the stream.
-async fn confirm_final(
-    mut wal: WalStream,
-    sql_client: &tokio_postgres::Client,
-    slot: &str,
-    lsn: u64,
-) {
-    wal.confirm(lsn);
+/// Wait until the slot shows `lsn` (reported already), up to [`FINAL_ACK_TIMEOUT`].
+async fn confirm_final(sql_client: &tokio_postgres::Client, slot: &str, lsn: u64) {
     let started = Instant::now();
     let mut shown = None;
-    match wal.send_status().await {
-        Err(e) => tracing::warn!(error = %e, "cannot send the final position"),
-        Ok(()) => {
-            while started.elapsed() < FINAL_ACK_TIMEOUT {
-                let state = tokio::time::timeout(
-                    Duration::from_secs(2),
-                    postgres::slot_state(sql_client, slot),
-                );
-                match state.await.unwrap_or(Ok(None)) {
-                    Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
-                        shown = state.confirmed_flush;
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
-                        break;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+    while started.elapsed() < FINAL_ACK_TIMEOUT {
+        let state = tokio::time::timeout(
+            Duration::from_secs(2),
+            postgres::slot_state(sql_client, slot),
+        );
+        match state.await.unwrap_or(Ok(None)) {
+            Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
+                shown = state.confirmed_flush;
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
+                break;
             }
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     match shown {
         Some(at) => tracing::info!(confirmed_lsn = %format_lsn(at), "final position acknowledged"),
@@ -848,7 +866,6 @@ async fn confirm_final(
             "the server did not show the final acknowledgement in time; the last events may be sent again"
         ),
     }
-    wal.close().await;
 }
 
 /// Per-session state of the loop.

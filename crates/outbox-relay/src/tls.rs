@@ -632,14 +632,24 @@ pub async fn negotiate(
         .map_err(broken)?;
     let mut answer = [0u8; 1];
     tcp.read_exact(&mut answer).await.map_err(broken)?;
-    if answer[0] != b'S' {
-        if !required {
-            return Ok(Err(tcp));
+    match answer[0] {
+        b'S' => {}
+        b'N' if !required => return Ok(Err(tcp)),
+        b'N' => {
+            return Err(TlsError {
+                message: explain("server does not support TLS", &connector.settings, host),
+                fatal: true,
+            })
         }
-        return Err(TlsError {
-            message: explain("server does not support TLS", &connector.settings, host),
-            fatal: true,
-        });
+        other => {
+            return Err(TlsError {
+                message: format!(
+                    "TLS negotiation with {host}: the server answered {:?} to the TLS request",
+                    other as char
+                ),
+                fatal: false,
+            })
+        }
     }
     let tls =
         MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut connector.clone(), host)?;

@@ -20,8 +20,9 @@
 //! applied: the one given to [`WalStream::confirm`], never anything else. The
 //! caller sends one every `status_interval` ([`WalStream::send_status`]),
 //! whether or not it reads, so the walsender's `wal_sender_timeout` never
-//! ends a session that is only waiting for its sink; and at once when a
-//! keepalive asks for a reply ([`WalStream::reply_wanted`]).
+//! ends a session that is only waiting for its sink; and, when a keepalive
+//! asked for a reply ([`WalStream::reply_wanted`]), at the end of the burst
+//! that read it.
 //!
 //! # Cancellation
 //!
@@ -215,6 +216,8 @@ pub struct WalStream {
     io: Transport,
     /// What was read and not yet taken: whole frames, then at most one partial.
     buf: BytesMut,
+    /// `buf` grew for a frame larger than half of [`READ_BUFFER`].
+    oversized: bool,
     /// Frontend messages being written.
     out: BytesMut,
     /// The position the next status update reports.
@@ -235,6 +238,7 @@ impl WalStream {
         let mut stream = WalStream {
             io,
             buf: BytesMut::with_capacity(READ_BUFFER),
+            oversized: false,
             out: BytesMut::with_capacity(256),
             confirmed: start.lsn,
             reply_wanted: false,
@@ -282,6 +286,7 @@ impl WalStream {
             })
         };
         let mut scram: Option<ScramSha256> = None;
+        let mut scram_done = false;
         loop {
             let (tag, body) = self.frame().await?;
             match tag {
@@ -293,7 +298,15 @@ impl WalStream {
                         }
                     };
                     match code {
-                        0 => {} // AuthenticationOk
+                        // AuthenticationOk; after SCRAM only once the server
+                        // proved it knows the password (SASLFinal, checked).
+                        0 if scram.is_some() && !scram_done => {
+                            return Err(WireError::Auth(
+                                "the server ended SCRAM-SHA-256 without proving it knows the password"
+                                    .into(),
+                            ))
+                        }
+                        0 => {}
                         3 => frontend::password_message(password()?.as_bytes(), &mut self.out)?,
                         5 => {
                             let salt = data.first_chunk::<4>().ok_or_else(|| {
@@ -331,6 +344,7 @@ impl WalStream {
                                     frontend::sasl_response(client.message(), &mut self.out)
                                 })
                             } else {
+                                scram_done = true;
                                 client.finish(data).map(|()| Ok(()))
                             };
                             checked
@@ -424,7 +438,8 @@ impl WalStream {
         }
         let total = 1 + length;
         if self.buf.len() < total {
-            // Room for the rest of it, then the next read completes it.
+            // Room for exactly the rest of it; the next reads complete it.
+            self.oversized |= total > READ_BUFFER / 2;
             self.buf.reserve(total - self.buf.len());
             return Ok(None);
         }
@@ -433,11 +448,17 @@ impl WalStream {
 
     /// One read from the socket into the buffer.
     async fn fill(&mut self) -> Result<(), WireError> {
-        if self.buf.is_empty() && self.buf.capacity() > 2 * READ_BUFFER {
-            // After a very large message: give the memory back.
-            self.buf = BytesMut::with_capacity(READ_BUFFER);
-        } else if self.buf.capacity() - self.buf.len() < READ_BUFFER / 4 {
-            // Moves the partial frame to the front when the buffer is ours alone.
+        if self.oversized && self.buf.len() < READ_BUFFER / 2 {
+            // The large message is taken: back to a buffer of the usual size
+            // (with what followed it), the large one freed.
+            let mut usual = BytesMut::with_capacity(READ_BUFFER);
+            usual.extend_from_slice(&self.buf);
+            self.buf = usual;
+            self.oversized = false;
+        } else if !self.oversized && self.buf.capacity() - self.buf.len() < READ_BUFFER / 4 {
+            // Moves the partial frame to the front (the buffer is ours
+            // alone). Not while a large frame fills the room reserved for it:
+            // that would reallocate it, twice its size.
             self.buf.reserve(READ_BUFFER / 2);
         }
         match self.io.read_buf(&mut self.buf).await? {
@@ -451,9 +472,9 @@ impl WalStream {
     async fn frame(&mut self) -> Result<(u8, Bytes), WireError> {
         loop {
             if let Some((tag, total)) = self.complete()? {
-                let mut frame = self.buf.split_to(total).freeze();
-                frame.advance(5);
-                return Ok((tag, frame));
+                let body = Bytes::copy_from_slice(&self.buf[5..total]);
+                self.buf.advance(total);
+                return Ok((tag, body));
             }
             self.fill().await?;
         }
@@ -549,6 +570,7 @@ mod tests {
         let stream = WalStream {
             io: Transport::Unix(ours),
             buf: BytesMut::with_capacity(READ_BUFFER),
+            oversized: false,
             out: BytesMut::new(),
             confirmed: 0x10,
             reply_wanted: false,
@@ -616,9 +638,20 @@ mod tests {
             ]
         );
         assert!(!stream.reply_wanted());
-        let _server = writer.await.unwrap();
+        let mut server = writer.await.unwrap();
         assert!(stream.buffered().unwrap().is_none());
         assert_eq!(stream.buf.len(), 0, "nothing left over");
+        // The large message's buffer is given back at the next read.
+        server.write_all(&keepalive(60, false)).await.unwrap();
+        assert!(matches!(
+            stream.next().await.unwrap(),
+            WalMessage::KeepAlive { wal_end: 60 }
+        ));
+        assert!(
+            stream.buf.capacity() <= READ_BUFFER,
+            "{}",
+            stream.buf.capacity()
+        );
     }
 
     #[tokio::test]
@@ -642,6 +675,46 @@ mod tests {
             assert_eq!(be_u64(&update[at..]), 0x40, "position at byte {at}");
         }
         assert_eq!(update[38], 0, "asks no reply");
+    }
+
+    /// A server that starts SCRAM and then says the login succeeded, never
+    /// proving it knows the password, is refused.
+    #[tokio::test]
+    async fn a_server_skipping_the_end_of_scram_is_refused() {
+        let (ours, mut server) = UnixStream::pair().unwrap();
+        let startup = Startup {
+            user: "relay",
+            password: Some("secret"),
+            database: "app",
+            application_name: "outbox-relay",
+            options: "",
+        };
+        let start = Start {
+            slot: "s",
+            publication: "p",
+            lsn: 0,
+        };
+        let server = tokio::spawn(async move {
+            let mut body = 10i32.to_be_bytes().to_vec();
+            body.extend_from_slice(b"SCRAM-SHA-256\0\0");
+            server.write_all(&frame(b'R', &body)).await.unwrap();
+            server.write_all(&frame(b'R', &0i32.to_be_bytes())).await.unwrap();
+            // Then nothing: a relay that took the word for it would wait
+            // for ReadyForQuery, and find the connection closed after 2 s.
+            let mut sent = Vec::new();
+            let _ = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                server.read_to_end(&mut sent),
+            )
+            .await;
+        });
+        let refused = WalStream::start(Transport::Unix(ours), &startup, &start).await;
+        match refused {
+            Err(WireError::Auth(text)) => assert!(text.contains("without proving"), "{text}"),
+            Err(other) => panic!("an authentication error, not {other}"),
+            Ok(_) => panic!("an authentication error"),
+        }
+        server.await.unwrap();
     }
 
     #[tokio::test]
