@@ -454,7 +454,9 @@ async fn run_relay(
         .spawn()
         .context("spawn the relay")?;
     let pid = child.id() as libc::pid_t;
+    let guard = KillOnError(pid);
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(600), Some(pid)).await?;
+    std::mem::forget(guard);
     let wall = started.elapsed();
     // SAFETY: signalling our own child.
     #[allow(unsafe_code)]
@@ -540,6 +542,7 @@ async fn steady(
         .stderr(Stdio::inherit())
         .spawn()
         .context("spawn the relay")?;
+    let guard = KillOnError(child.id() as libc::pid_t);
     let deadline = Instant::now() + Duration::from_secs(30);
     while scrape(&metrics).await.is_err() {
         if Instant::now() > deadline {
@@ -592,6 +595,7 @@ async fn steady(
             }
         );
     }
+    std::mem::forget(guard);
     // SAFETY: signalling our own child.
     #[allow(unsafe_code)]
     unsafe {
@@ -599,6 +603,21 @@ async fn steady(
     }
     let _ = child.wait();
     Ok(())
+}
+
+/// Kills a relay the bench started when the bench gives up on an error
+/// before stopping it (otherwise it would outlive the bench, retrying a
+/// cluster that is gone). Forgotten on the way that stops it.
+struct KillOnError(libc::pid_t);
+
+impl Drop for KillOnError {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child, not yet reaped.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+        }
+    }
 }
 
 /// Commit single-row transactions at `rate` per second (or as fast as
