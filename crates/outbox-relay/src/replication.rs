@@ -4,7 +4,7 @@
 //!  Postgres walsender ──pgoutput──► WalStream (read in place) ──WalMessage──► Stream
 //!      ▲                                                                      │ decode, map, encode
 //!      │  status updates                                                      ▼
-//!      └──── WalStream::confirm(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
+//!      └── WalStream::send_status(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
 //! ```
 //!
 //! # Progress tracking
@@ -720,8 +720,7 @@ async fn session<S: Sink>(
         tokio::select! {
             biased;
             () = &mut status => {
-                wal.confirm(stream.tracker.confirmed());
-                wal.send_status().await?;
+                wal.send_status(stream.tracker.confirmed()).await?;
                 status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             completions = done.recv() => match completions {
@@ -773,8 +772,7 @@ async fn session<S: Sink>(
                 }
                 stream.flush().await?;
                 if wal.reply_wanted() {
-                    wal.confirm(stream.tracker.confirmed());
-                    wal.send_status().await?;
+                    wal.send_status(stream.tracker.confirmed()).await?;
                     status.as_mut().reset(tokio::time::Instant::now() + interval);
                 }
                 if caught_up && !draining {
@@ -802,8 +800,9 @@ async fn session<S: Sink>(
     drop(publisher);
     // Reported before waiting for marking, which does not hold the position
     // back, so the walsender has it even if it times the session out then.
-    wal.confirm(confirmed);
-    let reported = match tokio::time::timeout(Duration::from_secs(5), wal.send_status()).await {
+    let reported = match tokio::time::timeout(Duration::from_secs(5), wal.send_status(confirmed))
+        .await
+    {
         Ok(Ok(())) => {
             metrics.status_updates_total(wal.status_updates());
             true

@@ -540,7 +540,7 @@ impl ServerCertVerifier for Lenient {
     }
 }
 
-/// tokio-postgres's TLS connector, on rustls.
+/// tokio-postgres's TLS connector, on rustls; [`negotiate`] uses it for the replication connection.
 #[derive(Clone)]
 pub struct MakeRustls {
     config: Arc<ClientConfig>,
@@ -673,7 +673,7 @@ impl TlsError {
     }
 }
 
-/// An encrypted ordinary connection.
+/// An encrypted connection, ordinary or replication.
 pub struct RustlsStream<S>(Box<tokio_rustls::client::TlsStream<S>>);
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {

@@ -17,8 +17,8 @@
 //! # Positions reported
 //!
 //! A standby status update reports one position as written, flushed and
-//! applied: the one given to [`WalStream::confirm`], never anything else. The
-//! caller sends one every `status_interval` ([`WalStream::send_status`]),
+//! applied: the one given to [`WalStream::send_status`] (or the session's
+//! start), never anything else. The caller sends one every `status_interval` ([`WalStream::send_status`]),
 //! whether or not it reads, so the walsender's `wal_sender_timeout` never
 //! ends a session that is only waiting for its sink; and, when a keepalive
 //! asked for a reply ([`WalStream::reply_wanted`]), at the end of the burst
@@ -220,7 +220,7 @@ pub struct WalStream {
     oversized: bool,
     /// Frontend messages being written.
     out: BytesMut,
-    /// The position the next status update reports.
+    /// The position status updates report: the highest given, or the start.
     confirmed: u64,
     /// A keepalive asked for a reply that has not been sent.
     reply_wanted: bool,
@@ -487,17 +487,6 @@ impl WalStream {
         Ok(())
     }
 
-    /// Report `lsn` from the next status update on (written, flushed and
-    /// applied alike). It never goes back.
-    pub fn confirm(&mut self, lsn: u64) {
-        self.confirmed = self.confirmed.max(lsn);
-    }
-
-    /// The position the status updates report.
-    pub fn confirmed(&self) -> u64 {
-        self.confirmed
-    }
-
     /// Whether a keepalive asked for a reply not yet sent.
     pub fn reply_wanted(&self) -> bool {
         self.reply_wanted
@@ -508,8 +497,11 @@ impl WalStream {
         self.status_updates
     }
 
-    /// Send a standby status update with the confirmed position now.
-    pub async fn send_status(&mut self) -> Result<(), WireError> {
+    /// Send a standby status update now, reporting `confirmed` as written,
+    /// flushed and applied. The position reported never goes back: a lower
+    /// one reports the last again.
+    pub async fn send_status(&mut self, confirmed: u64) -> Result<(), WireError> {
+        self.confirmed = self.confirmed.max(confirmed);
         let now = crate::metrics::unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
         // CopyData of 34 bytes: 'r', written, flushed, applied, the clock, no reply asked.
         self.out.put_u8(b'd');
@@ -663,18 +655,22 @@ mod tests {
             WalMessage::KeepAlive { wal_end: 0x99 }
         ));
         assert!(stream.reply_wanted());
-        stream.confirm(0x40);
-        stream.confirm(0x30); // never back
-        stream.send_status().await.unwrap();
+        stream.send_status(0x40).await.unwrap();
         assert!(!stream.reply_wanted());
         assert_eq!(stream.status_updates(), 1);
-        let mut update = [0u8; 39];
-        server.read_exact(&mut update).await.unwrap();
-        assert_eq!(&update[..6], &[b'd', 0, 0, 0, 38, b'r']);
-        for at in [6, 14, 22] {
-            assert_eq!(be_u64(&update[at..]), 0x40, "position at byte {at}");
+        // A lower position reports the last one again: what was reported
+        // is never taken back.
+        stream.send_status(0x30).await.unwrap();
+        assert_eq!(stream.status_updates(), 2);
+        for _ in 0..2 {
+            let mut update = [0u8; 39];
+            server.read_exact(&mut update).await.unwrap();
+            assert_eq!(&update[..6], &[b'd', 0, 0, 0, 38, b'r']);
+            for at in [6, 14, 22] {
+                assert_eq!(be_u64(&update[at..]), 0x40, "position at byte {at}");
+            }
+            assert_eq!(update[38], 0, "asks no reply");
         }
-        assert_eq!(update[38], 0, "asks no reply");
     }
 
     /// A server that starts SCRAM and then says the login succeeded, never
@@ -698,7 +694,10 @@ mod tests {
             let mut body = 10i32.to_be_bytes().to_vec();
             body.extend_from_slice(b"SCRAM-SHA-256\0\0");
             server.write_all(&frame(b'R', &body)).await.unwrap();
-            server.write_all(&frame(b'R', &0i32.to_be_bytes())).await.unwrap();
+            server
+                .write_all(&frame(b'R', &0i32.to_be_bytes()))
+                .await
+                .unwrap();
             // Then nothing: a relay that took the word for it would wait
             // for ReadyForQuery, and find the connection closed after 2 s.
             let mut sent = Vec::new();
