@@ -15,6 +15,7 @@ use crate::config::{Config, LogFormat};
 use crate::postgres::ConnInfo;
 use crate::replication::ErrorClass;
 use crate::setup;
+use crate::signals::StopSignals;
 use crate::sink::{Configured, Sink};
 
 /// Exit code for run-time failures.
@@ -93,7 +94,22 @@ fn parse_age(text: &str) -> Result<std::time::Duration, String> {
 
 /// Parse the command line and run it.
 pub fn main() -> ExitCode {
+    // First of all: for `run`, a stop requested while starting is a graceful stop.
+    let signals = match StopSignals::install() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("error: cannot install the SIGTERM/SIGINT handlers: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
     let cli = Cli::parse();
+    let signals = match cli.command {
+        Command::Run => Some(signals),
+        _ => {
+            signals.default_action();
+            None
+        }
+    };
     if matches!(cli.command, Command::Config) {
         print!("{}", crate::config::DEFAULT_CONFIG);
         return ExitCode::SUCCESS;
@@ -127,7 +143,7 @@ pub fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => run(config).await,
+            Command::Run => run(config, signals).await,
             Command::Setup {
                 apply,
                 role,
@@ -157,9 +173,11 @@ fn init_logging(config: &Config) {
     };
 }
 
-async fn run(config: Config) -> ExitCode {
+async fn run(config: Config, signals: Option<StopSignals>) -> ExitCode {
     let stop = CancellationToken::new();
-    tokio::spawn(signals(stop.clone()));
+    if let Some(signals) = signals {
+        tokio::spawn(signals.watch(stop.clone()));
+    }
     match Configured::new(&config).await {
         Ok(sink) => relay(&config, sink, stop).await,
         Err(e) => {
@@ -186,29 +204,6 @@ async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> Ex
             }
         }
     }
-}
-
-/// Cancel `stop` on the first SIGINT or SIGTERM; exit at once on a second one.
-async fn signals(stop: CancellationToken) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::warn!("cannot install signal handlers; stop with SIGKILL");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-    stop.cancel();
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    tracing::warn!("second signal: exiting without the final acknowledgement");
-    std::process::exit(130);
 }
 
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {

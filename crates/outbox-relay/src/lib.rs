@@ -39,6 +39,7 @@ pub mod retry;
 pub mod route;
 pub mod rows;
 pub mod setup;
+pub mod signals;
 pub mod sink;
 pub mod table;
 pub mod tls;
