@@ -181,7 +181,7 @@ pub async fn run<S: Sink>(
     mut input: mpsc::Receiver<Vec<Dispatch>>,
     done: mpsc::UnboundedSender<Vec<Completion>>,
     backoff: Backoff,
-) {
+) -> Result<(), RecordError> {
     let mut p = Publisher {
         max_batch: sink.max_batch().max(1),
         max_in_flight: sink.max_in_flight_batches().max(1),
@@ -200,7 +200,7 @@ pub async fn run<S: Sink>(
     loop {
         let wake = p.dispatch(open);
         if !open && p.queue.is_empty() && p.tasks.is_empty() {
-            return;
+            return Ok(());
         }
         tokio::select! {
             received = input.recv(), if open => match received {
@@ -226,23 +226,23 @@ pub async fn run<S: Sink>(
             Some(finished) = p.tasks.join_next() => match finished {
                 Ok(Ok(Done::Batch { messages, verdicts, keys })) => {
                     if !p.settle(messages, verdicts, keys) {
-                        return;
+                        return Ok(());
                     }
                 }
                 Ok(Ok(Done::Rejected { ticket, id, reason })) => {
                     if p.done.send(vec![Completion::Rejected { ticket, id, reason }]).is_err() {
-                        return;
+                        return Ok(());
                     }
                 }
                 Ok(Err(e)) => {
                     // Nothing is reported for what could not be recorded: the
-                    // session ends and starts over on a fresh connection.
-                    tracing::error!(error = %crate::postgres::Chain(&e), "cannot record a rejected event; restarting the session");
-                    return;
+                    // session ends with the reason (its class says whether a
+                    // fresh connection may help), acknowledging nothing more.
+                    return Err(e);
                 }
                 Err(e) => {
                     tracing::error!(error = %crate::postgres::Chain(&e), "a publish task failed");
-                    return; // the session restarts; unconfirmed events are sent again
+                    return Ok(()); // the session restarts; unconfirmed events are sent again
                 }
             },
             _ = sleep_until(wake) => {}
@@ -632,7 +632,7 @@ mod tests {
                 tx.send(vec![Dispatch::Publish(m)]).await.unwrap();
             }
             drop(tx);
-            task.await.unwrap();
+            task.await.unwrap().unwrap();
             let mut reported = 0;
             while let Ok(batch) = done_rx.try_recv() {
                 for c in batch {

@@ -10,8 +10,15 @@
 //!   `DEAD` once it reached `poller.max_attempts`;
 //! * otherwise, into `<table>_dead_letter` (created by `outbox-relay setup`),
 //!   with the envelope and the reason;
-//! * with neither, the relay logs the event id and reason at error level and
-//!   says at start-up that it has nowhere to record.
+//! * with neither, the relay refuses to start ([`RecordError::Nowhere`]).
+//!
+//! A rejected event whose row is gone (the application deleted it in the
+//! same transaction, as Debezium-style outboxes do) can only go to the
+//! dead-letter table. Without one the relay stops before acknowledging the
+//! event ([`RecordError::RowGone`], fatal): a log line is not a record. After
+//! the table is created, the restarted relay reads the event again and
+//! records it there. The start-up warns when the table has the managed
+//! columns but no dead-letter table.
 //!
 //! Recording retries database errors a few times with backoff; if it still
 //! fails, the session ends and starts over on a fresh connection. Either way
@@ -52,6 +59,24 @@ pub enum RecordError {
         /// The dead-letter table looked for.
         dead_letter: String,
     },
+    /// A rejected event's row is gone and there is no dead-letter table to
+    /// take it: stop before acknowledging it.
+    #[error(
+        "event {id} was rejected ({reason}), its row is no longer in {table} (deleted in its own \
+         transaction?) and there is no {dead_letter} table to record it in. Nothing from it on was \
+         acknowledged. Create the dead-letter table (`outbox-relay setup --config FILE --apply`, or \
+         sql/005_dead_letter.sql) and start the relay again: the event is read again and recorded there"
+    )]
+    RowGone {
+        /// The event.
+        id: String,
+        /// Why it was rejected.
+        reason: String,
+        /// The outbox table.
+        table: String,
+        /// The dead-letter table looked for.
+        dead_letter: String,
+    },
     /// A database error while looking.
     #[error("postgres: {0}")]
     Sql(#[from] tokio_postgres::Error),
@@ -70,6 +95,9 @@ pub enum RecordError {
 pub struct Recorder {
     client: Arc<tokio_postgres::Client>,
     mode: Mode,
+    /// The outbox table and its dead-letter table, for messages.
+    table: String,
+    dead_letter: String,
     backoff: Backoff,
     /// Seconds until the poller's first retry of a failed row.
     retry_in: f64,
@@ -101,6 +129,13 @@ impl Recorder {
             )
         });
         let mode = if table.managed {
+            if insert.is_none() {
+                tracing::warn!(
+                    table = %name, dead_letter = %dead_letter,
+                    "no dead-letter table: a rejected event whose row was deleted in its own transaction \
+                     would stop the relay (it cannot be recorded); create it with `outbox-relay setup --apply`"
+                );
+            }
             Mode::InTable(table.failure_sql(config.poller.max_attempts), insert)
         } else if let Some(insert) = insert {
             Mode::DeadLetter(insert)
@@ -113,6 +148,8 @@ impl Recorder {
         Ok(Self {
             client,
             mode,
+            table: name.to_string(),
+            dead_letter,
             backoff: Backoff::new(&config.retry),
             retry_in: config.poller.backoff_initial.as_secs_f64(),
         })
@@ -121,7 +158,8 @@ impl Recorder {
     /// Record that event `id` was rejected for `reason`; `event` and
     /// `envelope` when there is one. Retries a few times, then gives up with
     /// an error (the session then restarts on a fresh connection, and nothing
-    /// is acknowledged meanwhile).
+    /// is acknowledged meanwhile). [`RecordError::RowGone`] when the row is
+    /// gone and there is no dead-letter table.
     pub async fn record(
         &self,
         id: &str,
@@ -133,7 +171,15 @@ impl Recorder {
         let mut attempt = 0;
         loop {
             match self.try_record(id, event, envelope, reason).await {
-                Ok(()) => return Ok(()),
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    return Err(RecordError::RowGone {
+                        id: id.to_owned(),
+                        reason: reason.to_owned(),
+                        table: self.table.clone(),
+                        dead_letter: self.dead_letter.clone(),
+                    })
+                }
                 Err(e) if attempt + 1 >= ATTEMPTS || self.client.is_closed() => {
                     return Err(RecordError::Failed {
                         id: id.to_owned(),
@@ -156,7 +202,7 @@ impl Recorder {
         event: Option<&crate::event::OutboxEvent>,
         envelope: Option<&[u8]>,
         reason: &str,
-    ) -> Result<(), tokio_postgres::Error> {
+    ) -> Result<bool, tokio_postgres::Error> {
         let dead_letter = |sql: &str| {
             let envelope = envelope.map(|e| String::from_utf8_lossy(e).into_owned());
             let sql = sql.to_owned();
@@ -186,20 +232,15 @@ impl Recorder {
                         .execute(update.as_str(), &[&id, &reason, &false, &self.retry_in])
                         .await?
                 };
-                if updated == 0 {
-                    match insert {
-                        Some(insert) => {
-                            dead_letter(insert).await?;
-                        }
-                        None => tracing::error!(
-                            id = %id, error = %reason,
-                            "rejected event's row is gone (deleted in its own transaction?) and there is no dead-letter table; only this log records it"
-                        ),
-                    }
+                if updated > 0 {
+                    return Ok(true);
                 }
-                Ok(())
+                match insert {
+                    Some(insert) => dead_letter(insert).await.map(|_| true),
+                    None => Ok(false),
+                }
             }
-            Mode::DeadLetter(insert) => dead_letter(insert).await.map(|_| ()),
+            Mode::DeadLetter(insert) => dead_letter(insert).await.map(|_| true),
         }
     }
 }

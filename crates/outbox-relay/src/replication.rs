@@ -289,7 +289,10 @@ impl RelayError {
             RelayError::Tls { fatal: true, .. } => Fatal,
             RelayError::Tls { fatal: false, .. } => Transient,
             RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
-            RelayError::Record(crate::record::RecordError::Nowhere { .. }) => Fatal,
+            RelayError::Record(
+                crate::record::RecordError::Nowhere { .. }
+                | crate::record::RecordError::RowGone { .. },
+            ) => Fatal,
             RelayError::Record(_) => Transient,
             RelayError::ConnInfo(_)
             | RelayError::Listen(_)
@@ -635,7 +638,7 @@ async fn session<S: Sink>(
     let (to_publisher, from_stream) = mpsc::channel(64);
     let (done_tx, mut done) = mpsc::unbounded_channel();
     let sink_name = sink.name();
-    let publisher = AbortOnDrop(tokio::spawn(publish::run(
+    let mut publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
         Some(Arc::new(recorder)),
         marker.clone(),
@@ -725,7 +728,7 @@ async fn session<S: Sink>(
             }
             completions = done.recv() => match completions {
                 Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
-                None => return Err(RelayError::PublisherStopped),
+                None => return Err(publisher.stopped().await),
             },
             _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
                 // Non-transactional: it comes back through the stream at once.
@@ -770,7 +773,10 @@ async fn session<S: Sink>(
                         caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
                     }
                 }
-                stream.flush().await?;
+                match stream.flush().await {
+                    Err(RelayError::PublisherStopped) => return Err(publisher.stopped().await),
+                    other => other?,
+                }
                 if wal.reply_wanted() {
                     wal.send_status(stream.tracker.confirmed()).await?;
                     status.as_mut().reset(tokio::time::Instant::now() + interval);
@@ -1043,6 +1049,17 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 /// Aborts the task when dropped (a session that ends with an error leaves
 /// nothing running; what was in flight is sent again by the next session).
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl AbortOnDrop<Result<(), crate::record::RecordError>> {
+    /// Why the publisher ended, once it has: a rejection it could not record,
+    /// or (having ended without a reason) [`RelayError::PublisherStopped`].
+    async fn stopped(&mut self) -> RelayError {
+        match (&mut self.0).await {
+            Ok(Err(e)) => RelayError::Record(e),
+            Ok(Ok(())) | Err(_) => RelayError::PublisherStopped,
+        }
+    }
+}
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {

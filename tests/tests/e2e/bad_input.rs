@@ -381,3 +381,83 @@ async fn a_table_dropped_mid_stream_still_delivers_what_was_committed_and_the_ne
         "the error names the table and the fix: {text}"
     );
 }
+
+/// A rejected event whose row the application deleted in the same
+/// transaction (the Debezium pattern) can only be recorded in the dead-letter
+/// table. Without one the relay stops before acknowledging it; once the table
+/// exists, the restarted relay records it there and moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_event_whose_row_is_gone_is_never_acknowledged_unrecorded() {
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute(
+            "DROP TABLE outbox_dead_letter; ALTER TABLE outbox ALTER COLUMN aggregate_id DROP NOT NULL",
+        )
+        .await
+        .unwrap();
+    let (sink, relay) = streaming(&outbox, "").await;
+    let first = outbox.insert_tx(&[("a".into(), "First".into())]).await;
+    delivered(&sink, &first).await;
+    let bad: String = {
+        let tx_sql = "BEGIN; \
+             WITH r AS (INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('order', NULL, 'NoAggregate', '{}') RETURNING id) \
+             INSERT INTO outbox_seen SELECT id FROM r; \
+             DELETE FROM outbox WHERE id IN (SELECT id FROM outbox_seen); \
+             COMMIT;";
+        outbox
+            .sql
+            .batch_execute(&format!(
+                "CREATE TEMP TABLE outbox_seen (id uuid); {tx_sql}"
+            ))
+            .await
+            .unwrap();
+        outbox
+            .sql
+            .query_one("SELECT id::text FROM outbox_seen", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let after = outbox.insert_tx(&[("b".into(), "After".into())]).await;
+    let error = stopped(relay).await.expect_err("the relay stops");
+    assert_eq!(error.class(), ErrorClass::Fatal, "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains(&bad) && text.contains("outbox_dead_letter") && text.contains("setup"),
+        "the error names the event, the missing table and the fix: {text}"
+    );
+    let commits = outbox.commits().await;
+    let rejected_commit = commits.iter().find(|c| c.ids.contains(&bad)).unwrap();
+    assert!(
+        outbox.confirmed_flush().await < rejected_commit.end_lsn,
+        "the slot is not confirmed past the unrecorded rejection"
+    );
+
+    // The fix the message names: the dead-letter table, then a restart.
+    let config = outbox.config("");
+    let files = outbox_relay::setup::render(&config, &outbox.role, false).unwrap();
+    let dead_letter: Vec<_> = files
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("005"))
+        .collect();
+    outbox_relay::setup::apply(&outbox.sql, &dead_letter)
+        .await
+        .unwrap_or_else(|(file, e)| panic!("{file}: {e:?}"));
+    let (sink, relay) = streaming(&outbox, "").await;
+    delivered(&sink, &after).await;
+    acknowledged(&outbox).await;
+    relay.stop().await;
+    let recorded: Vec<(String, String)> = outbox
+        .sql
+        .query("SELECT event_id, reason FROM outbox_dead_letter", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].0, bad);
+    assert!(recorded[0].1.contains("aggregate_id"), "{recorded:?}");
+}
