@@ -945,11 +945,22 @@ impl Stream<'_> {
         })?;
         match message {
             Pgoutput::Relation(relation) => {
-                // By oid, not by name: a row written before a rename is
-                // announced under the old name, one written after under the new.
-                let ours = relation.oid == self.table_oid;
+                // By oid or by name. By oid: a row written before a rename is
+                // announced under the old name, one written after under the
+                // new. By name: a table dropped and created again under a
+                // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
+                // new oid, and its rows are the outbox's; skipping them would
+                // confirm them unpublished. Its columns are checked like any
+                // Relation's (a mismatch stops the relay before its rows).
                 let named =
                     relation.namespace == self.table.schema && relation.name == self.table.name;
+                let ours = relation.oid == self.table_oid || named;
+                if named && relation.oid != self.table_oid {
+                    tracing::warn!(
+                        table = %self.table, oid = relation.oid, was = self.table_oid,
+                        "the outbox table was created again (a new oid); its rows are published as the outbox's"
+                    );
+                }
                 if ours && !named {
                     tracing::warn!(
                         table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),

@@ -461,3 +461,49 @@ async fn a_rejected_event_whose_row_is_gone_is_never_acknowledged_unrecorded() {
     assert_eq!(recorded[0].0, bad);
     assert!(recorded[0].1.contains("aggregate_id"), "{recorded:?}");
 }
+
+/// Under a publication FOR ALL TABLES, a dropped outbox table created again
+/// comes back with a new oid: its rows are still the outbox's, delivered, and
+/// the relay started afterwards streams them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_table_created_again_under_a_publication_for_all_tables_loses_nothing() {
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute(
+            "DROP PUBLICATION outbox_relay; \
+             CREATE PUBLICATION outbox_relay FOR ALL TABLES WITH (publish = 'insert')",
+        )
+        .await
+        .unwrap();
+    let none = "[lifecycle]\non_published = \"none\"";
+    let (sink, relay) = streaming(&outbox, none).await;
+    let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
+    delivered(&sink, &ids).await;
+
+    outbox.sql.batch_execute("DROP TABLE outbox").await.unwrap();
+    let config = outbox.config(none);
+    let files: Vec<_> = outbox_relay::setup::render(&config, &outbox.role, false)
+        .unwrap()
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("001") || name.starts_with("004"))
+        .collect();
+    outbox_relay::setup::apply(&outbox.sql, &files)
+        .await
+        .unwrap_or_else(|(file, e)| panic!("{file}: {e:?}"));
+    ids.extend(
+        outbox
+            .insert_tx(&[("a".into(), "Again".into()), ("b".into(), "Again".into())])
+            .await,
+    );
+    delivered(&sink, &ids).await;
+    acknowledged(&outbox).await;
+    relay.stop().await;
+    assert_eq!(sink.ids(), ids, "every event once, in commit order");
+
+    let (sink, relay) = streaming(&outbox, none).await;
+    let after = outbox.insert_tx(&[("c".into(), "Restarted".into())]).await;
+    delivered(&sink, &after).await;
+    relay.stop().await;
+    assert_eq!(sink.ids(), after, "nothing repeated after a clean restart");
+}
