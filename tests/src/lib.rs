@@ -2,7 +2,8 @@
 //! replication, one fresh database per test, the relay binary as a child process,
 //! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
-//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]).
+//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]), and a TCP proxy that
+//! freezes connections ([`FreezingProxy`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -28,6 +29,7 @@
 
 mod cluster;
 mod database;
+mod freeze;
 mod https;
 mod pki;
 mod process;
@@ -42,6 +44,7 @@ pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWOR
 pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
+pub use freeze::FreezingProxy;
 pub use https::{ConnectProxy, HttpsFront};
 pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};

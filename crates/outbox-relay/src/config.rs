@@ -35,6 +35,8 @@ pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
 pub const DEFAULT_TABLE: &str = "public.outbox";
 /// Default `application_name` of the relay's connections.
 pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
+/// Default `postgres.receive_timeout`, PostgreSQL's `wal_receiver_timeout`.
+pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default ceiling of events received but not yet finished by the sink.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default time a graceful shutdown waits for in-flight events.
@@ -116,6 +118,13 @@ pub struct PostgresConfig {
     pub table: String,
     /// `application_name` of the relay's sessions.
     pub application_name: String,
+    /// How long a connection to Postgres may stay silent while the relay
+    /// waits on it (the stream: for anything, with a reply asked for at half
+    /// of it; SQL: for the answer to a request sent) before it is taken for
+    /// dead and opened again; also bounds TCP keepalives and unacknowledged
+    /// sends. `0s` switches the bound off (TCP's own limits remain).
+    #[serde(deserialize_with = "de_duration")]
+    pub receive_timeout: Duration,
     /// TLS mode of both connections: `disable`, `prefer` (default), `require`,
     /// `verify-ca`, `verify-full` (or `sslmode=` in the URL).
     pub ssl_mode: Option<String>,
@@ -158,6 +167,7 @@ impl Default for PostgresConfig {
             publication: DEFAULT_PUBLICATION.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            receive_timeout: DEFAULT_RECEIVE_TIMEOUT,
             ssl_mode: None,
             ssl_root_cert: None,
             ssl_cert: None,
@@ -793,6 +803,13 @@ impl Config {
         }
         if let Err(message) = TableName::parse(&pg.table) {
             bad("postgres.table", message);
+        }
+        if !pg.receive_timeout.is_zero() && pg.receive_timeout < Duration::from_secs(2) {
+            bad(
+                "postgres.receive_timeout",
+                "must be at least 2s (a reply is asked for at half of it), or 0s to switch it off"
+                    .into(),
+            );
         }
         for (key, name) in self.columns.required() {
             if name.is_empty() {

@@ -40,6 +40,7 @@ pub mod route;
 pub mod rows;
 pub mod setup;
 pub mod signals;
+pub mod silence;
 pub mod sink;
 pub mod table;
 pub mod tls;

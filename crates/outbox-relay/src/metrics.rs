@@ -159,6 +159,9 @@ pub struct Health {
     pub lag_bytes: AtomicI64,
     /// Heartbeat timeout in ms (0: no heartbeat).
     pub heartbeat_timeout_ms: AtomicU64,
+    /// How long the replication connection had been silent when a reply was
+    /// last asked for; 0 while it is not silent.
+    pub stream_silent_ms: AtomicU64,
     /// When the oldest heartbeat not yet seen back was sent (unix ms, 0: none).
     pub heartbeat_pending_since: AtomicU64,
 }
@@ -392,6 +395,13 @@ impl Metrics {
         }
         if h.stream_enabled.load(Ordering::Relaxed) && !h.streaming.load(Ordering::Relaxed) {
             return Some("the replication stream is not running".into());
+        }
+        let silent = h.stream_silent_ms.load(Ordering::Relaxed);
+        if silent > 0 {
+            return Some(format!(
+                "the replication connection has been silent for {} s; a reply was asked for",
+                silent / 1000
+            ));
         }
         let timeout = h.heartbeat_timeout_ms.load(Ordering::Relaxed);
         let pending = h.heartbeat_pending_since.load(Ordering::Relaxed);

@@ -9,9 +9,12 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
+use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::config::{PostgresConfig, Secret};
+use crate::silence::Watched;
 use crate::tls::{MakeRustls, TlsSettings};
 use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
 
@@ -29,12 +32,44 @@ pub struct ConnInfo {
     /// The ordinary connection's TLS; `None` for `sslmode=disable`.
     connector: Option<MakeRustls>,
     application_name: String,
+    /// `postgres.receive_timeout`.
+    receive_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
 enum Endpoint {
     Tcp(String),
     Unix(PathBuf),
+}
+
+/// How long opening a socket may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn connect_timed_out() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+    )
+}
+
+/// An ordinary SQL session failed: its socket, or Postgres.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlError {
+    /// The socket could not be opened.
+    #[error("cannot connect to {endpoint}: {source}")]
+    Socket {
+        /// `host:port/database`.
+        endpoint: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The host name cannot be used for TLS.
+    #[error("{0}")]
+    Tls(String),
+    /// Postgres refused, or the session broke.
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
 }
 
 /// The connection settings cannot be used.
@@ -98,7 +133,6 @@ impl ConnInfo {
             sql.password(password.expose());
         }
         sql.application_name(&pg.application_name);
-        sql.connect_timeout(Duration::from_secs(10));
         let host = match sql.get_hosts().first() {
             Some(Host::Tcp(h)) => Endpoint::Tcp(h.clone()),
             Some(Host::Unix(p)) => Endpoint::Unix(p.clone()),
@@ -132,15 +166,57 @@ impl ConnInfo {
             tls,
             connector,
             application_name: pg.application_name.clone(),
+            receive_timeout: pg.receive_timeout,
         })
     }
 
     /// Open an ordinary SQL session; its connection task runs in the background.
-    pub async fn connect(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-        Ok(match &self.connector {
-            Some(tls) => background(self.sql.connect(tls.clone()).await?),
-            None => background(self.sql.connect(tokio_postgres::NoTls).await?),
-        })
+    ///
+    /// The socket is the relay's own (the first host of the URL, as for the
+    /// replication connection), with TCP keepalives and a bound on unanswered
+    /// requests ([`crate::silence`]): a session on a connection that went
+    /// silent ends instead of waiting forever.
+    pub async fn connect(&self) -> Result<tokio_postgres::Client, SqlError> {
+        let socket_error = |source| SqlError::Socket {
+            endpoint: self.display(),
+            source,
+        };
+        match &self.host {
+            Endpoint::Unix(dir) => {
+                let path = dir.join(format!(".s.PGSQL.{}", self.port));
+                let socket = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
+                    .await
+                    .unwrap_or_else(|_| Err(connect_timed_out()))
+                    .map_err(socket_error)?;
+                let socket = Watched::new(socket, self.receive_timeout);
+                Ok(background(
+                    self.sql.connect_raw(socket, tokio_postgres::NoTls).await?,
+                ))
+            }
+            Endpoint::Tcp(host) => {
+                let socket = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    TcpStream::connect((host.as_str(), self.port)),
+                )
+                .await
+                .unwrap_or_else(|_| Err(connect_timed_out()))
+                .map_err(socket_error)?;
+                socket.set_nodelay(true).map_err(socket_error)?;
+                crate::silence::tune(&socket, self.receive_timeout).map_err(socket_error)?;
+                let socket = Watched::new(socket, self.receive_timeout);
+                Ok(match &self.connector {
+                    Some(tls) => {
+                        let tls = MakeTlsConnect::<Watched<TcpStream>>::make_tls_connect(
+                            &mut tls.clone(),
+                            host,
+                        )
+                        .map_err(|e| SqlError::Tls(e.message))?;
+                        background(self.sql.connect_raw(socket, tls).await?)
+                    }
+                    None => background(self.sql.connect_raw(socket, tokio_postgres::NoTls).await?),
+                })
+            }
+        }
     }
 
     /// `host:port/database` for logs (no credentials).
@@ -164,7 +240,14 @@ impl ConnInfo {
             Endpoint::Unix(dir) => Transport::unix(dir, self.port).await?,
             Endpoint::Tcp(host) => {
                 let required = self.tls.mode != crate::tls::SslMode::Prefer;
-                Transport::tcp(host, self.port, self.connector.as_ref(), required).await?
+                Transport::tcp(
+                    host,
+                    self.port,
+                    self.connector.as_ref(),
+                    required,
+                    self.receive_timeout,
+                )
+                .await?
             }
         };
         let startup = Startup {

@@ -171,6 +171,10 @@ pub enum RelayError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// The ordinary SQL session could not be opened (its socket, or a host
+    /// name TLS cannot use).
+    #[error("postgres: {}", crate::postgres::Chain(.0))]
+    Connect(#[source] crate::postgres::SqlError),
     /// The replication session failed.
     #[error("replication stream: {}", with_advice(.0))]
     Replication(#[source] WireError),
@@ -276,6 +280,7 @@ impl RelayError {
                 WireError::Io(_)
                 | WireError::Closed
                 | WireError::Ended
+                | WireError::Silent(_)
                 | WireError::Tls(_)
                 | WireError::Protocol(_) => Transient,
             },
@@ -289,6 +294,8 @@ impl RelayError {
             RelayError::Tls { fatal: true, .. } => Fatal,
             RelayError::Tls { fatal: false, .. } => Transient,
             RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
+            RelayError::Connect(crate::postgres::SqlError::Tls(_)) => Fatal,
+            RelayError::Connect(_) => Transient,
             RelayError::Record(
                 crate::record::RecordError::Nowhere { .. }
                 | crate::record::RecordError::RowGone { .. },
@@ -300,6 +307,18 @@ impl RelayError {
             | RelayError::Decode { .. }
             | RelayError::Framing(_)
             | RelayError::UnknownRelation(_) => Fatal,
+        }
+    }
+}
+
+impl From<crate::postgres::SqlError> for RelayError {
+    fn from(error: crate::postgres::SqlError) -> Self {
+        match error {
+            crate::postgres::SqlError::Postgres(source) => RelayError::Sql {
+                context: "connecting",
+                source,
+            },
+            other => RelayError::Connect(other),
         }
     }
 }
@@ -571,7 +590,7 @@ async fn session<S: Sink>(
     sweep: &watch::Sender<Option<String>>,
 ) -> Result<(), RelayError> {
     let slot = &config.postgres.slot;
-    let sql_client = Arc::new(conn.connect().await.map_err(sql("connecting"))?);
+    let sql_client = Arc::new(conn.connect().await?);
     let start = match check_slot(&sql_client, slot, &conn.dbname).await {
         Err(RelayError::Unusable {
             message,
@@ -663,7 +682,14 @@ async fn session<S: Sink>(
     let metrics = crate::metrics::get();
     metrics.set_streaming(true);
     metrics.status_updates_total(0); // this stream counts from zero
-    let _streaming = OnDrop(|| crate::metrics::get().set_streaming(false));
+    let _streaming = OnDrop(|| {
+        let metrics = crate::metrics::get();
+        metrics.set_streaming(false);
+        metrics
+            .health
+            .stream_silent_ms
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    });
     tracing::info!(
         database = %conn.display(),
         slot = %slot,
@@ -690,6 +716,7 @@ async fn session<S: Sink>(
     };
 
     let max_in_flight = config.stream.max_in_flight;
+    let receive_timeout = config.postgres.receive_timeout;
     let mut deadline: Option<tokio::time::Instant> = None;
     let heartbeat = config.stream.heartbeat_interval;
     metrics.health.heartbeat_timeout_ms.store(
@@ -723,7 +750,21 @@ async fn session<S: Sink>(
         tokio::select! {
             biased;
             () = &mut status => {
-                wal.send_status(stream.tracker.confirmed()).await?;
+                if !read {
+                    wal.heard_now();
+                }
+                // A quiet stream is asked for a reply at half the receive
+                // timeout, and taken for dead at all of it (crate::silence).
+                let quiet = wal.quiet();
+                let silent = !receive_timeout.is_zero() && quiet >= receive_timeout / 2;
+                metrics.health.stream_silent_ms.store(
+                    if silent { quiet.as_millis() as u64 } else { 0 },
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                if silent && quiet >= receive_timeout {
+                    return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
+                }
+                wal.send_status(stream.tracker.confirmed(), silent).await?;
                 status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             completions = done.recv() => match completions {
@@ -778,7 +819,7 @@ async fn session<S: Sink>(
                     other => other?,
                 }
                 if wal.reply_wanted() {
-                    wal.send_status(stream.tracker.confirmed()).await?;
+                    wal.send_status(stream.tracker.confirmed(), false).await?;
                     status.as_mut().reset(tokio::time::Instant::now() + interval);
                 }
                 if caught_up && !draining {
@@ -806,8 +847,11 @@ async fn session<S: Sink>(
     drop(publisher);
     // Reported before waiting for marking, which does not hold the position
     // back, so the walsender has it even if it times the session out then.
-    let reported = match tokio::time::timeout(Duration::from_secs(5), wal.send_status(confirmed))
-        .await
+    let reported = match tokio::time::timeout(
+        Duration::from_secs(5),
+        wal.send_status(confirmed, false),
+    )
+    .await
     {
         Ok(Ok(())) => {
             metrics.status_updates_total(wal.status_updates());

@@ -224,6 +224,7 @@ pub async fn run(config: Config, stop: CancellationToken) {
             )
             .await
             .map(Some)
+            .map_err(crate::postgres::SqlError::from)
         }
         .await;
         if let Ok(Some(p)) = &result {

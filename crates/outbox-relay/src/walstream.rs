@@ -67,6 +67,14 @@ pub enum WireError {
     /// The server ended the replication stream (CopyDone).
     #[error("the server ended the replication stream")]
     Ended,
+    /// Nothing arrived for `postgres.receive_timeout`, not even the answer to
+    /// a status update that asked for one: the connection is taken for dead.
+    #[error(
+        "nothing from the server for {} s, not even the reply asked for (postgres.receive_timeout): \
+         the connection is taken for dead (a network device dropped it, or the server froze)",
+        .0.as_secs()
+    )]
+    Silent(std::time::Duration),
     /// TLS could not be set up (the message says why and what to do).
     #[error(transparent)]
     Tls(TlsError),
@@ -123,15 +131,19 @@ impl Transport {
 
     /// TCP to `host:port`; with TLS negotiated through `connector` when there
     /// is one (`None` for `sslmode=disable`). `required`: a server that
-    /// declines TLS is an error (every mode but `prefer`).
+    /// declines TLS is an error (every mode but `prefer`). `receive_timeout`
+    /// sets the socket's keepalive and unacknowledged-send bounds
+    /// ([`crate::silence::tune`]).
     pub async fn tcp(
         host: &str,
         port: u16,
         connector: Option<&MakeRustls>,
         required: bool,
+        receive_timeout: std::time::Duration,
     ) -> Result<Transport, WireError> {
         let tcp = TcpStream::connect((host, port)).await?;
         tcp.set_nodelay(true)?;
+        crate::silence::tune(&tcp, receive_timeout)?;
         match connector {
             None => Ok(Transport::Tcp(tcp)),
             Some(connector) => match crate::tls::negotiate(connector, tcp, host, required).await {
@@ -226,6 +238,9 @@ pub struct WalStream {
     reply_wanted: bool,
     /// Status updates sent in this session.
     status_updates: u64,
+    /// When bytes last arrived (or the caller last set it with
+    /// [`WalStream::heard_now`]).
+    heard: tokio::time::Instant,
 }
 
 impl WalStream {
@@ -243,6 +258,7 @@ impl WalStream {
             confirmed: start.lsn,
             reply_wanted: false,
             status_updates: 0,
+            heard: tokio::time::Instant::now(),
         };
         stream.log_in(startup).await?;
         let sql = format!(
@@ -405,7 +421,10 @@ impl WalStream {
                     )))
                 }
                 (b'E', _) => return Err(server_error(body)),
-                (b'c', _) => return Err(WireError::Ended), // CopyDone
+                // CopyDone; or CommandComplete, which a walsender sends
+                // alone when the server shuts down once the client has
+                // confirmed everything it sent (WalSndDone).
+                (b'c' | b'C', _) => return Err(WireError::Ended),
                 (b'N' | b'S', _) => {
                     // A notice or a parameter change: nothing to act on.
                     self.buf.advance(total);
@@ -463,7 +482,10 @@ impl WalStream {
         }
         match self.io.read_buf(&mut self.buf).await? {
             0 => Err(WireError::Closed),
-            _ => Ok(()),
+            _ => {
+                self.heard = tokio::time::Instant::now();
+                Ok(())
+            }
         }
     }
 
@@ -497,13 +519,25 @@ impl WalStream {
         self.status_updates
     }
 
+    /// How long nothing has arrived (see [`WalStream::heard_now`]).
+    pub fn quiet(&self) -> std::time::Duration {
+        self.heard.elapsed()
+    }
+
+    /// Count silence from now: while the caller does not read, what the
+    /// server sent waits unread, and its silence means nothing.
+    pub fn heard_now(&mut self) {
+        self.heard = tokio::time::Instant::now();
+    }
+
     /// Send a standby status update now, reporting `confirmed` as written,
-    /// flushed and applied. The position reported never goes back: a lower
-    /// one reports the last again.
-    pub async fn send_status(&mut self, confirmed: u64) -> Result<(), WireError> {
+    /// flushed and applied; with `reply`, ask the server to answer at once (a
+    /// keepalive), which tells a live connection from a dead one. The
+    /// position reported never goes back: a lower one reports the last again.
+    pub async fn send_status(&mut self, confirmed: u64, reply: bool) -> Result<(), WireError> {
         self.confirmed = self.confirmed.max(confirmed);
         let now = crate::metrics::unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
-        // CopyData of 34 bytes: 'r', written, flushed, applied, the clock, no reply asked.
+        // CopyData of 34 bytes: 'r', written, flushed, applied, the clock, reply asked or not.
         self.out.put_u8(b'd');
         self.out.put_u32(4 + 34);
         self.out.put_u8(b'r');
@@ -511,7 +545,7 @@ impl WalStream {
             self.out.put_u64(self.confirmed);
         }
         self.out.put_i64(now);
-        self.out.put_u8(0);
+        self.out.put_u8(u8::from(reply));
         self.write_out().await?;
         self.reply_wanted = false;
         self.status_updates += 1;
@@ -567,6 +601,7 @@ mod tests {
             confirmed: 0x10,
             reply_wanted: false,
             status_updates: 0,
+            heard: tokio::time::Instant::now(),
         };
         (stream, theirs)
     }
@@ -655,21 +690,21 @@ mod tests {
             WalMessage::KeepAlive { wal_end: 0x99 }
         ));
         assert!(stream.reply_wanted());
-        stream.send_status(0x40).await.unwrap();
+        stream.send_status(0x40, false).await.unwrap();
         assert!(!stream.reply_wanted());
         assert_eq!(stream.status_updates(), 1);
         // A lower position reports the last one again: what was reported
-        // is never taken back.
-        stream.send_status(0x30).await.unwrap();
+        // is never taken back. This one asks the server for a reply.
+        stream.send_status(0x30, true).await.unwrap();
         assert_eq!(stream.status_updates(), 2);
-        for _ in 0..2 {
+        for asks in [0, 1] {
             let mut update = [0u8; 39];
             server.read_exact(&mut update).await.unwrap();
             assert_eq!(&update[..6], &[b'd', 0, 0, 0, 38, b'r']);
             for at in [6, 14, 22] {
                 assert_eq!(be_u64(&update[at..]), 0x40, "position at byte {at}");
             }
-            assert_eq!(update[38], 0, "asks no reply");
+            assert_eq!(update[38], asks, "reply requested");
         }
     }
 
@@ -729,9 +764,11 @@ mod tests {
             "server error: slot is gone (SQLSTATE 55000)"
         );
 
-        let (mut stream, mut server) = streaming();
-        server.write_all(&frame(b'c', b"")).await.unwrap();
-        assert!(matches!(stream.next().await, Err(WireError::Ended)));
+        for end in [frame(b'c', b""), frame(b'C', b"COPY 0\0")] {
+            let (mut stream, mut server) = streaming();
+            server.write_all(&end).await.unwrap();
+            assert!(matches!(stream.next().await, Err(WireError::Ended)));
+        }
 
         let (mut stream, server) = streaming();
         drop(server);

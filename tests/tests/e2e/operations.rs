@@ -106,6 +106,13 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_lose_nothing() {
         log.matches("streaming").count() >= 3,
         "three sessions:\n{log}"
     );
+    // The fast shutdown ends the walsender politely (CommandComplete once
+    // the relay confirmed all it was sent): an orderly end, not a protocol error.
+    assert!(
+        log.contains("the server ended the replication stream")
+            && !log.contains("unexpected message"),
+        "the fast shutdown reads as the server ending the stream:\n{log}"
+    );
     eprintln!("{} events across two restarts", expected.len());
 }
 
@@ -553,4 +560,99 @@ async fn marks_cut_off_by_a_postgres_restart_are_written_once_it_is_back() {
     // The slot had passed the event before the restart: it came out once.
     relay.stop().await;
     assert_eq!(sink.ids(), ids);
+}
+
+/// A network device that drops the relay's flows without a FIN or RST (or a
+/// frozen host) leaves every connection open and silent. The relay asks the
+/// quiet stream for a reply, takes it for dead when none comes, and
+/// reconnects; its SQL sessions end the same way; `/readyz` fails meanwhile.
+/// Events written after the freeze arrive, once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_frozen_in_the_network_are_noticed_and_nothing_is_lost() {
+    let outbox = Outbox::new().await;
+    // The walsender whose client fell silent lets the slot go after this.
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "ALTER ROLE {} SET wal_sender_timeout = '4s'",
+            outbox.role
+        ))
+        .await
+        .unwrap();
+    let url = outbox.relay_url();
+    let host_port = url
+        .split('@')
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap()
+        .to_owned();
+    let proxy = harness::FreezingProxy::start(&host_port);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut config = outbox.config(&format!(
+        "receive_timeout = \"6s\"\n{QUICK_RETRY}[http]\nlisten = \"{addr}\"\nready_max_lag_bytes = 1073741824"
+    ));
+    config.postgres.url = Some(outbox_relay::config::Secret::new(url.replacen(
+        &host_port,
+        &format!("127.0.0.1:{}", proxy.port()),
+        1,
+    )));
+    let sink = Collect::default();
+    let relay = Running::start(config, sink.clone());
+    outbox.wait_slot_active(true).await;
+    let mut ids = outbox
+        .insert_tx(&[("a".into(), "BeforeTheFreeze".into())])
+        .await;
+    wait_until(Duration::from_secs(20), "the first event", || async {
+        sink.ids() == ids
+    })
+    .await;
+    let first = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(20),
+        "its commit is confirmed",
+        || async { outbox.confirmed_flush().await >= first },
+    )
+    .await;
+    wait_until(Duration::from_secs(20), "ready", || async {
+        get(&addr, "/readyz").await.0 == 200
+    })
+    .await;
+    let before = proxy.accepted();
+
+    proxy.freeze();
+    let frozen_at = Instant::now();
+    ids.extend(
+        outbox
+            .insert_tx(&[
+                ("a".into(), "AfterTheFreeze".into()),
+                ("b".into(), "AfterTheFreeze".into()),
+            ])
+            .await,
+    );
+    let (_, why) = wait_until(Duration::from_secs(60), "/readyz fails", || async {
+        let (status, body) = get(&addr, "/readyz").await;
+        (status == 503).then_some((status, body))
+    })
+    .await;
+    let not_ready_after = frozen_at.elapsed();
+    wait_until(
+        Duration::from_secs(180),
+        "the events written after the freeze arrive",
+        || async { sink.ids().len() >= ids.len() },
+    )
+    .await;
+    let arrived_after = frozen_at.elapsed();
+    wait_until(Duration::from_secs(30), "ready again", || async {
+        get(&addr, "/readyz").await.0 == 200
+    })
+    .await;
+    relay.stop().await;
+    assert_eq!(sink.ids(), ids, "every event once, in commit order");
+    assert!(
+        proxy.accepted() > before,
+        "the relay opened new connections through the proxy"
+    );
+    eprintln!(
+        "not ready {not_ready_after:?} after the freeze ({why}); the events arrived {arrived_after:?} after it"
+    );
 }
