@@ -2,7 +2,8 @@
 //! replication, one fresh database per test, the relay binary as a child process,
 //! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
-//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]).
+//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]), and a TLS front for
+//! PostgreSQL ([`PgTlsFront`]: a man in the middle, or direct TLS as PostgreSQL 17 has it).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -29,6 +30,7 @@
 mod cluster;
 mod database;
 mod https;
+mod pg_front;
 mod pki;
 mod process;
 pub mod proxy;
@@ -43,6 +45,7 @@ pub use database::{
     connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
 };
 pub use https::{ConnectProxy, HttpsFront};
+pub use pg_front::{FrontStart, PgTlsFront};
 pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};
