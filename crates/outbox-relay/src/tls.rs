@@ -704,9 +704,15 @@ pub fn explain(detail: &str, settings: &TlsSettings, host: &str) -> String {
              point postgres.ssl_root_cert at the CA that signed the server's certificate"
         )
     } else if detail.contains("NotValidForName") || detail.contains("not valid for name") {
+        let or = if settings.roots == Some(Roots::System) {
+            // verify-ca is refused with public roots: do not suggest it.
+            ""
+        } else {
+            ", or use sslmode verify-ca"
+        };
         format!(
             "the server's certificate is not valid for the host name {host:?} (sslmode verify-full); \
-             connect by a name the certificate holds, or use sslmode verify-ca"
+             connect by a name the certificate holds{or}"
         )
     } else if ["Expired", "NotValidYet", "expired", "not valid yet"]
         .iter()
@@ -1522,6 +1528,17 @@ mod tests {
         ));
         let text = explain("invalid peer certificate: NotValidForName", &settings, "db");
         assert!(text.contains("verify-ca"), "{text}");
+        let system = TlsSettings {
+            roots: Some(Roots::System),
+            ..settings.clone()
+        };
+        let text = explain("invalid peer certificate: NotValidForName", &system, "db");
+        assert!(!text.contains("verify-ca"), "{text}");
+        let text = explain("invalid peer certificate: UnknownIssuer", &system, "db");
+        assert!(
+            text.contains("the operating system's trust store"),
+            "{text}"
+        );
         assert!(!is_certificate_problem("connection reset by peer"));
     }
 }

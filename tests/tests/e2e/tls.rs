@@ -637,7 +637,7 @@ async fn settings_libpq_refuses_stop_the_relay_at_startup_naming_the_key() {
             "sslmode is disable",
         ),
         (
-            format!("url = \"postgres://u@%2Ftmp/db\"\nchannel_binding = \"require\""),
+            "url = \"postgres://u@%2Ftmp/db\"\nchannel_binding = \"require\"".to_owned(),
             "postgres.channel_binding",
             "unix socket",
         ),
