@@ -236,8 +236,18 @@ impl Cluster {
     /// Switches TLS on with `pki`'s server certificate (and its CA for client
     /// certificates), replaces `pg_hba.conf` with `hba`, and restarts.
     pub fn enable_tls(&self, pki: &crate::TestPki, hba: &str) {
+        self.enable_tls_with(pki, pki.server(), hba);
+    }
+
+    /// [`Cluster::enable_tls`] with another server certificate and key of
+    /// `pki` (e.g. [`crate::TestPki::another_server`]).
+    pub fn enable_tls_with(
+        &self,
+        pki: &crate::TestPki,
+        (cert, key): (PathBuf, PathBuf),
+        hba: &str,
+    ) {
         let owner = self.run_as_postgres.then(postgres_ids);
-        let (cert, key) = pki.server();
         for (from, to) in [
             (cert, "server.crt"),
             (key, "server.key"),

@@ -110,6 +110,12 @@ impl TestDb {
         Self::create(cluster.admin_url(), Some(Arc::clone(cluster))).await
     }
 
+    /// The cluster this process started and the database lives on (`None`
+    /// when it came from `OUTBOX_RELAY_TEST_PG_URL`).
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self._cluster.as_ref()
+    }
+
     /// Creates a database on the shared cluster with `options` after
     /// `CREATE DATABASE name`, e.g. `ENCODING 'SQL_ASCII' ... TEMPLATE template0`.
     pub async fn with_options(options: &str) -> TestDb {

@@ -2,8 +2,9 @@
 //! replication, one fresh database per test, the relay binary as a child process,
 //! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
-//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]), and a TCP proxy that
-//! freezes connections ([`FreezingProxy`]).
+//! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]), a TLS front for
+//! PostgreSQL ([`PgTlsFront`]: a man in the middle, or direct TLS as PostgreSQL 17 has it),
+//! and a TCP proxy that freezes connections ([`FreezingProxy`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -31,6 +32,7 @@ mod cluster;
 mod database;
 mod freeze;
 mod https;
+mod pg_front;
 mod pki;
 mod process;
 pub mod proxy;
@@ -46,6 +48,7 @@ pub use database::{
 };
 pub use freeze::FreezingProxy;
 pub use https::{ConnectProxy, HttpsFront};
+pub use pg_front::{FrontStart, PgTlsFront};
 pub use pki::TestPki;
 pub use process::{relay_bin, RelayProcess, ENV_RELAY_BIN};
 pub use proxy::{FaultProxy, Mode};

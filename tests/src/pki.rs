@@ -68,8 +68,21 @@ impl TestPki {
                 &format!("{ca}.crt"),
             ]);
         }
-        pki.sign("server", "localhost", "server", "ca");
+        pki.sign("server", "localhost", "server", "ca", "sha256");
         pki
+    }
+
+    /// Another server certificate for `localhost` from the same CA, signed
+    /// with `digest` (`sha256`, `sha384`, …): for a server whose certificate
+    /// hash differs, or a front that is not the server but is trusted as it.
+    pub fn another_server(&self, digest: &str) -> (PathBuf, PathBuf) {
+        let serial = self.serial.load(std::sync::atomic::Ordering::Relaxed);
+        let name = format!("server-{digest}-{serial}");
+        self.sign(&name, "localhost", "server", "ca", digest);
+        (
+            self.path(&format!("{name}.crt")),
+            self.path(&format!("{name}.key")),
+        )
     }
 
     /// The CA that signed the server's certificate (PEM).
@@ -99,14 +112,14 @@ impl TestPki {
 
     fn client_of(&self, ca: &str, user: &str) -> (PathBuf, PathBuf) {
         let name = format!("client-{user}-{ca}");
-        self.sign(&name, user, "client", ca);
+        self.sign(&name, user, "client", ca, "sha256");
         (
             self.path(&format!("{name}.crt")),
             self.path(&format!("{name}.key")),
         )
     }
 
-    fn sign(&self, name: &str, common_name: &str, section: &str, ca: &str) {
+    fn sign(&self, name: &str, common_name: &str, section: &str, ca: &str, digest: &str) {
         self.openssl(&[
             "req",
             "-new",
@@ -138,6 +151,7 @@ impl TestPki {
             &format!("{ca}.key"),
             "-set_serial",
             &serial.to_string(),
+            &format!("-{digest}"),
             "-days",
             "3",
             "-extfile",

@@ -129,22 +129,36 @@ pub struct PostgresConfig {
     /// `verify-ca`, `verify-full` (or `sslmode=` in the URL).
     pub ssl_mode: Option<String>,
     /// CA certificates (PEM) that verify the server, or `system` for the
-    /// public web PKI roots; required by `verify-ca` and `verify-full`.
+    /// operating system's trust store (which makes `verify-full` the default
+    /// and the only mode allowed); required by `verify-ca` and `verify-full`.
     pub ssl_root_cert: Option<String>,
     /// Client certificate (PEM) for servers that ask for one.
     pub ssl_cert: Option<PathBuf>,
     /// The client certificate's private key (PEM).
     pub ssl_key: Option<PathBuf>,
+    /// How TLS starts: `postgres` (default: SSLRequest first) or `direct`
+    /// (PostgreSQL 17+, needs `ssl_mode` `require` or stronger); or
+    /// `sslnegotiation=` in the URL.
+    pub ssl_negotiation: Option<String>,
+    /// SCRAM channel binding of both connections: `disable`, `prefer`
+    /// (default), `require` (or `channel_binding=` in the URL).
+    pub channel_binding: Option<String>,
 }
 
 impl PostgresConfig {
     /// The TLS settings, from the URL and the `ssl_*` keys; problems name their key.
     pub fn tls(&self) -> Result<crate::tls::TlsSettings, Vec<(String, String)>> {
-        let url = self
+        let (rest, url) = self
             .url
             .as_ref()
-            .map(|u| crate::tls::split_url(u.expose()).1)
+            .map(|u| crate::tls::split_url(u.expose()))
             .unwrap_or_default();
+        let unix_socket = tokio_postgres::Config::from_str(&rest).is_ok_and(|c| {
+            matches!(
+                c.get_hosts().first(),
+                Some(tokio_postgres::config::Host::Unix(_))
+            )
+        });
         crate::tls::TlsSettings::resolve(
             &url,
             crate::tls::KeyValues {
@@ -152,6 +166,9 @@ impl PostgresConfig {
                 ssl_root_cert: self.ssl_root_cert.as_deref(),
                 ssl_cert: self.ssl_cert.as_deref(),
                 ssl_key: self.ssl_key.as_deref(),
+                ssl_negotiation: self.ssl_negotiation.as_deref(),
+                channel_binding: self.channel_binding.as_deref(),
+                unix_socket,
             },
         )
     }
@@ -172,6 +189,8 @@ impl Default for PostgresConfig {
             ssl_root_cert: None,
             ssl_cert: None,
             ssl_key: None,
+            ssl_negotiation: None,
+            channel_binding: None,
         }
     }
 }

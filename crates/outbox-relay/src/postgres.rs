@@ -15,7 +15,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::config::{PostgresConfig, Secret};
 use crate::silence::Watched;
-use crate::tls::{MakeRustls, TlsSettings};
+use crate::tls::{ChannelBindingMode, MakeRustls, TlsSettings};
 use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
 
 /// Where and as whom to connect, resolved from the configuration.
@@ -150,6 +150,20 @@ impl ConnInfo {
             crate::tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
             _ => tokio_postgres::config::SslMode::Require,
         });
+        sql.ssl_negotiation(match tls.negotiation {
+            crate::tls::SslNegotiation::Postgres => {
+                tokio_postgres::config::SslNegotiation::Postgres
+            }
+            crate::tls::SslNegotiation::Direct => tokio_postgres::config::SslNegotiation::Direct,
+        });
+        // tokio-postgres binds with what the connector's stream gives
+        // (`RustlsStream::channel_binding`) and, for `require`, refuses every
+        // login that is not SCRAM-SHA-256-PLUS before sending the password.
+        sql.channel_binding(match tls.channel_binding {
+            ChannelBindingMode::Disable => tokio_postgres::config::ChannelBinding::Disable,
+            ChannelBindingMode::Prefer => tokio_postgres::config::ChannelBinding::Prefer,
+            ChannelBindingMode::Require => tokio_postgres::config::ChannelBinding::Require,
+        });
         Ok(Self {
             user: sql
                 .get_user()
@@ -257,6 +271,7 @@ impl ConnInfo {
             application_name: &self.application_name,
             // Values arrive as text: fix the formats they are printed in.
             options: "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3",
+            channel_binding: self.tls.channel_binding,
         };
         let start = Start {
             slot,
@@ -271,19 +286,31 @@ impl ConnInfo {
 ///
 /// tokio-postgres prints a server error as just "db error" and keeps the
 /// server's message in the source; this prints `ERROR: must be owner of …`.
+/// Its refusal under `channel_binding = require` comes out in the words the
+/// replication connection uses ([`crate::tls::channel_binding_refused`]).
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut text = self.0.to_string();
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            let more = cause.to_string();
+        let mut text = String::new();
+        let mut next = Some(self.0);
+        while let Some(error) = next {
+            // The replication connection refuses in libpq's words; so does this one.
+            let refusal = error
+                .downcast_ref::<tokio_postgres::Error>()
+                .is_some_and(crate::tls::is_channel_binding_refusal);
+            let more = if refusal {
+                crate::tls::channel_binding_refused(None)
+            } else {
+                error.to_string()
+            };
             if !text.contains(&more) {
-                text.push_str(": ");
+                if !text.is_empty() {
+                    text.push_str(": ");
+                }
                 text.push_str(&more);
             }
-            source = cause.source();
+            next = if refusal { None } else { error.source() };
         }
         f.write_str(&text)
     }

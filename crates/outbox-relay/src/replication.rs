@@ -241,14 +241,18 @@ impl RelayError {
                     } else {
                         Transient
                     }
-                } else if source.code().is_some_and(|c| {
-                    // 53xxx (too many connections, out of resources) passes.
-                    c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
-                }) || crate::tls::is_certificate_problem(
-                    &crate::postgres::Chain(source).to_string(),
-                ) {
-                    // Authentication, unknown database, permission; or the server
-                    // refused our client certificate after the TLS handshake.
+                } else if crate::tls::is_channel_binding_refusal(source)
+                    || source.code().is_some_and(|c| {
+                        // 53xxx (too many connections, out of resources) passes.
+                        c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
+                    })
+                    || crate::tls::is_certificate_problem(
+                        &crate::postgres::Chain(source).to_string(),
+                    )
+                {
+                    // Authentication (channel binding required and not
+                    // offered among it), unknown database, permission; or the
+                    // server refused our client certificate after the TLS handshake.
                     Fatal
                 } else {
                     Transient

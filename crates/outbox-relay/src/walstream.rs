@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  connect ─► TLS (SSLRequest, the ordinary connection's rustls set-up) ─► StartupMessage
-//!          ─► authentication (SCRAM-SHA-256, MD5, password) ─► START_REPLICATION … LOGICAL
+//!          ─► authentication (SCRAM-SHA-256[-PLUS], MD5, password) ─► START_REPLICATION … LOGICAL
 //!          ─► CopyBoth: XLogData / keepalives in, standby status updates out
 //! ```
 //!
@@ -38,12 +38,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::tls::{MakeRustls, RustlsStream, TlsError};
+use crate::tls::{ChannelBindingMode, MakeRustls, RustlsStream, TlsError};
 
 /// Size of the read buffer: one `recv` takes up to this much of the stream.
 pub const READ_BUFFER: usize = 256 * 1024;
@@ -155,6 +157,17 @@ impl Transport {
     }
 }
 
+impl Transport {
+    /// The `tls-server-end-point` binding of a TLS session; `None` without TLS
+    /// or for a certificate whose signature algorithm has none.
+    fn tls_server_end_point(&self) -> Option<Vec<u8>> {
+        match self {
+            Transport::Tls(tls) => tls.tls_server_end_point(),
+            Transport::Tcp(_) | Transport::Unix(_) => None,
+        }
+    }
+}
+
 impl AsyncRead for Transport {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -211,6 +224,8 @@ pub struct Startup<'a> {
     pub application_name: &'a str,
     /// The `options` parameter (`-c name=value …`).
     pub options: &'a str,
+    /// Whether SCRAM is bound to the TLS session (see [`crate::tls`]).
+    pub channel_binding: ChannelBindingMode,
 }
 
 /// What START_REPLICATION asks for.
@@ -241,6 +256,8 @@ pub struct WalStream {
     /// When bytes last arrived (or the caller last set it with
     /// [`WalStream::heard_now`]).
     heard: tokio::time::Instant,
+    /// The SASL mechanism of the login, if it was SCRAM.
+    mechanism: Option<&'static str>,
 }
 
 impl WalStream {
@@ -259,6 +276,7 @@ impl WalStream {
             reply_wanted: false,
             status_updates: 0,
             heard: tokio::time::Instant::now(),
+            mechanism: None,
         };
         stream.log_in(startup).await?;
         let sql = format!(
@@ -301,6 +319,14 @@ impl WalStream {
                 )
             })
         };
+        let require_binding = startup.channel_binding == ChannelBindingMode::Require;
+        // As libpq, under `require` nothing but a bound SCRAM exchange may
+        // proceed: not even a password is sent otherwise.
+        let unbound = |what: &str| {
+            Err(WireError::Auth(crate::tls::channel_binding_refused(Some(
+                what,
+            ))))
+        };
         let mut scram: Option<ScramSha256> = None;
         let mut scram_done = false;
         loop {
@@ -322,7 +348,14 @@ impl WalStream {
                                     .into(),
                             ))
                         }
+                        0 if require_binding && self.mechanism != Some(SCRAM_SHA_256_PLUS) => {
+                            return unbound("the server let the role in without authenticating it")
+                        }
                         0 => {}
+                        3 if require_binding => {
+                            return unbound("the server asked for a cleartext password")
+                        }
+                        5 if require_binding => return unbound("the server asked for md5"),
                         3 => frontend::password_message(password()?.as_bytes(), &mut self.out)?,
                         5 => {
                             let salt = data.first_chunk::<4>().ok_or_else(|| {
@@ -338,17 +371,15 @@ impl WalStream {
                         10 => {
                             let offered: Vec<&[u8]> =
                                 data.split(|&b| b == 0).filter(|m| !m.is_empty()).collect();
-                            if !offered.contains(&&b"SCRAM-SHA-256"[..]) {
-                                return Err(WireError::Auth(format!(
-                                    "the server offers SASL mechanisms {:?}; the relay speaks SCRAM-SHA-256",
-                                    offered.iter().map(|m| String::from_utf8_lossy(m)).collect::<Vec<_>>()
-                                )));
-                            }
-                            // No channel binding: like the ordinary connection
-                            // (channel_binding=prefer without it).
-                            let client =
-                                ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
-                            frontend::sasl_initial_response("SCRAM-SHA-256", client.message(), &mut self.out)?;
+                            let (mechanism, binding) = choose_mechanism(
+                                &offered,
+                                startup.channel_binding,
+                                self.io.tls_server_end_point(),
+                                matches!(self.io, Transport::Tls(_)),
+                            )?;
+                            self.mechanism = Some(mechanism);
+                            let client = ScramSha256::new(password()?.as_bytes(), binding);
+                            frontend::sasl_initial_response(mechanism, client.message(), &mut self.out)?;
                             scram = Some(client);
                         }
                         11 | 12 => {
@@ -384,6 +415,12 @@ impl WalStream {
                 _ => {}                // ParameterStatus, BackendKeyData, notices
             }
         }
+    }
+
+    /// The SASL mechanism the login used: `SCRAM-SHA-256-PLUS` when it was
+    /// bound to the TLS session, `SCRAM-SHA-256`; `None` without SCRAM.
+    pub fn mechanism(&self) -> Option<&'static str> {
+        self.mechanism
     }
 
     /// The next message of the stream: from the buffer, or read for.
@@ -562,6 +599,63 @@ impl WalStream {
     }
 }
 
+/// The SASL mechanism and channel-binding flag of a login, as libpq picks
+/// them: `SCRAM-SHA-256-PLUS` when the server offers it and the TLS session
+/// gives a binding (`tls_server_end_point`), unless `channel_binding` is
+/// `disable`; under `require`, nothing else. Without binding, the GS2 flag
+/// tells the server whether the client could have bound (`y`: it would
+/// notice a man in the middle who removed `-PLUS` from the offer) or not (`n`).
+fn choose_mechanism(
+    offered: &[&[u8]],
+    mode: ChannelBindingMode,
+    tls_server_end_point: Option<Vec<u8>>,
+    tls: bool,
+) -> Result<(&'static str, ChannelBinding), WireError> {
+    let has = |mechanism: &str| offered.contains(&mechanism.as_bytes());
+    if has(SCRAM_SHA_256_PLUS) && !tls {
+        return Err(WireError::Protocol(
+            "the server offered SCRAM-SHA-256-PLUS over a connection without TLS".into(),
+        ));
+    }
+    let binding = tls_server_end_point.filter(|_| mode != ChannelBindingMode::Disable);
+    if has(SCRAM_SHA_256_PLUS) {
+        if let Some(hash) = binding {
+            return Ok((
+                SCRAM_SHA_256_PLUS,
+                ChannelBinding::tls_server_end_point(hash),
+            ));
+        }
+    }
+    if mode == ChannelBindingMode::Require {
+        let what = if !tls {
+            "the connection is not encrypted: the server offered SCRAM-SHA-256 without binding"
+        } else if has(SCRAM_SHA_256_PLUS) {
+            "the server's certificate is signed with an algorithm that has no tls-server-end-point \
+             hash (RSA-PSS or Ed25519)"
+        } else {
+            "the server offered SCRAM-SHA-256 without binding"
+        };
+        return Err(WireError::Auth(crate::tls::channel_binding_refused(Some(
+            what,
+        ))));
+    }
+    if !has(SCRAM_SHA_256) {
+        return Err(WireError::Auth(format!(
+            "the server offers SASL mechanisms {:?}; the relay speaks SCRAM-SHA-256",
+            offered
+                .iter()
+                .map(|m| String::from_utf8_lossy(m))
+                .collect::<Vec<_>>()
+        )));
+    }
+    let flag = if binding.is_some() {
+        ChannelBinding::unrequested()
+    } else {
+        ChannelBinding::unsupported()
+    };
+    Ok((SCRAM_SHA_256, flag))
+}
+
 fn be_u64(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(bytes[..8].try_into().expect("eight bytes"))
 }
@@ -602,6 +696,7 @@ mod tests {
             reply_wanted: false,
             status_updates: 0,
             heard: tokio::time::Instant::now(),
+            mechanism: None,
         };
         (stream, theirs)
     }
@@ -719,6 +814,7 @@ mod tests {
             database: "app",
             application_name: "outbox-relay",
             options: "",
+            channel_binding: ChannelBindingMode::Prefer,
         };
         let start = Start {
             slot: "s",
@@ -749,6 +845,104 @@ mod tests {
             Ok(_) => panic!("an authentication error"),
         }
         server.await.unwrap();
+    }
+
+    /// Under `channel_binding = require` a server asking for a password (or
+    /// letting the role in unauthenticated) is refused in libpq's words, and
+    /// nothing of the password goes out.
+    #[tokio::test]
+    async fn require_refuses_a_login_without_binding_and_sends_no_password() {
+        for (code, salt, what) in [
+            (5i32, &[1u8, 2, 3, 4][..], "md5"),
+            (3, &[][..], "cleartext"),
+            (0, &[][..], "without authenticating"),
+        ] {
+            let (ours, mut server) = UnixStream::pair().unwrap();
+            let startup = Startup {
+                user: "relay",
+                password: Some("secret"),
+                database: "app",
+                application_name: "outbox-relay",
+                options: "",
+                channel_binding: ChannelBindingMode::Require,
+            };
+            let start = Start {
+                slot: "s",
+                publication: "p",
+                lsn: 0,
+            };
+            let server = tokio::spawn(async move {
+                let mut body = code.to_be_bytes().to_vec();
+                body.extend_from_slice(salt);
+                server.write_all(&frame(b'R', &body)).await.unwrap();
+                let mut sent = Vec::new();
+                server.read_to_end(&mut sent).await.unwrap();
+                sent
+            });
+            let refused = WalStream::start(Transport::Unix(ours), &startup, &start).await;
+            match refused {
+                Err(WireError::Auth(text)) => {
+                    assert!(
+                        text.starts_with(crate::tls::CHANNEL_BINDING_NOT_OFFERED)
+                            && text.contains(what)
+                            && text.contains("postgres.channel_binding"),
+                        "{text}"
+                    );
+                }
+                Err(other) => panic!("an authentication error, not {other}"),
+                Ok(_) => panic!("refused ({what})"),
+            }
+            let sent = server.await.unwrap();
+            // Only the StartupMessage (its length first): no PasswordMessage.
+            let startup_length = u32::from_be_bytes(sent[..4].try_into().unwrap());
+            assert_eq!(sent.len(), startup_length as usize, "{what}: {sent:?}");
+        }
+    }
+
+    #[test]
+    fn the_mechanism_is_bound_when_offered_and_possible_and_required_means_required() {
+        use ChannelBindingMode::{Disable, Prefer, Require};
+        let both: &[&[u8]] = &[b"SCRAM-SHA-256-PLUS", b"SCRAM-SHA-256"];
+        let plain: &[&[u8]] = &[b"SCRAM-SHA-256"];
+        let hash = || Some(vec![7u8; 32]);
+        let pick = |offered, mode, hash, tls| {
+            choose_mechanism(offered, mode, hash, tls).map(|(mechanism, _)| mechanism)
+        };
+        for mode in [Prefer, Require] {
+            assert_eq!(
+                pick(both, mode, hash(), true).unwrap(),
+                "SCRAM-SHA-256-PLUS"
+            );
+        }
+        assert_eq!(pick(both, Disable, hash(), true).unwrap(), "SCRAM-SHA-256");
+        // No binding from the certificate (RSA-PSS, Ed25519): unbound, unless required.
+        assert_eq!(pick(both, Prefer, None, true).unwrap(), "SCRAM-SHA-256");
+        let text = pick(both, Require, None, true).unwrap_err().to_string();
+        assert!(text.contains("RSA-PSS"), "{text}");
+        // Not offered: unbound, unless required.
+        assert_eq!(pick(plain, Prefer, hash(), true).unwrap(), "SCRAM-SHA-256");
+        let text = pick(plain, Require, hash(), true).unwrap_err().to_string();
+        assert!(
+            text.contains(crate::tls::CHANNEL_BINDING_NOT_OFFERED),
+            "{text}"
+        );
+        let text = pick(plain, Require, None, false).unwrap_err().to_string();
+        assert!(text.contains("not encrypted"), "{text}");
+        // -PLUS without TLS cannot be honest.
+        assert!(matches!(
+            choose_mechanism(both, Prefer, None, false),
+            Err(WireError::Protocol(_))
+        ));
+        // The GS2 header says whether the client could have bound: `y` lets
+        // the server notice an offer stripped of -PLUS.
+        let header = |offered, mode, hash| {
+            let (mechanism, binding) = choose_mechanism(offered, mode, hash, true).unwrap();
+            let scram = ScramSha256::new(b"pw", binding);
+            (mechanism, scram.message()[..2].to_vec())
+        };
+        assert_eq!(header(plain, Prefer, hash()).1, b"y,");
+        assert_eq!(header(both, Disable, hash()).1, b"n,");
+        assert_eq!(header(both, Prefer, hash()).1, b"p=");
     }
 
     #[tokio::test]

@@ -265,7 +265,7 @@ async fn aws_settings_the_sns_client_cannot_use_stop_it_at_startup_naming_them()
 
 /// Runs the relay on the configuration file `path` with `env`; checks that
 /// it stops at start-up (exit 2) naming `key`; its standard error.
-async fn refused_at_startup_naming(
+pub(crate) async fn refused_at_startup_naming(
     path: &std::path::Path,
     env: &[(&str, &str)],
     key: &str,
