@@ -747,9 +747,10 @@ mod tests {
     }
 
     fn mapping_error() -> MappingError {
-        RowMapping::from_columns("public.outbox", &[("id", 25)], &Default::default())
-            .err()
-            .expect("a table of one column does not fit")
+        match RowMapping::from_columns("public.outbox", &[("id", 25)], &Default::default()) {
+            Err(e) => e,
+            Ok(_) => panic!("a table of one column does not fit"),
+        }
     }
 
     /// Every problem, with what `run` does and how `check` reports it
