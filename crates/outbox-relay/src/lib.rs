@@ -30,6 +30,7 @@ pub mod outgoing;
 pub mod poller;
 pub mod postgres;
 pub mod publish;
+pub mod readiness;
 pub mod record;
 pub mod relay;
 pub mod replay;

@@ -54,16 +54,16 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::ack::{AckTracker, FramingError};
-use crate::config::{Config, OnPublished, TableName};
+use crate::config::{Config, TableName};
 use crate::event::{MappingError, RowMapping};
 use crate::marking::{self, Mark, Marker};
 use crate::outgoing::{Outgoing, Prepared};
 use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
 use crate::publish::{self, Completion, Dispatch};
+use crate::readiness::{self, Admission, Names, Problem};
 use crate::record::Recorder;
 use crate::retry::Backoff;
 use crate::sink::Sink;
-use crate::table::Table;
 use crate::walstream::{WalMessage, WireError};
 
 /// Prefix of the relay's heartbeat messages.
@@ -422,136 +422,32 @@ fn sql(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> RelayErro
     move |source| RelayError::Sql { context, source }
 }
 
-/// Check the slot can be streamed from; its confirmed position.
-async fn check_slot(
-    client: &tokio_postgres::Client,
-    slot: &str,
-    database: &str,
-) -> Result<u64, RelayError> {
-    let fatal = |message: String| RelayError::Unusable {
-        message,
-        transient: false,
-        lost: false,
-    };
-    let lost = |message: String| RelayError::Unusable {
-        message,
-        transient: false,
-        lost: true,
-    };
-    let state = postgres::slot_state(client, slot)
-        .await
-        .map_err(sql("reading pg_replication_slots"))?
-        .ok_or_else(|| {
-            lost(format!(
-                "replication slot {slot:?} does not exist: create it with `outbox-relay setup \
-                 --config FILE --apply`, or run SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), \
-                 or set lifecycle.recreate_slot = true; rows written meanwhile are in the table for the poller"
-            ))
-        })?;
-    if state.plugin.as_deref() != Some("pgoutput") {
-        return Err(fatal(format!(
-            "replication slot {slot:?} uses plugin {:?}; the relay needs a logical slot with plugin \
-             pgoutput: drop it and create it with pg_create_logical_replication_slot('{slot}', 'pgoutput')",
-            state.plugin.as_deref().unwrap_or("none (a physical slot)")
-        )));
-    }
-    if state.database.as_deref() != Some(database) {
-        return Err(fatal(format!(
-            "replication slot {slot:?} belongs to database {:?}, not {database:?}: point postgres.url \
-             at that database or set postgres.slot to a slot of this one",
-            state.database.as_deref().unwrap_or("?")
-        )));
-    }
-    if state.wal_status.as_deref() == Some("lost") {
-        return Err(lost(format!(
-            "replication slot {slot:?} is invalidated (wal_status = lost): the WAL it needed was \
-             removed. Drop and recreate it (or set lifecycle.recreate_slot = true); rows written \
-             meanwhile are still in the table for the poller"
-        )));
-    }
-    if let Some(pid) = state.active_pid {
-        return Err(RelayError::Unusable {
-            message: format!(
-                "replication slot {slot:?} is in use by backend PID {pid} (another relay?); waiting for it to be free"
-            ),
-            transient: true,
-            lost: false,
-        });
-    }
-    state.confirmed_flush.ok_or_else(|| {
-        fatal(format!(
-            "replication slot {slot:?} has no confirmed_flush_lsn; recreate it"
-        ))
-    })
-}
-
-/// Whether a poller can publish what a lost slot held: the table has the
-/// relay-managed columns and created_at. Without them, recreating the slot
-/// would silently skip what was written meanwhile: better to stop loudly.
-async fn can_sweep(client: &tokio_postgres::Client, config: &Config) -> bool {
-    match Table::inspect(client, config).await {
-        Ok(Some(t)) if t.managed && t.created_at.is_some() => {
-            if !config.poller.enabled {
-                tracing::warn!("this instance's poller is off: another instance's poller must sweep the rows the lost slot held (after poller.grace)");
-            }
-            true
-        }
-        _ => {
-            tracing::error!("lifecycle.recreate_slot is set, but the table lacks the relay-managed columns or created_at: no poller could publish what the lost slot held, so the slot is not recreated");
-            false
-        }
+/// Why the relay cannot start with the slot, publication and table as they
+/// are; `check` reports the same [`Problem`] in the same words.
+fn refusal(problem: Problem, names: &Names) -> RelayError {
+    match problem {
+        // As the stream says it when the table changes under it.
+        Problem::Mapping(e) => RelayError::Mapping(e),
+        problem => RelayError::Unusable {
+            message: problem.describe(names),
+            transient: problem.effect().transient(),
+            lost: problem.effect().lost(),
+        },
     }
 }
 
-/// The publication must carry the outbox table under its own name (a
-/// partitioned table through its root), or its rows would arrive as some
-/// other relation and be skipped.
-async fn check_publication(
-    client: &tokio_postgres::Client,
-    config: &Config,
-    table: &Table,
-) -> Result<(), RelayError> {
-    let name = config.table();
-    let publication = &config.postgres.publication;
-    let row = client
-        .query_opt(
-            "SELECT p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
-               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3), \
-               p.pubinsert, \
-               EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = p.pubname \
-                 AND t.schemaname = $2 AND t.tablename = $3 AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL) \
-             FROM pg_publication p WHERE p.pubname = $1",
-            &[publication, &name.schema, &name.name],
-        )
-        .await
-        .map_err(sql("reading the publication"))?;
-    let fatal = |message: String| RelayError::Unusable {
-        message,
-        transient: false,
-        lost: false,
-    };
-    match row {
-        None => Err(fatal(format!(
-            "publication {publication:?} does not exist: run `outbox-relay setup --config FILE --apply` \
-             or CREATE PUBLICATION {publication} FOR TABLE {name} WITH (publish = 'insert', publish_via_partition_root = true)"
-        ))),
-        Some(r) if table.partitioned && !r.get::<_, bool>(0) => Err(fatal(format!(
-            "table {name} is partitioned but publication {publication:?} publishes its partitions under their own \
-             names: ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)"
-        ))),
-        Some(r) if !r.get::<_, bool>(1) => Err(fatal(format!(
-            "publication {publication:?} does not carry table {name} (postgres.table): \
-             ALTER PUBLICATION {publication} ADD TABLE {name}"
-        ))),
-        Some(r) if !r.get::<_, bool>(2) => Err(fatal(format!(
-            "publication {publication:?} does not publish inserts: ALTER PUBLICATION {publication} SET (publish = 'insert')"
-        ))),
-        Some(r) if r.get::<_, bool>(3) => Err(fatal(format!(
-            "publication {publication:?} has a row filter on {name}: rows it filters out would never be published; \
-             drop the filter (ALTER PUBLICATION {publication} SET TABLE {name})"
-        ))),
-        Some(_) => Ok(()),
+/// Whether a poller can publish what a lost slot held ([`readiness::Readiness::sweepable`]).
+/// Without one, recreating the slot would silently skip what was written
+/// meanwhile: better to stop loudly.
+fn can_sweep(config: &Config, sweepable: bool) -> bool {
+    if sweepable {
+        if !config.poller.enabled {
+            tracing::warn!("this instance's poller is off: another instance's poller must sweep the rows the lost slot held (after poller.grace)");
+        }
+    } else {
+        tracing::error!("lifecycle.recreate_slot is set, but the table lacks the relay-managed columns or created_at: no poller could publish what the lost slot held, so the slot is not recreated");
     }
+    sweepable
 }
 
 /// Drop `slot` if it exists (invalidated) and create it anew; its start
@@ -595,13 +491,17 @@ async fn session<S: Sink>(
 ) -> Result<(), RelayError> {
     let slot = &config.postgres.slot;
     let sql_client = Arc::new(conn.connect().await?);
-    let start = match check_slot(&sql_client, slot, &conn.dbname).await {
-        Err(RelayError::Unusable {
-            message,
-            transient: false,
-            lost: true,
-        }) if config.lifecycle.recreate_slot && can_sweep(&sql_client, config).await => {
-            tracing::error!(slot = %slot, problem = %message, "replication slot lost; recreating it (lifecycle.recreate_slot)");
+    let ready = readiness::inspect(&sql_client, config)
+        .await
+        .map_err(sql("inspecting the slot, table and publication"))?;
+    let names = ready.names.clone();
+    let sweepable = ready.sweepable();
+    let (table_info, start) = match ready.admit() {
+        Admission::Start { table, start } => (table, start),
+        Admission::SlotLost { table, problem }
+            if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
+        {
+            tracing::error!(slot = %slot, problem = %problem.describe(&names), "replication slot lost; recreating it (lifecycle.recreate_slot)");
             let (start, before) = recreate_slot(&sql_client, slot).await?;
             tracing::error!(
                 slot = %slot,
@@ -610,9 +510,11 @@ async fn session<S: Sink>(
                  (rows still PENDING created up to {before}); see docs/recovery.md"
             );
             sweep.send_replace(Some(before));
-            start
+            (table, start)
         }
-        other => other?,
+        Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
+            return Err(refusal(problem, &names))
+        }
     };
     let interval = postgres::status_interval(
         postgres::wal_sender_timeout(&sql_client)
@@ -620,31 +522,6 @@ async fn session<S: Sink>(
             .map_err(sql("reading wal_sender_timeout"))?,
     );
     let table = config.table();
-    let table_info = Table::inspect(&sql_client, config)
-        .await
-        .map_err(sql("inspecting the outbox table"))?
-        .ok_or_else(|| RelayError::Unusable {
-            message: format!(
-                "table {} does not exist (postgres.table): create it with `outbox-relay setup --config FILE --apply`",
-                config.table()
-            ),
-            transient: false,
-            lost: false,
-        })?;
-    check_publication(&sql_client, config, &table_info).await?;
-    if config.lifecycle.on_published == OnPublished::Mark && !table_info.managed {
-        return Err(RelayError::Unusable {
-            message: format!(
-                "lifecycle.on_published = \"mark\" needs the relay-managed columns ({}) in table {}: \
-                 add them (see sql/001_outbox_table.sql), or set lifecycle.on_published = \"none\" \
-                 (application-managed table) or \"delete\"",
-                crate::table::MANAGED.join(", "),
-                config.table()
-            ),
-            transient: false,
-            lost: false,
-        });
-    }
     let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
     let marking = marking::spawn(
         Arc::clone(&sql_client),

@@ -1,6 +1,7 @@
 //! End-to-end tests of outbox-relay, one binary (see `harness` for the helpers).
 
 mod bad_input;
+mod check;
 mod harness_smoke;
 mod lifecycle;
 mod operations;

@@ -1,0 +1,300 @@
+//! `check` and `run` judge a database alike (crate `readiness`): for each
+//! state of the slot, publication and table, what `run` refuses at start-up
+//! `check` reports as an error in the same words, and what `run` accepts
+//! `check` does not call an error.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::wait_until;
+use outbox_relay::check::{Finding, Severity};
+use outbox_relay::config::Config;
+use outbox_relay::replication::ErrorClass;
+
+use crate::outbox::{Collect, Outbox, Running};
+
+/// What `check` finds with `config`, connected as the relay connects.
+async fn check(config: &Config) -> Vec<Finding> {
+    let conn =
+        outbox_relay::postgres::ConnInfo::new(&config.postgres).expect("connection settings");
+    let client = conn.connect().await.expect("connect as the relay");
+    outbox_relay::check::run(config, &client)
+        .await
+        .expect("check reads the database")
+}
+
+fn said(findings: &[Finding], severity: Severity) -> Vec<String> {
+    findings
+        .iter()
+        .filter(|f| f.severity == severity)
+        .map(|f| f.message.clone())
+        .collect()
+}
+
+/// `check` and `run` both refuse `config`: `run` stops for good with a
+/// message that `check` gives as one of its errors, word for word, and that
+/// holds `fix`.
+async fn both_refuse(what: &str, config: Config, fix: &str) {
+    let errors = said(&check(&config).await, Severity::Error);
+    let relay = Running::start(config, Collect::default());
+    let error = tokio::time::timeout(Duration::from_secs(20), relay.task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: run stops by itself"))
+        .expect("the relay task does not panic")
+        .expect_err("run refuses");
+    assert_eq!(error.class(), ErrorClass::Fatal, "{what}: {error}");
+    let refusal = error.to_string();
+    assert!(
+        errors.contains(&refusal),
+        "{what}: check does not say what run says.\nrun:   {refusal}\ncheck: {errors:#?}"
+    );
+    assert!(
+        refusal.contains(fix),
+        "{what}: no fix {fix:?} in: {refusal}"
+    );
+}
+
+/// `check` reports no error for `config`, and `run` streams with it.
+async fn both_accept(what: &str, outbox: &Outbox, config: Config) -> Vec<Finding> {
+    let findings = check(&config).await;
+    assert_eq!(
+        said(&findings, Severity::Error),
+        Vec::<String>::new(),
+        "{what}: check calls an error what run accepts"
+    );
+    let relay = Running::start(config, Collect::default());
+    outbox.wait_slot_active(true).await;
+    relay.stop().await;
+    findings
+}
+
+/// The shipped partitioned table file, for `public.outbox`.
+fn partitioned_table() -> String {
+    let config = Config::from_parts(
+        "[postgres]\nurl = \"postgres://u@h/db\"\n",
+        Path::new("test.toml"),
+        std::iter::empty(),
+    )
+    .expect("config");
+    outbox_relay::setup::render(&config, "outbox_relay", true)
+        .expect("render setup SQL")
+        .into_iter()
+        .find(|(file, _)| file.starts_with("001"))
+        .expect("the table file")
+        .1
+}
+
+/// The fix a refusal must name, for an outbox.
+type Fix = fn(&Outbox) -> String;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_state_run_refuses_at_start_check_reports_as_an_error_in_the_same_words() {
+    let pgoutput = |outbox: &Outbox| {
+        format!(
+            "pg_create_logical_replication_slot('{}', 'pgoutput')",
+            outbox.slot
+        )
+    };
+    let states: [(&str, &str, Fix); 6] = [
+        (
+            "no publication",
+            "DROP PUBLICATION outbox_relay",
+            |_| "CREATE PUBLICATION outbox_relay FOR TABLE public.outbox".into(),
+        ),
+        (
+            "a row filter on the outbox table",
+            "ALTER PUBLICATION outbox_relay SET TABLE outbox WHERE (aggregate_id <> 'x')",
+            |_| "ALTER PUBLICATION outbox_relay SET TABLE public.outbox".into(),
+        ),
+        (
+            "a column list without a required column",
+            "ALTER PUBLICATION outbox_relay SET TABLE outbox (id, aggregate_type, aggregate_id, payload)",
+            |_| "ALTER PUBLICATION outbox_relay SET TABLE public.outbox".into(),
+        ),
+        (
+            "a slot of another plugin",
+            "SELECT pg_drop_replication_slot('{slot}');
+             SELECT pg_create_logical_replication_slot('{slot}', 'test_decoding');",
+            pgoutput,
+        ),
+        (
+            "a two-phase slot",
+            "SELECT pg_drop_replication_slot('{slot}');
+             SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput', false, true);",
+            pgoutput,
+        ),
+        (
+            "nowhere to record rejected events",
+            "ALTER TABLE outbox DROP COLUMN publish_state; DROP TABLE outbox_dead_letter",
+            |_| "outbox_dead_letter".into(),
+        ),
+    ];
+    for (what, change, fix) in states {
+        let outbox = Outbox::new().await;
+        outbox
+            .sql
+            .batch_execute(&change.replace("{slot}", &outbox.slot))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let extra = if what.starts_with("nowhere") {
+            "[lifecycle]\non_published = \"none\""
+        } else {
+            ""
+        };
+        both_refuse(what, outbox.config(extra), &fix(&outbox)).await;
+    }
+    // The two-phase slot in words: what is wrong, and to recreate it without.
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "SELECT pg_drop_replication_slot('{0}');
+             SELECT pg_create_logical_replication_slot('{0}', 'pgoutput', false, true);",
+            outbox.slot
+        ))
+        .await
+        .unwrap();
+    let errors = said(&check(&outbox.config("")).await, Severity::Error);
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("two_phase = true")
+            && errors[0].contains("without two_phase"),
+        "{errors:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_outbox_not_published_via_its_root_is_refused_by_run_and_check_alike() {
+    let outbox = Outbox::with_schema(Some(&partitioned_table())).await;
+    outbox
+        .sql
+        .batch_execute("ALTER PUBLICATION outbox_relay SET (publish_via_partition_root = false)")
+        .await
+        .unwrap();
+    both_refuse(
+        "a partitioned table not published via its root",
+        outbox.config(""),
+        "ALTER PUBLICATION outbox_relay SET (publish_via_partition_root = true)",
+    )
+    .await;
+    // Published via its root, both accept it.
+    outbox
+        .sql
+        .batch_execute("ALTER PUBLICATION outbox_relay SET (publish_via_partition_root = true)")
+        .await
+        .unwrap();
+    both_accept("published via its root", &outbox, outbox.config("")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidated_slot_is_refused_by_run_and_check_alike_naming_why() {
+    // max_slot_wal_keep_size is per cluster: a private one.
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .expect("start a cluster"),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    for setting in [
+        "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        outbox.sql.batch_execute(setting).await.unwrap();
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "the slot is invalidated",
+        || async {
+            // Fill a segment, move to the next, and let a checkpoint give up
+            // the WAL the slot still holds.
+            outbox.insert_tx(&[("a".into(), "E".into())]).await;
+            outbox
+                .sql
+                .batch_execute("SELECT pg_switch_wal()")
+                .await
+                .unwrap();
+            outbox.sql.batch_execute("CHECKPOINT").await.unwrap();
+            let status: Option<String> = outbox
+                .sql
+                .query_one(
+                    "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&outbox.slot],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            status.as_deref() == Some("lost")
+        },
+    )
+    .await;
+    both_refuse(
+        "an invalidated slot",
+        outbox.config(""),
+        "lifecycle.recreate_slot = true",
+    )
+    .await;
+    let errors = said(&check(&outbox.config("")).await, Severity::Error);
+    // PostgreSQL 15 keeps no reason; 17 and later say wal_removed.
+    assert!(
+        errors.iter().any(|e| e.contains("wal_status = lost")
+            && e.contains("the WAL it needed was removed")),
+        "{errors:#?}"
+    );
+    // With lifecycle.recreate_slot, run recovers, and check only warns.
+    let findings = both_accept(
+        "an invalidated slot with lifecycle.recreate_slot",
+        &outbox,
+        outbox.config("[lifecycle]\nrecreate_slot = true"),
+    )
+    .await;
+    assert!(
+        said(&findings, Severity::Warning)
+            .iter()
+            .any(|w| w.contains("is invalidated")),
+        "{findings:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_run_accepts_or_waits_out_check_does_not_call_an_error() {
+    let outbox = Outbox::new().await;
+    let findings = both_accept("as set up", &outbox, outbox.config("")).await;
+    assert_eq!(said(&findings, Severity::Warning), Vec::<String>::new());
+    assert!(
+        findings.iter().all(|f| f.severity == Severity::Ok) && findings.len() == 4,
+        "{findings:#?}"
+    );
+
+    // A slot in use: run stands by, check warns.
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(""), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let findings = check(&outbox.config("")).await;
+    assert_eq!(said(&findings, Severity::Error), Vec::<String>::new());
+    assert!(
+        said(&findings, Severity::Warning)
+            .iter()
+            .any(|w| w.contains("is in use by backend PID")),
+        "{findings:#?}"
+    );
+    let standby = Running::start(outbox.config(""), Collect::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!standby.task.is_finished(), "the second relay stands by");
+    standby.stop().await;
+    relay.stop().await;
+    outbox.wait_slot_active(false).await;
+
+    // A missing slot run may recreate: a warning.
+    outbox
+        .sql
+        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
+        .await
+        .unwrap();
+    both_accept(
+        "a missing slot with lifecycle.recreate_slot",
+        &outbox,
+        outbox.config("[lifecycle]\nrecreate_slot = true"),
+    )
+    .await;
+}
