@@ -21,6 +21,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod envelope;
+pub mod error;
 pub mod event;
 pub mod http;
 pub mod marking;

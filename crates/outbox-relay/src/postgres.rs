@@ -64,9 +64,9 @@ pub enum SqlError {
         #[source]
         source: std::io::Error,
     },
-    /// The host name cannot be used for TLS.
-    #[error("{0}")]
-    Tls(String),
+    /// TLS could not be set up (the message says why and what to do).
+    #[error(transparent)]
+    Tls(crate::tls::TlsError),
     /// Postgres refused, or the session broke.
     #[error(transparent)]
     Postgres(#[from] tokio_postgres::Error),
@@ -217,18 +217,36 @@ impl ConnInfo {
                 .map_err(socket_error)?;
                 socket.set_nodelay(true).map_err(socket_error)?;
                 crate::silence::tune(&socket, self.receive_timeout).map_err(socket_error)?;
-                let socket = Watched::new(socket, self.receive_timeout);
-                Ok(match &self.connector {
-                    Some(tls) => {
-                        let tls = MakeTlsConnect::<Watched<TcpStream>>::make_tls_connect(
-                            &mut tls.clone(),
-                            host,
-                        )
-                        .map_err(|e| SqlError::Tls(e.message))?;
-                        background(self.sql.connect_raw(socket, tls).await?)
-                    }
-                    None => background(self.sql.connect_raw(socket, tokio_postgres::NoTls).await?),
-                })
+                let mut socket = Watched::new(socket, self.receive_timeout);
+                let Some(connector) = &self.connector else {
+                    return Ok(background(
+                        self.sql.connect_raw(socket, tokio_postgres::NoTls).await?,
+                    ));
+                };
+                // The TLS request is the relay's own, as on the replication
+                // connection: a server that declines a required TLS is then
+                // a typed error in the same words on both. What follows is
+                // tokio-postgres's handshake, told that the server agreed.
+                let required = self.tls.mode != crate::tls::SslMode::Prefer;
+                let mut sql = self.sql.clone();
+                if crate::tls::ask_for_tls(connector, &mut socket, host, required)
+                    .await
+                    .map_err(SqlError::Tls)?
+                {
+                    sql.ssl_mode(tokio_postgres::config::SslMode::Require);
+                    sql.ssl_negotiation(tokio_postgres::config::SslNegotiation::Direct);
+                    let tls = MakeTlsConnect::<Watched<TcpStream>>::make_tls_connect(
+                        &mut connector.clone(),
+                        host,
+                    )
+                    .map_err(SqlError::Tls)?;
+                    Ok(background(sql.connect_raw(socket, tls).await?))
+                } else {
+                    sql.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                    Ok(background(
+                        sql.connect_raw(socket, tokio_postgres::NoTls).await?,
+                    ))
+                }
             }
         }
     }

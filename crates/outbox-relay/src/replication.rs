@@ -53,12 +53,13 @@ use pgoutput::Message as Pgoutput;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::ack::{AckTracker, FramingError};
+use crate::ack::AckTracker;
 use crate::config::{Config, TableName};
-use crate::event::{MappingError, RowMapping};
+pub use crate::error::{ErrorClass, RelayError};
+use crate::event::RowMapping;
 use crate::marking::{self, Mark, Marker};
 use crate::outgoing::{Outgoing, Prepared};
-use crate::postgres::{self, format_lsn, ConnInfo, ConnInfoError};
+use crate::postgres::{self, format_lsn, ConnInfo};
 use crate::publish::{self, Completion, Dispatch};
 use crate::readiness::{self, Admission, Names, Problem};
 use crate::record::Recorder;
@@ -117,22 +118,6 @@ fn coalesce(taken: usize, pause: Duration) {
     }
 }
 
-/// A replication error, with what to do when the cause is known.
-fn with_advice(error: &WireError) -> String {
-    let text = error.to_string();
-    if text.contains("SQLSTATE 22021") {
-        // The walsender converts text to the client's UTF-8 and cannot.
-        format!(
-            "{text}. A row holds text that is not valid UTF-8 (a SQL_ASCII database), and PostgreSQL cannot \
-             send it: the slot cannot move past that change. Nothing after it was acknowledged. Correct the \
-             row's text, then drop the slot and start the relay with lifecycle.recreate_slot = true, or \
-             run `outbox-relay replay --state PENDING` after recreating it (docs/recovery.md)"
-        )
-    } else {
-        text
-    }
-}
-
 /// Poll `future` once: its output if it is ready now. For cancel-safe futures
 /// only (a pending one is dropped). Tokio's task budget may make a ready
 /// future look pending: the burst then ends early (after about 128 messages,
@@ -144,200 +129,6 @@ fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
     match future.as_mut().poll(&mut cx) {
         std::task::Poll::Ready(output) => Some(output),
         std::task::Poll::Pending => None,
-    }
-}
-
-/// Whether an error ends the relay or only the session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
-    /// Retry with backoff: the cause is outside the data and may go away.
-    Transient,
-    /// Stop: a person must change something first.
-    Fatal,
-}
-
-/// Why a replication session ended.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    /// The connection settings are unusable.
-    #[error(transparent)]
-    ConnInfo(#[from] ConnInfoError),
-    /// The ordinary SQL session failed.
-    #[error("postgres: {context}: {}", crate::postgres::Chain(source))]
-    Sql {
-        /// What was being done.
-        context: &'static str,
-        /// The driver's error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// The ordinary SQL session could not be opened (its socket, or a host
-    /// name TLS cannot use).
-    #[error("postgres: {}", crate::postgres::Chain(.0))]
-    Connect(#[source] crate::postgres::SqlError),
-    /// The replication session failed.
-    #[error("replication stream: {}", with_advice(.0))]
-    Replication(#[source] WireError),
-    /// The replication connection's TLS failed (the message says why).
-    #[error("replication connection: {message}")]
-    Tls {
-        /// What happened and what to do.
-        message: String,
-        /// A certificate problem, which retrying does not mend.
-        fatal: bool,
-    },
-    /// The slot, publication or table cannot be used as it is (the message
-    /// says how to fix it).
-    #[error("{message}")]
-    Unusable {
-        /// What is wrong and how to fix it.
-        message: String,
-        /// Whether waiting may help (the slot is busy).
-        transient: bool,
-        /// The slot is missing or invalidated (`lifecycle.recreate_slot` can recover).
-        lost: bool,
-    },
-    /// The table does not fit the column mapping.
-    #[error("{0}")]
-    Mapping(#[from] MappingError),
-    /// The HTTP listener cannot start (the message names `http.listen`).
-    #[error("{0}")]
-    Listen(String),
-    /// Rejected events cannot be recorded.
-    #[error("{0}")]
-    Record(#[from] crate::record::RecordError),
-    /// A pgoutput message could not be decoded.
-    #[error("undecodable pgoutput message at {lsn}: {source}; this is a bug or a protocol mismatch, please report it")]
-    Decode {
-        /// Where.
-        lsn: String,
-        /// Why.
-        #[source]
-        source: pgoutput::DecodeError,
-    },
-    /// The stream broke Begin/Commit framing.
-    #[error("replication stream framing: {0}")]
-    Framing(#[from] FramingError),
-    /// An Insert for a relation never described.
-    #[error("Insert for relation oid {0} arrived before its Relation message")]
-    UnknownRelation(u32),
-    /// The server ended the stream.
-    #[error("the server ended the replication stream")]
-    StreamEnded,
-    /// The publisher task stopped.
-    #[error("the publisher stopped unexpectedly")]
-    PublisherStopped,
-}
-
-impl RelayError {
-    /// What to do about it.
-    pub fn class(&self) -> ErrorClass {
-        use ErrorClass::*;
-        match self {
-            RelayError::Sql { source, .. } => {
-                if let Some(tls) = crate::tls::TlsError::behind(source) {
-                    if tls.fatal {
-                        Fatal
-                    } else {
-                        Transient
-                    }
-                } else if crate::tls::is_channel_binding_refusal(source)
-                    || source.code().is_some_and(|c| {
-                        // 53xxx (too many connections, out of resources) passes.
-                        c.code().starts_with("28") || c.code() == "3D000" || c.code() == "42501"
-                    })
-                    || crate::tls::is_certificate_problem(
-                        &crate::postgres::Chain(source).to_string(),
-                    )
-                {
-                    // Authentication (channel binding required and not
-                    // offered among it), unknown database, permission; or the
-                    // server refused our client certificate after the TLS handshake.
-                    Fatal
-                } else {
-                    Transient
-                }
-            }
-            RelayError::Replication(e) => match e {
-                WireError::Auth(_) => Fatal,
-                WireError::Server { code, message } => {
-                    if message.contains("is active for PID")
-                        || ["08", "53", "57P"].iter().any(|c| code.starts_with(c))
-                            && code != "08P01"
-                        || code == "55006"
-                    {
-                        // Connection trouble (not a protocol violation: that
-                        // would come back), too many connections, the server
-                        // shutting down or starting up, the slot busy.
-                        Transient
-                    } else {
-                        // Authentication, a missing publication or slot, a
-                        // SQL_ASCII row: say so and stop.
-                        Fatal
-                    }
-                }
-                // As the other connection's: see `RelayError::Tls`.
-                WireError::Tls(tls) if tls.fatal => Fatal,
-                // The server refused our client certificate after the
-                // handshake (TLS 1.3): its alert arrives with the first read.
-                WireError::Io(io) if crate::tls::is_certificate_problem(&io.to_string()) => Fatal,
-                WireError::Io(_)
-                | WireError::Closed
-                | WireError::Ended
-                | WireError::Silent(_)
-                | WireError::Tls(_)
-                | WireError::Protocol(_) => Transient,
-            },
-            RelayError::Unusable { transient, .. } => {
-                if *transient {
-                    Transient
-                } else {
-                    Fatal
-                }
-            }
-            RelayError::Tls { fatal: true, .. } => Fatal,
-            RelayError::Tls { fatal: false, .. } => Transient,
-            RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
-            RelayError::Connect(crate::postgres::SqlError::Tls(_)) => Fatal,
-            RelayError::Connect(_) => Transient,
-            RelayError::Record(
-                crate::record::RecordError::Nowhere { .. }
-                | crate::record::RecordError::RowGone { .. },
-            ) => Fatal,
-            RelayError::Record(_) => Transient,
-            RelayError::ConnInfo(_)
-            | RelayError::Listen(_)
-            | RelayError::Mapping(_)
-            | RelayError::Decode { .. }
-            | RelayError::Framing(_)
-            | RelayError::UnknownRelation(_) => Fatal,
-        }
-    }
-}
-
-impl From<crate::postgres::SqlError> for RelayError {
-    fn from(error: crate::postgres::SqlError) -> Self {
-        match error {
-            crate::postgres::SqlError::Postgres(source) => RelayError::Sql {
-                context: "connecting",
-                source,
-            },
-            other => RelayError::Connect(other),
-        }
-    }
-}
-
-impl From<WireError> for RelayError {
-    fn from(error: WireError) -> Self {
-        match error {
-            // Explained like the ordinary connection's.
-            WireError::Tls(tls) => RelayError::Tls {
-                message: tls.message,
-                fatal: tls.fatal,
-            },
-            WireError::Ended => RelayError::StreamEnded,
-            other => RelayError::Replication(other),
-        }
     }
 }
 
@@ -386,13 +177,7 @@ pub async fn run<S: Sink>(
                 if summary.sessions > sessions_before {
                     attempt = 0; // it streamed: start the backoff over
                 }
-                let standby = matches!(
-                    e,
-                    RelayError::Unusable {
-                        transient: true,
-                        ..
-                    }
-                ) || e.to_string().contains("is active for PID");
+                let standby = e.is_slot_busy();
                 let delay = if standby {
                     // Another relay holds the slot: poll it often, to take over
                     // within seconds when that one dies.

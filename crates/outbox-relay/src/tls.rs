@@ -689,101 +689,139 @@ pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
         })
 }
 
+/// What a TLS failure is, read from rustls's typed error, never its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsFailure {
+    /// The server's certificate does not chain to a trusted CA.
+    UnknownIssuer,
+    /// The server's certificate is not valid for the host name.
+    WrongName,
+    /// The server's certificate is expired or not yet valid.
+    OutsideValidity,
+    /// Another problem with the server's certificate.
+    BadServerCertificate,
+    /// The server asked for a client certificate and none was sent.
+    ClientCertificateRequired,
+    /// The server refused the client certificate (its alert).
+    ClientCertificateRefused,
+    /// The server declined TLS (answered 'N' to the request).
+    NotOffered,
+    /// The connection broke or the peer spoke something else: a retry may work.
+    Broken,
+}
+
+impl TlsFailure {
+    /// What `error` (or an error behind it, an I/O error's inner one
+    /// included) says in rustls's types.
+    pub fn of(error: &(dyn std::error::Error + 'static)) -> TlsFailure {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+                return Self::from_rustls(tls);
+            }
+            if let Some(inner) = e
+                .downcast_ref::<io::Error>()
+                .and_then(io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            {
+                return Self::from_rustls(inner);
+            }
+            next = e.source();
+        }
+        TlsFailure::Broken
+    }
+
+    fn from_rustls(error: &rustls::Error) -> TlsFailure {
+        use rustls::AlertDescription as A;
+        match error {
+            rustls::Error::InvalidCertificate(cert) => match cert {
+                CertificateError::UnknownIssuer | CertificateError::BadSignature => {
+                    TlsFailure::UnknownIssuer
+                }
+                CertificateError::NotValidForName
+                | CertificateError::NotValidForNameContext { .. } => TlsFailure::WrongName,
+                CertificateError::Expired
+                | CertificateError::ExpiredContext { .. }
+                | CertificateError::NotValidYet
+                | CertificateError::NotValidYetContext { .. } => TlsFailure::OutsideValidity,
+                _ => TlsFailure::BadServerCertificate,
+            },
+            rustls::Error::AlertReceived(A::CertificateRequired) => {
+                TlsFailure::ClientCertificateRequired
+            }
+            rustls::Error::AlertReceived(
+                A::UnknownCA
+                | A::BadCertificate
+                | A::CertificateUnknown
+                | A::CertificateExpired
+                | A::CertificateRevoked
+                | A::UnsupportedCertificate
+                | A::AccessDenied,
+            ) => TlsFailure::ClientCertificateRefused,
+            _ => TlsFailure::Broken,
+        }
+    }
+
+    /// Whether a person must change something (a retry will not help).
+    pub fn needs_a_person(self) -> bool {
+        self != TlsFailure::Broken
+    }
+}
+
 /// Why a TLS connection failed, in words that say what to do.
 ///
-/// `detail` is the TLS library's error text (rustls names the certificate
-/// error, e.g. `UnknownIssuer`); the same words come out for both connections.
-pub fn explain(detail: &str, settings: &TlsSettings, host: &str) -> String {
+/// `failure` says what it is; `detail` is the TLS library's own text, shown
+/// in parentheses. The same words come out for both connections.
+pub fn explain(failure: TlsFailure, detail: &str, settings: &TlsSettings, host: &str) -> String {
     let roots = settings
         .roots
         .as_ref()
         .map_or_else(|| "the trusted roots".to_owned(), Roots::describe);
-    let what = if detail.contains("UnknownIssuer") || detail.contains("BadSignature") {
-        format!(
+    let what = match failure {
+        TlsFailure::UnknownIssuer => format!(
             "the server's certificate is not signed by a CA in {roots}; \
              point postgres.ssl_root_cert at the CA that signed the server's certificate"
-        )
-    } else if detail.contains("NotValidForName") || detail.contains("not valid for name") {
-        let or = if settings.roots == Some(Roots::System) {
-            // verify-ca is refused with public roots: do not suggest it.
-            ""
-        } else {
-            ", or use sslmode verify-ca"
-        };
-        format!(
-            "the server's certificate is not valid for the host name {host:?} (sslmode verify-full); \
-             connect by a name the certificate holds{or}"
-        )
-    } else if ["Expired", "NotValidYet", "expired", "not valid yet"]
-        .iter()
-        .any(|s| detail.contains(s))
-    {
-        "the server's certificate is outside its validity period (or this machine's clock is wrong)"
-            .to_owned()
-    } else if settings.negotiation == SslNegotiation::Direct
-        && [
-            "eof",
-            "reset",
-            "closed",
-            "InvalidContentType",
-            "InvalidMessage",
-        ]
-        .iter()
-        .any(|s| detail.contains(s))
-    {
-        "the server ended the connection at the first TLS message: with sslnegotiation direct \
-         that is what PostgreSQL 16 and older do; use postgres.ssl_negotiation = \"postgres\" for them"
-            .to_owned()
-    } else if detail.contains("does not support TLS") || detail.contains("server does not support")
-    {
-        format!(
+        ),
+        TlsFailure::WrongName => {
+            let or = if settings.roots == Some(Roots::System) {
+                // verify-ca is refused with public roots: do not suggest it.
+                ""
+            } else {
+                ", or use sslmode verify-ca"
+            };
+            format!(
+                "the server's certificate is not valid for the host name {host:?} (sslmode verify-full); \
+                 connect by a name the certificate holds{or}"
+            )
+        }
+        TlsFailure::OutsideValidity => {
+            "the server's certificate is outside its validity period (or this machine's clock is wrong)"
+                .to_owned()
+        }
+        TlsFailure::BadServerCertificate => {
+            "the server's certificate cannot be used".to_owned()
+        }
+        TlsFailure::Broken if settings.negotiation == SslNegotiation::Direct => {
+            "the server ended the connection at the first TLS message: with sslnegotiation direct \
+             that is what PostgreSQL 16 and older do; use postgres.ssl_negotiation = \"postgres\" for them"
+                .to_owned()
+        }
+        TlsFailure::NotOffered => format!(
             "the server does not accept TLS (is ssl = on?); sslmode {} needs it",
             settings.mode
-        )
-    } else if detail.contains("CertificateRequired") || detail.contains("certificate required") {
-        "the server wants a client certificate: set postgres.ssl_cert and postgres.ssl_key"
-            .to_owned()
-    } else if [
-        "UnknownCA",
-        "BadCertificate",
-        "CertificateUnknown",
-        "AccessDenied",
-    ]
-    .iter()
-    .any(|s| detail.contains(s))
-    {
-        "the server did not accept the client certificate (postgres.ssl_cert): \
-         is it signed by a CA in the server's ssl_ca_file?"
-            .to_owned()
-    } else {
-        "the TLS handshake failed".to_owned()
+        ),
+        TlsFailure::ClientCertificateRequired => {
+            "the server wants a client certificate: set postgres.ssl_cert and postgres.ssl_key"
+                .to_owned()
+        }
+        TlsFailure::ClientCertificateRefused => {
+            "the server did not accept the client certificate (postgres.ssl_cert): \
+             is it signed by a CA in the server's ssl_ca_file?"
+                .to_owned()
+        }
+        TlsFailure::Broken => "the TLS handshake failed".to_owned(),
     };
     format!("TLS (sslmode {}): {what} ({detail})", settings.mode)
-}
-
-/// Whether a TLS failure needs a person (a certificate problem), rather than
-/// a retry (the connection broke during the handshake).
-pub fn is_certificate_problem(detail: &str) -> bool {
-    [
-        "invalid peer certificate",
-        "does not support TLS",
-        "server does not support",
-        "CertificateRequired",
-        "certificate required",
-        "UnknownCA",
-        "BadCertificate",
-        "TLS config error",
-        // With TLS 1.3 the server judges the client certificate after the
-        // handshake: its alert arrives with the first read.
-        "fatal alert: UnknownCA",
-        "fatal alert: BadCertificate",
-        "fatal alert: CertificateRequired",
-        "fatal alert: CertificateUnknown",
-        "fatal alert: CertificateExpired",
-        "fatal alert: AccessDenied",
-    ]
-    .iter()
-    .any(|s| detail.contains(s))
 }
 
 /// Checks the chain only (`verify-ca`) or nothing (`prefer`, `require`).
@@ -898,10 +936,10 @@ where
                 .connect(self.name, stream)
                 .await
                 .map_err(|e| {
-                    let detail = e.to_string();
+                    let failure = TlsFailure::of(&e);
                     TlsError {
-                        fatal: is_certificate_problem(&detail),
-                        message: explain(&detail, &self.settings, &self.host),
+                        fatal: failure.needs_a_person(),
+                        message: explain(failure, &e.to_string(), &self.settings, &self.host),
                     }
                 })?;
             // As libpq 17: with direct TLS the server must have agreed to
@@ -935,41 +973,60 @@ pub async fn negotiate(
     host: &str,
     required: bool,
 ) -> Result<Result<RustlsStream<tokio::net::TcpStream>, tokio::net::TcpStream>, TlsError> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let broken = |e: io::Error| TlsError {
-        message: format!("TLS negotiation with {host}: {e}"),
-        fatal: false,
-    };
-    let mut answer = [b'S'];
-    if connector.settings.negotiation == SslNegotiation::Postgres {
-        // SSLRequest: length 8, code 80877103.
-        tcp.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
-            .await
-            .map_err(broken)?;
-        tcp.read_exact(&mut answer).await.map_err(broken)?;
-    }
-    match answer[0] {
-        b'S' => {}
-        b'N' if !required => return Ok(Err(tcp)),
-        b'N' => {
-            return Err(TlsError {
-                message: explain("server does not support TLS", &connector.settings, host),
-                fatal: true,
-            })
-        }
-        other => {
-            return Err(TlsError {
-                message: format!(
-                    "TLS negotiation with {host}: the server answered {:?} to the TLS request",
-                    other as char
-                ),
-                fatal: false,
-            })
-        }
+    if !ask_for_tls(connector, &mut tcp, host, required).await? {
+        return Ok(Err(tcp));
     }
     let tls =
         MakeTlsConnect::<tokio::net::TcpStream>::make_tls_connect(&mut connector.clone(), host)?;
     TlsConnect::connect(tls, tcp).await.map(Ok)
+}
+
+/// The first step of [`negotiate`], for both connections: ask for TLS
+/// (SSLRequest; nothing with `sslnegotiation = direct`). Whether the TLS
+/// handshake comes next (`false`: the server declined and TLS is not
+/// `required`). A server that declines a required TLS is a [`TlsError`]
+/// ([`TlsFailure::NotOffered`]) in the same words on both connections.
+pub async fn ask_for_tls<S: AsyncRead + AsyncWrite + Unpin>(
+    connector: &MakeRustls,
+    stream: &mut S,
+    host: &str,
+    required: bool,
+) -> Result<bool, TlsError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if connector.settings.negotiation == SslNegotiation::Direct {
+        return Ok(true);
+    }
+    let broken = |e: io::Error| TlsError {
+        message: format!("TLS negotiation with {host}: {e}"),
+        fatal: false,
+    };
+    // SSLRequest: length 8, code 80877103.
+    stream
+        .write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f])
+        .await
+        .map_err(broken)?;
+    let mut answer = [0u8];
+    stream.read_exact(&mut answer).await.map_err(broken)?;
+    match answer[0] {
+        b'S' => Ok(true),
+        b'N' if !required => Ok(false),
+        b'N' => Err(TlsError {
+            message: explain(
+                TlsFailure::NotOffered,
+                "the server answered N to the TLS request",
+                &connector.settings,
+                host,
+            ),
+            fatal: true,
+        }),
+        other => Err(TlsError {
+            message: format!(
+                "TLS negotiation with {host}: the server answered {:?} to the TLS request",
+                other as char
+            ),
+            fatal: false,
+        }),
+    }
 }
 
 /// A TLS failure of either connection.
@@ -1521,24 +1578,88 @@ mod tests {
             roots: Some(Roots::File("/etc/ca.pem".into())),
             ..TlsSettings::default()
         };
-        let text = explain("invalid peer certificate: UnknownIssuer", &settings, "db");
+        let text = explain(TlsFailure::UnknownIssuer, "UnknownIssuer", &settings, "db");
         assert!(text.contains("not signed by a CA in /etc/ca.pem"), "{text}");
-        assert!(is_certificate_problem(
-            "invalid peer certificate: UnknownIssuer"
-        ));
-        let text = explain("invalid peer certificate: NotValidForName", &settings, "db");
+        let text = explain(TlsFailure::WrongName, "NotValidForName", &settings, "db");
         assert!(text.contains("verify-ca"), "{text}");
         let system = TlsSettings {
             roots: Some(Roots::System),
             ..settings.clone()
         };
-        let text = explain("invalid peer certificate: NotValidForName", &system, "db");
+        let text = explain(TlsFailure::WrongName, "NotValidForName", &system, "db");
         assert!(!text.contains("verify-ca"), "{text}");
-        let text = explain("invalid peer certificate: UnknownIssuer", &system, "db");
+        let text = explain(TlsFailure::UnknownIssuer, "UnknownIssuer", &system, "db");
         assert!(
             text.contains("the operating system's trust store"),
             "{text}"
         );
-        assert!(!is_certificate_problem("connection reset by peer"));
+    }
+
+    /// Every class of TLS failure from rustls's types, as the handshake and
+    /// the first read after it (TLS 1.3's late alerts) hand them over.
+    #[test]
+    fn tls_failures_are_read_from_rustls_types_not_text() {
+        use rustls::AlertDescription as A;
+        let cert = |e| rustls::Error::InvalidCertificate(e);
+        for (error, failure) in [
+            (
+                cert(CertificateError::UnknownIssuer),
+                TlsFailure::UnknownIssuer,
+            ),
+            (
+                cert(CertificateError::BadSignature),
+                TlsFailure::UnknownIssuer,
+            ),
+            (
+                cert(CertificateError::NotValidForName),
+                TlsFailure::WrongName,
+            ),
+            (cert(CertificateError::Expired), TlsFailure::OutsideValidity),
+            (
+                cert(CertificateError::NotValidYet),
+                TlsFailure::OutsideValidity,
+            ),
+            (
+                cert(CertificateError::Revoked),
+                TlsFailure::BadServerCertificate,
+            ),
+            (
+                rustls::Error::AlertReceived(A::CertificateRequired),
+                TlsFailure::ClientCertificateRequired,
+            ),
+            (
+                rustls::Error::AlertReceived(A::UnknownCA),
+                TlsFailure::ClientCertificateRefused,
+            ),
+            (
+                rustls::Error::AlertReceived(A::BadCertificate),
+                TlsFailure::ClientCertificateRefused,
+            ),
+            (
+                rustls::Error::AlertReceived(A::HandshakeFailure),
+                TlsFailure::Broken,
+            ),
+            (rustls::Error::DecryptError, TlsFailure::Broken),
+        ] {
+            let wrapped = io::Error::new(io::ErrorKind::InvalidData, error.clone());
+            assert_eq!(TlsFailure::of(&error), failure, "{error:?}");
+            assert_eq!(
+                TlsFailure::of(&wrapped),
+                failure,
+                "{error:?} in an io::Error"
+            );
+            assert_eq!(
+                failure.needs_a_person(),
+                failure != TlsFailure::Broken,
+                "{failure:?}"
+            );
+        }
+        // A message that merely mentions a certificate is not one.
+        let text = io::Error::other("peer sent UnknownCA in a log line");
+        assert_eq!(TlsFailure::of(&text), TlsFailure::Broken);
+        assert_eq!(
+            TlsFailure::of(&io::Error::from(io::ErrorKind::ConnectionReset)),
+            TlsFailure::Broken
+        );
     }
 }
