@@ -151,6 +151,14 @@ pub enum RelayError {
     /// The server ended the stream.
     #[error("the server ended the replication stream")]
     StreamEnded,
+    /// The session's SQL connection closed (a fast shutdown terminates it
+    /// first, or it broke); marking and recording need it, so the
+    /// replication session ends with it.
+    #[error(
+        "the relay's SQL session closed (the server is shutting down, or the connection broke); \
+         the replication session ends with it"
+    )]
+    SqlSessionClosed,
     /// The publisher task stopped.
     #[error("the publisher stopped unexpectedly")]
     PublisherStopped,
@@ -184,7 +192,9 @@ impl RelayError {
             }
             RelayError::Tls { fatal: true, .. } => Fatal,
             RelayError::Tls { fatal: false, .. } => Transient,
-            RelayError::StreamEnded | RelayError::PublisherStopped => Transient,
+            RelayError::StreamEnded
+            | RelayError::SqlSessionClosed
+            | RelayError::PublisherStopped => Transient,
             RelayError::Connect(SqlError::Tls(tls)) if tls.fatal => Fatal,
             RelayError::Connect(SqlError::Postgres(source)) => sql_class(source),
             RelayError::Connect(_) => Transient,
@@ -397,6 +407,7 @@ mod tests {
                 Fatal,
             ),
             (RelayError::StreamEnded, Transient),
+            (RelayError::SqlSessionClosed, Transient),
             (RelayError::PublisherStopped, Transient),
             (RelayError::Listen("127.0.0.1:9187 in use".into()), Fatal),
             (RelayError::UnknownRelation(16384), Fatal),

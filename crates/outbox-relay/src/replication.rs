@@ -502,7 +502,7 @@ async fn session<S: Sink>(
         }
         if sql_client.is_closed() {
             // Recording and marking need it: start over on a fresh connection.
-            return Err(RelayError::StreamEnded);
+            return Err(RelayError::SqlSessionClosed);
         }
         metrics.in_flight.set(stream.tracker.unfinished() as i64);
         metrics.status_updates_total(wal.status_updates());
