@@ -235,7 +235,11 @@ async fn setup_cmd(config: &Config, apply: bool, role: &str, partitioned: bool) 
         }
         return ExitCode::SUCCESS;
     }
-    let client = match connect(config).await {
+    // An index built on a large existing table may run for minutes without
+    // a word: no silence bound for this one-off session.
+    let mut unbounded = config.clone();
+    unbounded.postgres.receive_timeout = std::time::Duration::ZERO;
+    let client = match connect(&unbounded).await {
         Ok(c) => c,
         Err(code) => return code,
     };
