@@ -167,6 +167,17 @@ impl RelayProcess {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    /// SIGTERM, then assert a graceful exit (status 0) within 30 s.
+    pub async fn stop_gracefully(&mut self) {
+        self.sigterm();
+        let status = self.wait_exit_async(Duration::from_secs(30)).await;
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "a graceful exit after SIGTERM, not {status:?}; stderr:\n{}",
+            self.stderr_text()
+        );
+    }
 }
 
 impl Drop for RelayProcess {

@@ -803,24 +803,30 @@ mod tests {
         }
     }
 
-    /// A server that starts SCRAM and then says the login succeeded, never
-    /// proving it knows the password, is refused.
-    #[tokio::test]
-    async fn a_server_skipping_the_end_of_scram_is_refused() {
-        let (ours, mut server) = UnixStream::pair().unwrap();
-        let startup = Startup {
+    /// The relay's login as `relay` with password `secret`.
+    fn login(channel_binding: ChannelBindingMode) -> Startup<'static> {
+        Startup {
             user: "relay",
             password: Some("secret"),
             database: "app",
             application_name: "outbox-relay",
             options: "",
-            channel_binding: ChannelBindingMode::Prefer,
-        };
-        let start = Start {
-            slot: "s",
-            publication: "p",
-            lsn: 0,
-        };
+            channel_binding,
+        }
+    }
+
+    const START: Start<'static> = Start {
+        slot: "s",
+        publication: "p",
+        lsn: 0,
+    };
+
+    /// A server that starts SCRAM and then says the login succeeded, never
+    /// proving it knows the password, is refused.
+    #[tokio::test]
+    async fn a_server_skipping_the_end_of_scram_is_refused() {
+        let (ours, mut server) = UnixStream::pair().unwrap();
+        let (startup, start) = (login(ChannelBindingMode::Prefer), START);
         let server = tokio::spawn(async move {
             let mut body = 10i32.to_be_bytes().to_vec();
             body.extend_from_slice(b"SCRAM-SHA-256\0\0");
@@ -858,19 +864,7 @@ mod tests {
             (0, &[][..], "without authenticating"),
         ] {
             let (ours, mut server) = UnixStream::pair().unwrap();
-            let startup = Startup {
-                user: "relay",
-                password: Some("secret"),
-                database: "app",
-                application_name: "outbox-relay",
-                options: "",
-                channel_binding: ChannelBindingMode::Require,
-            };
-            let start = Start {
-                slot: "s",
-                publication: "p",
-                lsn: 0,
-            };
+            let (startup, start) = (login(ChannelBindingMode::Require), START);
             let server = tokio::spawn(async move {
                 let mut body = code.to_be_bytes().to_vec();
                 body.extend_from_slice(salt);

@@ -96,11 +96,7 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_lose_nothing() {
         },
     )
     .await;
-    relay.sigterm();
-    assert!(relay
-        .wait_exit_async(Duration::from_secs(30))
-        .await
-        .is_some_and(|s| s.success()));
+    relay.stop_gracefully().await;
     let log = relay.stderr_text();
     assert!(
         log.matches("streaming").count() >= 3,

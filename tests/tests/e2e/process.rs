@@ -66,11 +66,7 @@ async fn a_kill_9_then_restart_loses_nothing_and_repeats_only_unconfirmed_commit
         },
     )
     .await;
-    second.sigterm();
-    assert!(second
-        .wait_exit_async(Duration::from_secs(30))
-        .await
-        .is_some_and(|s| s.success()));
+    second.stop_gracefully().await;
     let after = envelope_ids(&second.stdout_lines());
 
     let commits = outbox.commits().await;
@@ -147,11 +143,7 @@ async fn a_sigterm_while_starting_ends_the_relay_cleanly_not_by_the_signal() {
         envelope_ids(&relay.stdout_lines()) == ids
     })
     .await;
-    relay.sigterm();
-    assert!(relay
-        .wait_exit_async(Duration::from_secs(30))
-        .await
-        .is_some_and(|s| s.success()));
+    relay.stop_gracefully().await;
 }
 
 /// Wait until process `pid` catches SIGTERM (`SigCgt` in /proc); how long

@@ -91,6 +91,19 @@ async fn replication_login(config: &Config) -> Result<WalStream, WireError> {
     .await
 }
 
+/// Store the relay role's password as an MD5 hash (or the server answers an
+/// md5 line of pg_hba.conf with SCRAM).
+async fn store_password_as_md5(outbox: &Outbox) {
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "SET password_encryption = 'md5'; ALTER ROLE {} PASSWORD '{ROLE_PASSWORD}'",
+            outbox.role
+        ))
+        .await
+        .unwrap();
+}
+
 fn toml_path(path: &Path) -> String {
     format!("{:?}", path.display().to_string())
 }
@@ -182,14 +195,7 @@ async fn md5_and_cleartext_passwords_log_both_connections_in() {
     for method in ["md5", "password"] {
         let (outbox, _pki) = tls_outbox(method).await;
         // Stored as MD5, or the server answers an md5 line with SCRAM.
-        outbox
-            .sql
-            .batch_execute(&format!(
-                "SET password_encryption = 'md5'; ALTER ROLE {} PASSWORD '{ROLE_PASSWORD}'",
-                outbox.role
-            ))
-            .await
-            .unwrap();
+        store_password_as_md5(&outbox).await;
         let mut delivered = 0;
         for (mode, encrypted) in [("disable", false), ("prefer", true)] {
             let tls = format!("ssl_mode = \"{mode}\"");
@@ -431,14 +437,7 @@ async fn channel_binding_ties_both_connections_to_the_servers_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_binding_require_refuses_md5_password_and_trust_in_libpqs_words() {
     let (outbox, pki) = tls_outbox("md5").await;
-    outbox
-        .sql
-        .batch_execute(&format!(
-            "SET password_encryption = 'md5'; ALTER ROLE {} PASSWORD '{ROLE_PASSWORD}'",
-            outbox.role
-        ))
-        .await
-        .unwrap();
+    store_password_as_md5(&outbox).await;
     let require = config(
         &outbox,
         "localhost",
