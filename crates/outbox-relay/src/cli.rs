@@ -206,11 +206,16 @@ async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> Ex
     }
 }
 
+/// A session for a command: one-off, so without the silence bound (an
+/// index built by `setup --apply`, a count over a large table may run for
+/// minutes without a word).
 async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
-    let conn = ConnInfo::new(&config.postgres).map_err(|e| {
-        eprintln!("error: {e}");
-        ExitCode::from(EXIT_CONFIG)
-    })?;
+    let conn = ConnInfo::new(&config.postgres)
+        .map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        })?
+        .without_silence_bound();
     conn.connect().await.map_err(|e| {
         eprintln!(
             "error: cannot connect to {}: {}",
@@ -235,11 +240,7 @@ async fn setup_cmd(config: &Config, apply: bool, role: &str, partitioned: bool) 
         }
         return ExitCode::SUCCESS;
     }
-    // An index built on a large existing table may run for minutes without
-    // a word: no silence bound for this one-off session.
-    let mut unbounded = config.clone();
-    unbounded.postgres.receive_timeout = std::time::Duration::ZERO;
-    let client = match connect(&unbounded).await {
+    let client = match connect(config).await {
         Ok(c) => c,
         Err(code) => return code,
     };

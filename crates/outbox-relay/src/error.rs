@@ -14,10 +14,7 @@
 //! [`RelayError::class`] decides by type, never by message text: a server's
 //! error by its SQLSTATE ([`sqlstate_class`], PostgreSQL's Appendix A), a TLS
 //! failure by rustls's error type ([`crate::tls::TlsFailure`]), everything else
-//! by its variant. The one exception is tokio-postgres's refusal under
-//! `channel_binding = require`, which that library reports only as text
-//! ([`crate::tls::is_channel_binding_refusal`], pinned by an end-to-end test).
-//! `error::tests` pins every class.
+//! by its variant. `error::tests` pins every class.
 
 use crate::ack::FramingError;
 use crate::event::MappingError;
@@ -43,19 +40,21 @@ fn with_advice(error: &WireError) -> String {
 
 /// The class of a server error by its SQLSTATE (PostgreSQL's Appendix A).
 ///
-/// Transient: connection exceptions (08, but a protocol violation would come
-/// back), transaction rollbacks (40: serialization, deadlock), insufficient
-/// resources (53: too many connections, out of memory or disk), operator
-/// intervention (57: shutdown, crash, cancel, not yet accepting connections,
-/// but a dropped database stays dropped), system errors (58), an object in
-/// use (55006: the slot is busy) and a read-only transaction (25006: a standby,
+/// Transient: connection exceptions (08; a pooler such as PgBouncer reports
+/// its own passing states, "server login has been failing, try again later",
+/// as 08P01), transaction rollbacks (40: serialization, deadlock),
+/// insufficient resources (53: too many connections, out of memory or disk),
+/// operator intervention (57: shutdown, crash, cancel, not yet accepting
+/// connections, but a dropped database stays dropped), system errors (58), an
+/// object in use (55006: the slot is busy), a lock not available (55P03: the
+/// relay's `lock_timeout`) and a read-only transaction (25006: a standby,
 /// perhaps about to be promoted). Everything else is about the request or the
 /// data (authentication 28, the catalog 3D and 42, data 22, invalidated
 /// slots 55000, internal errors XX) and needs a person.
 pub fn sqlstate_class(code: &str) -> ErrorClass {
     match code {
-        "08P01" | "57P04" => ErrorClass::Fatal,
-        "55006" | "25006" => ErrorClass::Transient,
+        "57P04" => ErrorClass::Fatal,
+        "55006" | "55P03" | "25006" => ErrorClass::Transient,
         _ if ["08", "40", "53", "57", "58"]
             .iter()
             .any(|class| code.starts_with(class)) =>
@@ -234,10 +233,33 @@ fn sql_class(source: &tokio_postgres::Error) -> ErrorClass {
             ErrorClass::Transient
         };
     }
-    if crate::tls::is_channel_binding_refusal(source) {
-        return ErrorClass::Fatal;
+    match TlsFailure::of(source) {
+        TlsFailure::Broken => {}
+        failure => return tls_class(failure),
     }
-    tls_class(TlsFailure::of(source))
+    // The connection broke (closed, or an I/O error behind it: refused,
+    // reset, timed out): transient. Without either, tokio-postgres refused
+    // on the relay's side (no password for the method asked, an
+    // authentication method or SASL mechanism it does not speak, a SCRAM
+    // server proof that does not match, channel binding required and not
+    // offered): a person must change something, as on the replication
+    // connection (WireError::Auth).
+    if source.is_closed() || has_io_cause(source) {
+        ErrorClass::Transient
+    } else {
+        ErrorClass::Fatal
+    }
+}
+
+fn has_io_cause(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if e.is::<std::io::Error>() {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl From<crate::postgres::SqlError> for RelayError {
@@ -285,7 +307,12 @@ mod tests {
     fn server_errors_are_classed_by_sqlstate() {
         for (code, class, what) in [
             ("08006", Transient, "connection failure"),
-            ("08P01", Fatal, "protocol violation: would come back"),
+            (
+                "08P01",
+                Transient,
+                "protocol violation: PgBouncer's passing states",
+            ),
+            ("55P03", Transient, "lock not available (lock_timeout)"),
             ("40001", Transient, "serialization failure"),
             ("40P01", Transient, "deadlock"),
             ("53300", Transient, "too many connections"),

@@ -32,8 +32,10 @@ use crate::table::Table;
 const BATCH: usize = 1000;
 /// How long marks gather before they are written.
 const GATHER: Duration = Duration::from_millis(20);
-/// How long a statement is retried on a lost connection before its marks are given up.
-const RECONNECT_FOR: Duration = Duration::from_secs(60);
+/// How long a statement is retried on a lost connection before its marks are
+/// given up: longer than the default `postgres.receive_timeout`, so a
+/// connection taken for dead is opened again and the statement retried.
+const RECONNECT_FOR: Duration = Duration::from_secs(150);
 
 /// What to record about a row.
 #[derive(Debug, Clone)]

@@ -191,6 +191,18 @@ impl ConnInfo {
     /// requests ([`crate::silence`]): a session on a connection that went
     /// silent ends instead of waiting forever.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, SqlError> {
+        let mut sql = self.sql.clone();
+        if !self.receive_timeout.is_zero() {
+            // A lock wait is silence too: end it with an error (55P03, retried)
+            // well before the silence bound takes the connection for dead.
+            let lock_timeout =
+                format!("-c lock_timeout={}", (self.receive_timeout / 2).as_millis());
+            let options = match sql.get_options() {
+                Some(theirs) => format!("{theirs} {lock_timeout}"),
+                None => lock_timeout,
+            };
+            sql.options(&options);
+        }
         let socket_error = |source| SqlError::Socket {
             endpoint: self.display(),
             source,
@@ -204,7 +216,7 @@ impl ConnInfo {
                     .map_err(socket_error)?;
                 let socket = Watched::new(socket, self.receive_timeout);
                 Ok(background(
-                    self.sql.connect_raw(socket, tokio_postgres::NoTls).await?,
+                    sql.connect_raw(socket, tokio_postgres::NoTls).await?,
                 ))
             }
             Endpoint::Tcp(host) => {
@@ -220,7 +232,7 @@ impl ConnInfo {
                 let mut socket = Watched::new(socket, self.receive_timeout);
                 let Some(connector) = &self.connector else {
                     return Ok(background(
-                        self.sql.connect_raw(socket, tokio_postgres::NoTls).await?,
+                        sql.connect_raw(socket, tokio_postgres::NoTls).await?,
                     ));
                 };
                 // The TLS request is the relay's own, as on the replication
@@ -228,7 +240,6 @@ impl ConnInfo {
                 // a typed error in the same words on both. What follows is
                 // tokio-postgres's handshake, told that the server agreed.
                 let required = self.tls.mode != crate::tls::SslMode::Prefer;
-                let mut sql = self.sql.clone();
                 if crate::tls::ask_for_tls(connector, &mut socket, host, required)
                     .await
                     .map_err(SqlError::Tls)?
@@ -248,6 +259,17 @@ impl ConnInfo {
                     ))
                 }
             }
+        }
+    }
+
+    /// The same settings without the silence bound on SQL requests, for
+    /// one-off sessions whose statements may legitimately run long without
+    /// a word: creating a slot (it waits for every running transaction),
+    /// building an index, the commands' counts over a large table.
+    pub fn without_silence_bound(&self) -> ConnInfo {
+        ConnInfo {
+            receive_timeout: Duration::ZERO,
+            ..self.clone()
         }
     }
 

@@ -140,6 +140,12 @@ pub enum Problem {
         /// The dead-letter table looked for, quoted.
         dead_letter: String,
     },
+    /// The table has the relay-managed columns but there is no dead-letter
+    /// table: a rejected event whose row is gone would stop the relay.
+    NoDeadLetterTable {
+        /// The dead-letter table looked for, quoted.
+        dead_letter: String,
+    },
     /// `postgres.publication` does not exist.
     PublicationMissing,
     /// The table is partitioned and the publication sends its partitions
@@ -183,7 +189,9 @@ impl Problem {
         match self {
             Problem::SlotMissing | Problem::Invalidated { .. } => Effect::StopsUnlessRecreated,
             Problem::Busy { .. } => Effect::StandsBy,
-            Problem::OptionalColumnMissing { .. } => Effect::Warns,
+            Problem::OptionalColumnMissing { .. } | Problem::NoDeadLetterTable { .. } => {
+                Effect::Warns
+            }
             Problem::ColumnList { required, .. } => {
                 if *required {
                     Effect::Stops
@@ -223,7 +231,8 @@ impl Problem {
             | Problem::Mapping(_)
             | Problem::OptionalColumnMissing { .. }
             | Problem::ManagedColumnsMissing
-            | Problem::NowhereToRecord { .. } => Area::Table,
+            | Problem::NowhereToRecord { .. }
+            | Problem::NoDeadLetterTable { .. } => Area::Table,
             Problem::PublicationMissing
             | Problem::NotViaRoot
             | Problem::TableNotPublished
@@ -283,6 +292,10 @@ impl Problem {
                 dead_letter: dead_letter.clone(),
             }
             .to_string(),
+            Problem::NoDeadLetterTable { dead_letter } => format!(
+                "there is no {dead_letter} table: a rejected event whose row is gone (deleted in its \
+                 own transaction) could not be recorded, and the relay would stop at it"
+            ),
             Problem::PublicationMissing => format!("publication {publication:?} does not exist"),
             Problem::NotViaRoot => format!(
                 "table {table} is partitioned but publication {publication:?} publishes its partitions \
@@ -341,6 +354,9 @@ impl Problem {
                 "create it with `outbox-relay setup --config FILE --apply`".into()
             }
             Problem::Mapping(_) | Problem::NowhereToRecord { .. } => return None,
+            Problem::NoDeadLetterTable { .. } => {
+                "create it with `outbox-relay setup --config FILE --apply` (sql/005_dead_letter.sql)".into()
+            }
             Problem::OptionalColumnMissing { key, .. } => {
                 format!("set columns.{key} = \"\" if that is intended")
             }
@@ -594,10 +610,14 @@ async fn inspect_slot(
     if row.get::<_, bool>(5) {
         problems.push(Problem::TwoPhase);
     }
-    if let Some(pid) = row.get::<_, Option<i32>>(3) {
+    let busy = row.get::<_, Option<i32>>(3);
+    if let Some(pid) = busy {
         problems.push(Problem::Busy { pid });
     }
-    if view.confirmed_flush.is_none() && !invalidated {
+    // A slot being created (pg_create_logical_replication_slot waits for
+    // running transactions) is active and has no confirmed position yet:
+    // busy, not broken. Whoever creates it will soon stream from it.
+    if view.confirmed_flush.is_none() && !invalidated && busy.is_none() {
         problems.push(Problem::NoConfirmedPosition);
     }
     Ok(Some(view))
@@ -699,23 +719,24 @@ async fn inspect_table(
     if config.lifecycle.on_published == OnPublished::Mark && !table.managed {
         problems.push(Problem::ManagedColumnsMissing);
     }
-    if !table.managed {
-        let table_name = config.table();
-        let dead_letter = dead_letter_table(&table_name.name);
-        let qualified = format!(
-            "{}.{}",
-            quote_ident(&table_name.schema),
-            quote_ident(&dead_letter)
-        );
-        let exists: bool = client
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
-            .await?
-            .get(0);
-        if !exists {
-            problems.push(Problem::NowhereToRecord {
-                dead_letter: quote_literal(&dead_letter),
-            });
-        }
+    let table_name = config.table();
+    let dead_letter = dead_letter_table(&table_name.name);
+    let qualified = format!(
+        "{}.{}",
+        quote_ident(&table_name.schema),
+        quote_ident(&dead_letter)
+    );
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+        .await?
+        .get(0);
+    if !exists {
+        let dead_letter = quote_literal(&dead_letter);
+        problems.push(if table.managed {
+            Problem::NoDeadLetterTable { dead_letter }
+        } else {
+            Problem::NowhereToRecord { dead_letter }
+        });
     }
     Ok(())
 }

@@ -17,8 +17,8 @@
 //! dead-letter table. Without one the relay stops before acknowledging the
 //! event ([`RecordError::RowGone`], fatal): a log line is not a record. After
 //! the table is created, the restarted relay reads the event again and
-//! records it there. The start-up warns when the table has the managed
-//! columns but no dead-letter table.
+//! records it there. `check` and the start-up warn when the table has the
+//! managed columns but no dead-letter table (`readiness`).
 //!
 //! Recording retries database errors a few times with backoff; if it still
 //! fails, the session ends and starts over on a fresh connection. Either way
@@ -62,10 +62,11 @@ pub enum RecordError {
     /// A rejected event's row is gone and there is no dead-letter table to
     /// take it: stop before acknowledging it.
     #[error(
-        "event {id} was rejected ({reason}), its row is no longer in {table} (deleted in its own \
-         transaction?) and there is no {dead_letter} table to record it in. Nothing from it on was \
-         acknowledged. Create the dead-letter table (`outbox-relay setup --config FILE --apply`, or \
-         sql/005_dead_letter.sql) and start the relay again: the event is read again and recorded there"
+        "event {id:?} was rejected ({reason}), no row of {table} has that id (it was deleted, e.g. in \
+         its own transaction, or the id could not be read) and there is no {dead_letter} table to \
+         record it in. Nothing from it on was acknowledged. Create the dead-letter table \
+         (`outbox-relay setup --config FILE --apply`, or sql/005_dead_letter.sql) and start the relay \
+         again: the event is read again and recorded there"
     )]
     RowGone {
         /// The event.
@@ -129,13 +130,6 @@ impl Recorder {
             )
         });
         let mode = if table.managed {
-            if insert.is_none() {
-                tracing::warn!(
-                    table = %name, dead_letter = %dead_letter,
-                    "no dead-letter table: a rejected event whose row was deleted in its own transaction \
-                     would stop the relay (it cannot be recorded); create it with `outbox-relay setup --apply`"
-                );
-            }
             Mode::InTable(table.failure_sql(config.poller.max_attempts), insert)
         } else if let Some(insert) = insert {
             Mode::DeadLetter(insert)

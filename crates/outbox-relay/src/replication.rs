@@ -173,7 +173,12 @@ pub async fn run<S: Sink>(
         .await
         {
             Ok(()) => return Ok(summary),
-            Err(e) if e.class() == ErrorClass::Transient && !stop.is_cancelled() => {
+            // Stopped while a session was failing for a passing reason (a
+            // standby looking at the busy slot): a clean stop all the same.
+            Err(e) if e.class() == ErrorClass::Transient && stop.is_cancelled() => {
+                return Ok(summary)
+            }
+            Err(e) if e.class() == ErrorClass::Transient => {
                 if summary.sessions > sessions_before {
                     attempt = 0; // it streamed: start the backoff over
                 }
@@ -255,7 +260,24 @@ async fn recreate_slot(
             &[&slot],
         )
         .await
-        .map_err(sql("creating the replication slot"))?;
+        .map_err(|source| {
+            // 42710: another relay created it first (duplicate object):
+            // stand by, and look at it again in the next session.
+            if source.code().is_some_and(|c| c.code() == "42710") {
+                RelayError::Unusable {
+                    message: format!(
+                        "replication slot {slot:?} was created by another process meanwhile; looking again"
+                    ),
+                    transient: true,
+                    lost: false,
+                }
+            } else {
+                RelayError::Sql {
+                    context: "creating the replication slot",
+                    source,
+                }
+            }
+        })?;
     let start = postgres::parse_lsn(row.get(0)).unwrap_or(0);
     // now() is the transaction start; the slot exists from here on.
     let before: String = client
@@ -280,6 +302,11 @@ async fn session<S: Sink>(
         .await
         .map_err(sql("inspecting the slot, table and publication"))?;
     let names = ready.names.clone();
+    for problem in &ready.problems {
+        if problem.effect() == readiness::Effect::Warns {
+            tracing::warn!(problem = %problem.describe(&names), "the relay runs, but check this");
+        }
+    }
     let sweepable = ready.sweepable();
     let (table_info, start) = match ready.admit() {
         Admission::Start { table, start } => (table, start),
@@ -287,7 +314,10 @@ async fn session<S: Sink>(
             if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
         {
             tracing::error!(slot = %slot, problem = %problem.describe(&names), "replication slot lost; recreating it (lifecycle.recreate_slot)");
-            let (start, before) = recreate_slot(&sql_client, slot).await?;
+            // Creating a slot waits for every running transaction, perhaps
+            // for minutes: on a session without the silence bound.
+            let creating = conn.without_silence_bound().connect().await?;
+            let (start, before) = recreate_slot(&creating, slot).await?;
             tracing::error!(
                 slot = %slot,
                 start_lsn = %format_lsn(start),
@@ -301,15 +331,32 @@ async fn session<S: Sink>(
             return Err(refusal(problem, &names))
         }
     };
-    let interval = postgres::status_interval(
-        postgres::wal_sender_timeout(&sql_client)
-            .await
-            .map_err(sql("reading wal_sender_timeout"))?,
-    );
+    let sender_timeout = postgres::wal_sender_timeout(&sql_client)
+        .await
+        .map_err(sql("reading wal_sender_timeout"))?;
+    let interval = postgres::status_interval(sender_timeout);
+    let receive_timeout = config.postgres.receive_timeout;
+    if !receive_timeout.is_zero() && receive_timeout < sender_timeout {
+        // While it decodes a large transaction of other tables, a walsender
+        // reads its client only every wal_sender_timeout / 2.
+        tracing::warn!(
+            receive_timeout_s = receive_timeout.as_secs(),
+            wal_sender_timeout_s = sender_timeout.as_secs(),
+            "postgres.receive_timeout is below the server's wal_sender_timeout: a walsender busy decoding \
+             a large transaction may answer too late, and the session would end and start over; keep \
+             receive_timeout at least wal_sender_timeout"
+        );
+    }
     let table = config.table();
     let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
+    // Marking has a connection of its own: a statement of its that waits or
+    // fails ends only its connection, never the session's.
+    let marking_client = match table_info.published_sql(config.lifecycle.on_published) {
+        Some(_) => Arc::new(conn.connect().await?),
+        None => Arc::clone(&sql_client),
+    };
     let marking = marking::spawn(
-        Arc::clone(&sql_client),
+        marking_client,
         conn.clone(),
         &table_info,
         config.lifecycle.on_published,
@@ -382,7 +429,6 @@ async fn session<S: Sink>(
     };
 
     let max_in_flight = config.stream.max_in_flight;
-    let receive_timeout = config.postgres.receive_timeout;
     let mut deadline: Option<tokio::time::Instant> = None;
     let heartbeat = config.stream.heartbeat_interval;
     metrics.health.heartbeat_timeout_ms.store(
@@ -419,10 +465,12 @@ async fn session<S: Sink>(
                 if !read {
                     wal.heard_now();
                 }
-                // A quiet stream is asked for a reply at half the receive
-                // timeout, and taken for dead at all of it (crate::silence).
+                // A quiet stream is asked for a reply after two status
+                // intervals, reported not ready at half the receive timeout,
+                // and taken for dead at all of it (crate::silence).
+                let bounded = !receive_timeout.is_zero();
                 let quiet = wal.quiet();
-                let silent = !receive_timeout.is_zero() && quiet >= receive_timeout / 2;
+                let silent = bounded && quiet >= receive_timeout / 2;
                 metrics.health.stream_silent_ms.store(
                     if silent { quiet.as_millis() as u64 } else { 0 },
                     std::sync::atomic::Ordering::Relaxed,
@@ -430,7 +478,8 @@ async fn session<S: Sink>(
                 if silent && quiet >= receive_timeout {
                     return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
                 }
-                wal.send_status(stream.tracker.confirmed(), silent).await?;
+                let ask = bounded && quiet >= 2 * interval;
+                wal.send_status(stream.tracker.confirmed(), ask).await?;
                 status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             completions = done.recv() => match completions {

@@ -6,20 +6,30 @@
 //! socket stays open and reads simply never return. Three bounds end it:
 //!
 //! * **The replication stream** ([`crate::replication`]): when nothing has
-//!   arrived for `T / 2`, the loop sends a status update that asks for a
-//!   reply (a healthy walsender answers at once with a keepalive); when
-//!   nothing has arrived for `T`, the session ends and a new one starts. An
+//!   arrived for a while, the loop's status updates ask for a reply (a
+//!   healthy walsender answers at once with a keepalive); when nothing has
+//!   arrived for `T / 2`, `/readyz` fails; for `T`, the session ends and a
+//!   new one starts. An
 //!   idle walsender that has been told everything is confirmed sends nothing
-//!   on its own, so the question is what keeps a quiet stream alive.
+//!   on its own, so the question is what keeps a quiet stream alive. (The
+//!   question is asked from two status intervals of quiet on: a walsender
+//!   busy decoding a large transaction of other tables reads its client only
+//!   every `wal_sender_timeout / 2`, and its answer must still come within
+//!   `T`; so `T` should be at least `wal_sender_timeout`, and the relay warns
+//!   when it is not.)
+//! * **Lock waits** are silence too: every SQL session of the relay runs with
+//!   `lock_timeout = T / 2`, so a statement behind a lock ends with an error
+//!   (55P03, retried) before the bound takes its connection for dead.
 //! * **SQL connections** ([`Watched`]): a request written and not answered
 //!   within `T` fails the connection's next read; tokio-postgres then closes
 //!   the connection and every waiting query fails, and the worker (marking,
 //!   recording, poller, monitor, retention) opens a new one as after any
 //!   lost connection.
 //! * **TCP** ([`tune`]): keepalive probes after `T / 4` of idleness, every
-//!   `T / 8`, three of them; and `TCP_USER_TIMEOUT = T`, so data the peer
-//!   does not acknowledge ends the connection even while the relay only
-//!   writes (a paused stream still sends its status updates).
+//!   `T / 8`; and, on Linux, `TCP_USER_TIMEOUT = T`, so data or probes the
+//!   peer does not acknowledge end the connection about `T` after its last
+//!   acknowledgement (Linux then ignores the probe count), even while the
+//!   relay only writes (a paused stream still sends its status updates).
 //!
 //! None of them acknowledges anything: what was in flight is sent again by
 //! the next session, as after any lost connection.
@@ -50,7 +60,9 @@ pub fn tune(socket: &tokio::net::TcpStream, timeout: Duration) -> io::Result<()>
             .with_interval(probe)
             .with_retries(KEEPALIVE_PROBES),
     )?;
-    socket.set_tcp_user_timeout(Some(timeout))
+    #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+    socket.set_tcp_user_timeout(Some(timeout))?;
+    Ok(())
 }
 
 /// A socket on which a request written and not answered within `timeout`

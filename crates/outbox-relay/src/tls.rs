@@ -877,6 +877,9 @@ impl ServerCertVerifier for Lenient {
     }
 }
 
+/// A TLS handshake has succeeded in this process.
+static HANDSHAKE_WORKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// tokio-postgres's TLS connector, on rustls; [`negotiate`] uses it for the replication connection.
 #[derive(Clone)]
 pub struct MakeRustls {
@@ -937,11 +940,19 @@ where
                 .await
                 .map_err(|e| {
                     let failure = TlsFailure::of(&e);
+                    // With direct TLS, a server that hangs up at the first
+                    // message before any handshake of this process has worked
+                    // is PostgreSQL 16 or older: a setting to change, not a
+                    // network blip (after one success, it is a blip).
+                    let too_old = failure == TlsFailure::Broken
+                        && self.settings.negotiation == SslNegotiation::Direct
+                        && !HANDSHAKE_WORKED.load(std::sync::atomic::Ordering::Relaxed);
                     TlsError {
-                        fatal: failure.needs_a_person(),
+                        fatal: failure.needs_a_person() || too_old,
                         message: explain(failure, &e.to_string(), &self.settings, &self.host),
                     }
                 })?;
+            HANDSHAKE_WORKED.store(true, std::sync::atomic::Ordering::Relaxed);
             // As libpq 17: with direct TLS the server must have agreed to
             // speak PostgreSQL over it, or something else answered.
             if self.settings.negotiation == SslNegotiation::Direct
@@ -1099,9 +1110,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
 
 /// The `tls-server-end-point` channel binding data of a DER certificate
 /// (RFC 5929 §4.1): its hash with the hash function of its signature
-/// algorithm, SHA-256 where that is MD5 or SHA-1. `None` for algorithms
-/// without a single hash function (RSA-PSS, Ed25519), for which the server
-/// (OpenSSL's `X509_get_signature_nid`) cannot compute one either.
+/// algorithm, SHA-256 where that is MD5 or SHA-1. `None` for Ed25519 (no
+/// separate hash: the server cannot compute one either) and for RSA-PSS,
+/// whose hash sits in the algorithm's parameters: the server can bind those
+/// (OpenSSL's `X509_get_signature_info`), the relay does not read them yet,
+/// so under `channel_binding = require` it refuses such a server.
 ///
 /// The signature algorithm is read with a walk of three DER headers
 /// (`Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm

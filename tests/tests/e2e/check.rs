@@ -66,6 +66,9 @@ async fn both_accept(what: &str, outbox: &Outbox, config: Config) -> Vec<Finding
     let relay = Running::start(config, Collect::default());
     outbox.wait_slot_active(true).await;
     relay.stop().await;
+    // The walsender leaves a moment after the relay: a later relay must not
+    // take it for its own.
+    outbox.wait_slot_active(false).await;
     findings
 }
 

@@ -121,11 +121,24 @@ async fn a_sigterm_while_starting_ends_the_relay_cleanly_not_by_the_signal() {
         let running = catching_sigterm(relay.pid());
         std::thread::sleep(Duration::from_micros(delay_us));
         relay.sigterm();
-        std::fs::write(&fifo, &text).unwrap();
-        let status = relay
-            .wait_exit_async(Duration::from_secs(30))
-            .await
-            .expect("the relay exits after a SIGTERM");
+        // From a thread: opening a FIFO blocks until the relay opens it,
+        // forever if it died before.
+        let writer = std::thread::spawn({
+            let (fifo, text) = (fifo.clone(), text.clone());
+            move || std::fs::write(fifo, text)
+        });
+        let status = relay.wait_exit_async(Duration::from_secs(30)).await;
+        if !writer.is_finished() {
+            // Unblock the writer: the relay never read its configuration.
+            drop(std::fs::File::open(&fifo));
+        }
+        writer.join().unwrap().ok();
+        let status = status.unwrap_or_else(|| {
+            panic!(
+                "the relay exits after a SIGTERM {delay_us} µs after start; stderr:\n{}",
+                relay.stderr_text()
+            )
+        });
         assert_eq!(
             (status.code(), status.signal()),
             (Some(0), None),

@@ -91,6 +91,28 @@ async fn replication_login(config: &Config) -> Result<WalStream, WireError> {
     .await
 }
 
+/// Reload the server's configuration and wait until new sessions see it
+/// (the postmaster reloads on its own time after `pg_reload_conf()`).
+async fn reload_conf(outbox: &Outbox) {
+    let loaded = "SELECT extract(epoch FROM pg_conf_load_time())::float8";
+    let before: f64 = outbox.sql.query_one(loaded, &[]).await.unwrap().get(0);
+    outbox
+        .sql
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    wait_until(
+        Duration::from_secs(20),
+        "the server reloaded its configuration",
+        || async {
+            let fresh = harness::connect(outbox.db.url()).await;
+            let now: f64 = fresh.query_one(loaded, &[]).await.ok()?.get(0);
+            (now > before).then_some(())
+        },
+    )
+    .await;
+}
+
 /// Store the relay role's password as an MD5 hash (or the server answers an
 /// md5 line of pg_hba.conf with SCRAM).
 async fn store_password_as_md5(outbox: &Outbox) {
@@ -456,12 +478,7 @@ async fn channel_binding_require_refuses_md5_password_and_trust_in_libpqs_words(
             hba(&outbox, method),
         )
         .unwrap();
-        outbox
-            .sql
-            .batch_execute("SELECT pg_reload_conf()")
-            .await
-            .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        reload_conf(&outbox).await;
 
         let error = refused(require.clone()).await;
         let text = error.to_string();
