@@ -253,7 +253,23 @@ async fn recreate_slot(
             &[&slot],
         )
         .await
-        .map_err(sql("dropping the invalidated slot"))?;
+        .map_err(|source| {
+            // 42704: another relay dropped it first: look again next session.
+            if source.code().is_some_and(|c| c.code() == "42704") {
+                RelayError::Unusable {
+                    message: format!(
+                        "replication slot {slot:?} was dropped by another process meanwhile; looking again"
+                    ),
+                    transient: true,
+                    lost: false,
+                }
+            } else {
+                RelayError::Sql {
+                    context: "dropping the invalidated slot",
+                    source,
+                }
+            }
+        })?;
     let row = client
         .query_one(
             "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
