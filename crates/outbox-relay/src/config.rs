@@ -1018,20 +1018,20 @@ impl Config {
                 ),
             );
         }
+        let mut seen = std::collections::BTreeSet::new();
         for name in &sns.attributes {
-            if name.is_empty()
-                || name.len() > 256
-                || SNS_FIXED_ATTRIBUTES.contains(&name.as_str())
-                || name.starts_with("AWS.")
-                || name.starts_with("Amazon.")
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-            {
+            if let Err(why) = sns_attribute_name(name) {
                 bad(
                     "sns.attributes",
-                    format!("{name:?} cannot be a message attribute name (letters, digits, _ - . ; not AWS./Amazon.; not a fixed attribute)"),
+                    format!("{name:?} cannot be a message attribute name: {why}"),
                 );
+            } else if SNS_FIXED_ATTRIBUTES.contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!("{name:?} is set by the relay itself; leave it out"),
+                );
+            } else if !seen.insert(name.as_str()) {
+                bad("sns.attributes", format!("{name:?} is named twice"));
             }
         }
         let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
@@ -1077,6 +1077,41 @@ impl Config {
     pub fn table(&self) -> TableName {
         TableName::parse(&self.postgres.table).expect("validated")
     }
+}
+
+/// Whether SNS (and SQS, which receives the attributes of raw delivery)
+/// accepts `name` as a message attribute name: 1 to 256 characters of ASCII
+/// letters, digits, `_`, `-` and `.`; no `.` first, last or twice in a row; no
+/// `AWS.` or `Amazon.` prefix in any casing (reserved for AWS). SNS refuses a
+/// message whose attribute breaks one of these, so every event carrying such a
+/// header would end FAILED: refused at start-up instead.
+pub fn sns_attribute_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 256 {
+        return Err("it is longer than 256 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("only ASCII letters, digits, _, - and . are allowed");
+    }
+    if name.starts_with('.') || name.ends_with('.') {
+        return Err("it must not start or end with a period");
+    }
+    if name.contains("..") {
+        return Err("it must not have two periods in a row");
+    }
+    let reserved = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if reserved("aws.") || reserved("amazon.") {
+        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
+    }
+    Ok(())
 }
 
 /// Check the URL without echoing it (it may hold a password).
@@ -1520,6 +1555,58 @@ worker_threads = 0
         let c = load(&ok, &[]).unwrap();
         assert_eq!(c.sns.account(), Some("123456789012"));
         assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn attribute_names_sns_refuses_are_refused_at_start_up() {
+        for good in [
+            "traceparent",
+            "a.b",
+            "x-correlation_id",
+            "tenant.v2.id",
+            "awsregion",
+            "AWS",
+            "Amazonian.x",
+            &"n".repeat(256),
+        ] {
+            assert_eq!(sns_attribute_name(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            ".lead",
+            "trail.",
+            ".",
+            "AWS.trace",
+            "aws.trace",
+            "aWs.x",
+            "Amazon.x",
+            "AMAZON.x",
+            "amazon.",
+            "has space",
+            "é",
+            "a/b",
+            "a:b",
+            &"n".repeat(257),
+        ] {
+            assert!(sns_attribute_name(bad).is_err(), "{bad:?} must be refused");
+        }
+        let text = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n\
+             attributes = [\"a..b\", \".lead\", \"trail.\", \"AWS.x\", \"ok\", \"ok\"]\n"
+        );
+        let mut p = problems(load(&text, &[]).unwrap_err());
+        assert_eq!(p.len(), 5, "{p:#?}");
+        p.extend(problems(
+            load(&text.replace(r#""trail.", "AWS.x""#, r#""event_id""#), &[]).unwrap_err(),
+        ));
+        assert!(p.iter().all(|p| p.key == "sns.attributes"), "{p:#?}");
+        for name in ["a..b", ".lead", "trail.", "AWS.x", "ok", "event_id"] {
+            assert!(
+                p.iter().any(|p| p.message.contains(&format!("{name:?}"))),
+                "{name} is named: {p:#?}"
+            );
+        }
     }
 
     #[test]
