@@ -289,6 +289,8 @@ pub enum SinkKind {
 
 /// Default number of SNS PublishBatch calls in flight.
 pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 8;
+/// Default `sns.retry_unknown_errors_for`.
+pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 /// Message attributes always set on SNS messages.
 pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
@@ -325,6 +327,10 @@ pub struct SnsConfig {
     /// Ceiling of one attempt of a publish call.
     #[serde(deserialize_with = "de_duration")]
     pub attempt_timeout: Duration,
+    /// How long an event failing for a reason SNS does not make known as
+    /// passing or permanent is retried before it is recorded as failed.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
 }
 
 impl Default for SnsConfig {
@@ -340,6 +346,7 @@ impl Default for SnsConfig {
             linger: Duration::from_millis(5),
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
+            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
         }
     }
 }

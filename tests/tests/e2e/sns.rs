@@ -343,6 +343,119 @@ async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves
     );
 }
 
+/// Inserts one transaction of ten events of ten aggregates, the fifth
+/// carrying `marker` in its payload; `(id, aggregate)` of the nine others.
+async fn ten_with_one_marked(outbox: &Outbox, marker: &str) -> Vec<(String, String)> {
+    let rows = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'agg-' || n, CASE WHEN n = 5 THEN 'Marked' ELSE 'E' END, \
+                    jsonb_build_object('n', n, 'mark', CASE WHEN n = 5 THEN $1 ELSE 'none' END) \
+             FROM generate_series(1, 10) AS n ORDER BY n RETURNING id::text, aggregate_id, event_type",
+            &[&marker],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .filter(|r| r.get::<_, &str>(2) != "Marked")
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The state, attempts and last error of the `Marked` row.
+async fn marked_row(outbox: &Outbox) -> (String, i32, String) {
+    let row = outbox
+        .sql
+        .query_one(
+            "SELECT publish_state, attempts, coalesce(last_error, '') FROM outbox WHERE event_type = 'Marked'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    proxy.set_refusal("POISON", "InvalidParameter");
+    proxy.set_mode(Mode::FailMarkedEntries);
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
+    )
+    .await;
+    let nine = ten_with_one_marked(&outbox, "POISON").await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = next(&sqs, &topic, nine.len()).await;
+    assert_per_aggregate_order(&nine, &envelopes(&received));
+    assert_eq!(
+        proxy
+            .actions()
+            .iter()
+            .filter(|a| *a == "PublishBatch")
+            .count(),
+        1,
+        "the ten went in one request, and the nine were not sent again"
+    );
+    assert_eq!(proxy.faults_injected(), 1);
+    let (state, attempts, error) = marked_row(&outbox).await;
+    assert_eq!((state.as_str(), attempts), ("FAILED", 1), "{error}");
+    assert!(error.contains("InvalidParameter"), "{error}");
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the refused entry",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (9, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_exception_does_not_hold_the_slot() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    proxy.set_refusal("POISON", "ValidationException");
+    proxy.set_mode(Mode::RefuseMarkedRequests);
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
+    )
+    .await;
+    let mut good = ten_with_one_marked(&outbox, "POISON").await;
+    good.extend(insert(&outbox, 3, 2, 2).await);
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = next(&sqs, &topic, good.len()).await;
+    assert_per_aggregate_order(&good, &envelopes(&received));
+    let (state, attempts, error) = marked_row(&outbox).await;
+    assert_eq!((state.as_str(), attempts), ("FAILED", 1), "{error}");
+    assert!(error.contains("ValidationException"), "{error}");
+    assert!(
+        proxy.faults_injected() >= 2,
+        "the whole request was refused, then the entry alone"
+    );
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the refused event",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(
+        (summary.delivered, summary.rejected),
+        (good.len() as u64, 1)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_table() {
     let moto = sns::moto_endpoint().await;

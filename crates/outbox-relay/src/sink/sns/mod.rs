@@ -15,19 +15,23 @@
 //!
 //! # Failure classes
 //!
+//! By the error's typed parts, never its text ([`errors`], one table):
+//!
 //! | what SNS says | outcome |
 //! |---|---|
-//! | throttling, 5xx, timeouts, connection errors, anything unknown | retryable: backoff, forever, no acknowledgement |
-//! | authorization or credential errors | retryable, logged at error level on every attempt: never dropped |
-//! | an entry's `InvalidParameter`, too large, topic `NotFound` | rejected: recorded as failed, the stream moves on |
+//! | throttling, 5xx, timeouts, connection errors | retryable: backoff, forever, no acknowledgement |
+//! | authorization, credential or KMS errors | retryable, logged at error level on every attempt: never dropped |
+//! | `InvalidParameter`, `ValidationException` and kin, an entry failure with `SenderFault=true`, any other 4xx code, too large | rejected: recorded as failed, the stream moves on |
+//! | topic `NotFound` | rejected, every entry |
+//! | anything else (an entry failure of an unknown code, not the sender's fault) | retried for `sns.retry_unknown_errors_for`, then rejected |
 //!
-//! A request-level permanent error for a batch of several entries does not
-//! condemn them all: the entries are sent again one by one so only the
-//! culprit is rejected. Nothing that may have reached SNS is sent again below
-//! the publisher (it retries with the configured policy); operation and
-//! attempt timeouts are explicit so no call hangs. FIFO ids SNS would refuse
-//! (over 128 characters, not printable ASCII) are replaced by their SHA-256
-//! ([`fifo_id`]).
+//! A request of several entries refused for a reason one entry could cause
+//! (an invalid or unknown one) does not condemn them all: the entries are sent
+//! again one by one so only the culprit is rejected. Nothing that may have
+//! reached SNS is sent again below the publisher (it retries with the
+//! configured policy); operation and attempt timeouts are explicit so no call
+//! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
+//! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 //!
 //! The calls are made by a small client of the relay's own (`client.rs`):
 //! the request body is written once into one buffer (`protocol.rs`), signed
@@ -45,11 +49,13 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 
 use self::client::{CallError, Client};
+use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
 use super::{Message, Outcome, Sink};
 use crate::config::SnsConfig;
 
 mod client;
+pub mod errors;
 mod protocol;
 mod proxy;
 
@@ -65,6 +71,7 @@ pub struct SnsSink {
     in_flight: usize,
     linger: Duration,
     operation_timeout: Duration,
+    unknown: errors::UnknownSince,
 }
 
 /// The SNS client cannot be built from the configuration.
@@ -116,6 +123,7 @@ impl SnsSink {
             in_flight: config.max_in_flight_batches,
             linger: config.linger,
             operation_timeout: config.operation_timeout,
+            unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
         })
     }
 
@@ -170,9 +178,9 @@ impl SnsSink {
         Ok((entry, size))
     }
 
-    /// Send one request of `entries`; fill `outcomes` for them (at the
+    /// Send one request of `entries`; fill `verdicts` for them (at the
     /// entries' indices).
-    async fn send(&self, topic: &str, entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>]) {
+    async fn send(&self, topic: &str, entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>]) {
         // Outside the call's timeout: a credential fetch is bounded by the
         // providers' own timeouts and must not be cut off halfway.
         let identity = match self.client.identity().await {
@@ -180,7 +188,7 @@ impl SnsSink {
             Err(error) => {
                 let reason = error.to_string();
                 tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, Class::Access, &reason);
                 return;
             }
         };
@@ -197,15 +205,21 @@ impl SnsSink {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
-                if matches!(error, CallError::Signing(_)) {
-                    tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
-                }
-                retry_all(entries, outcomes, &reason);
+                let class = match error {
+                    CallError::Signing(_) => {
+                        tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
+                        Class::Access
+                    }
+                    CallError::Credentials(_) => Class::Access,
+                    CallError::Timeout { .. } => Class::TimedOut,
+                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
+                };
+                retry_all(entries, verdicts, class, &reason);
                 return;
             }
         };
         if status.is_success() {
-            self.read_results(topic, &body, entries, outcomes);
+            self.read_results(topic, &body, entries, verdicts);
             return;
         }
         let (code, reason) = match protocol::parse_error(&body) {
@@ -225,62 +239,61 @@ impl SnsSink {
                 ),
             ),
         };
-        let class = match &code {
-            _ if status.is_server_error() => Class::Transient,
-            Some(code) => class_of(code),
-            None => Class::Transient,
-        };
+        let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
         match class {
-            Class::Permanent if code.as_deref() == Some("NotFound") => {
+            Class::NoTopic => {
                 let reason = format!(
                     "topic {topic} does not exist ({reason}): create it or fix the routing"
                 );
                 for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Rejected(reason.clone()));
+                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
                 }
             }
-            Class::Permanent if entries.len() == 1 => {
-                outcomes[entries[0].index] = Some(Outcome::Rejected(reason));
-            }
-            Class::Permanent => {
+            _ if class.narrows() && entries.len() > 1 => {
                 // Find the culprit: each entry alone, in order; after a
-                // transient failure the rest wait, so nothing overtakes it.
-                let mut pending: Option<String> = None;
+                // failure that is retried the rest wait, so nothing overtakes it.
+                let mut pending: Option<(Class, String)> = None;
                 for entry in entries {
-                    if let Some(reason) = &pending {
-                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                    if let Some((class, reason)) = &pending {
+                        verdicts[entry.index] = Some(Verdict::Retry(*class, reason.clone()));
                         continue;
                     }
-                    Box::pin(self.send(topic, std::slice::from_ref(entry), outcomes)).await;
-                    if let Some(Outcome::Retryable(reason)) = &outcomes[entry.index] {
-                        pending = Some(reason.clone());
+                    Box::pin(self.send(topic, std::slice::from_ref(entry), verdicts)).await;
+                    if let Some(Verdict::Retry(class, reason)) = &verdicts[entry.index] {
+                        pending = Some((*class, reason.clone()));
                     }
                 }
             }
-            Class::Auth => {
+            Class::Invalid => {
+                for entry in entries {
+                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            Class::Access => {
                 tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                if code.as_deref().is_some_and(stale_credentials) {
+                if code.as_deref().is_some_and(errors::stale_credentials) {
                     self.client.forget_credentials().await;
                 }
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, class, &reason);
             }
-            Class::Transient => retry_all(entries, outcomes, &reason),
+            _ => retry_all(entries, verdicts, class, &reason),
         }
     }
 
-    /// The outcomes a successful `PublishBatch` answer gives `entries`.
+    /// The verdicts a successful `PublishBatch` answer gives `entries`.
     fn read_results(
         &self,
         topic: &str,
         body: &[u8],
         entries: &[Entry<'_>],
-        outcomes: &mut [Option<Outcome>],
+        verdicts: &mut [Option<Verdict>],
     ) {
         let results = match protocol::parse_publish_batch(body) {
             Ok(results) => results,
             Err(error) => {
+                // Nothing says an entry is at fault: retried as an outage is.
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, Class::Unavailable, &reason);
                 return;
             }
         };
@@ -289,7 +302,7 @@ impl SnsSink {
             match result {
                 EntryResult::Published { id } => {
                     if let Some(i) = ours(id) {
-                        outcomes[i] = Some(Outcome::Delivered);
+                        verdicts[i] = Some(Verdict::Delivered);
                     }
                 }
                 EntryResult::Failed {
@@ -300,25 +313,39 @@ impl SnsSink {
                 } => {
                     let Some(i) = ours(id) else { continue };
                     let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
-                    outcomes[i] = Some(match class_of(&code) {
-                        Class::Permanent if sender_fault => Outcome::Rejected(reason),
-                        Class::Auth => {
+                    let class = errors::classify(None, Some(&code), Some(sender_fault));
+                    verdicts[i] = Some(match class {
+                        Class::NoTopic => Verdict::Rejected(format!(
+                            "topic {topic} does not exist ({reason}): create it or fix the routing"
+                        )),
+                        Class::Invalid => Verdict::Rejected(reason),
+                        Class::Access => {
                             tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                            Outcome::Retryable(reason)
+                            Verdict::Retry(class, reason)
                         }
-                        _ => Outcome::Retryable(reason),
+                        _ => Verdict::Retry(class, reason),
                     });
                 }
             }
         }
         for entry in entries {
-            if outcomes[entry.index].is_none() {
-                outcomes[entry.index] = Some(Outcome::Retryable(
+            if verdicts[entry.index].is_none() {
+                verdicts[entry.index] = Some(Verdict::Retry(
+                    Class::Unknown,
                     "SNS did not answer for the entry".into(),
                 ));
             }
         }
     }
+}
+
+/// What the sink makes of one message before it becomes an [`Outcome`]: the
+/// class of a failure is kept until the batch is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Delivered,
+    Rejected(String),
+    Retry(Class, String),
 }
 
 /// A FIFO `MessageGroupId` / `MessageDeduplicationId`: SNS takes at most 128
@@ -344,61 +371,9 @@ pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Every one of `entries` is to be sent again, for `reason`.
-fn retry_all(entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>], reason: &str) {
+fn retry_all(entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
     for entry in entries {
-        outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
-    }
-}
-
-/// Whether SNS's error `code` says the credentials themselves are expired
-/// or unknown (so the cached ones are dropped and the chain asked again).
-fn stale_credentials(code: &str) -> bool {
-    matches!(
-        code,
-        "ExpiredToken"
-            | "ExpiredTokenException"
-            | "InvalidClientTokenId"
-            | "UnrecognizedClientException"
-            | "InvalidAccessKeyId"
-    )
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Permanent,
-    Auth,
-    Transient,
-}
-
-/// What an SNS error code means for the entries it concerns.
-fn class_of(code: &str) -> Class {
-    match code {
-        "InvalidParameter"
-        | "InvalidParameterValue"
-        | "ParameterValueInvalid"
-        | "ValidationError"
-        | "NotFound"
-        | "BatchRequestTooLong"
-        | "InvalidBatchEntryId"
-        | "BatchEntryIdsNotDistinct"
-        | "EmptyBatchRequest"
-        | "TooManyEntriesInBatchRequest" => Class::Permanent,
-        "AuthorizationError"
-        | "RequestExpired"
-        | "RequestTimeTooSkewed"
-        | "InvalidSignatureException"
-        | "AccessDenied"
-        | "AccessDeniedException"
-        | "InvalidClientTokenId"
-        | "SignatureDoesNotMatch"
-        | "ExpiredToken"
-        | "ExpiredTokenException"
-        | "UnrecognizedClientException"
-        | "MissingAuthenticationToken"
-        | "IncompleteSignature"
-        | "InvalidSecurity"
-        | "KMSAccessDenied" => Class::Auth,
-        _ => Class::Transient,
+        verdicts[entry.index] = Some(Verdict::Retry(class, reason.to_owned()));
     }
 }
 
@@ -425,7 +400,7 @@ impl Sink for SnsSink {
         };
         let topic = first.destination.clone();
         let fifo = topic.ends_with(".fifo");
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        let mut verdicts: Vec<Option<Verdict>> = vec![None; batch.len()];
         let mut request = Vec::new();
         let mut request_bytes = 0;
         let mut requests = Vec::new();
@@ -442,26 +417,57 @@ impl Sink for SnsSink {
                     request.push(entry);
                     request_bytes += size;
                 }
-                Err(reason) => outcomes[i] = Some(Outcome::Rejected(reason)),
+                Err(reason) => verdicts[i] = Some(Verdict::Rejected(reason)),
             }
         }
         if !request.is_empty() {
             requests.push(request);
         }
         for request in requests {
-            let retry_pending = outcomes.iter().find_map(|o| match o {
-                Some(Outcome::Retryable(r)) => Some(r.clone()),
+            let retry_pending = verdicts.iter().find_map(|v| match v {
+                Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
                 _ => None,
             });
             match retry_pending {
                 // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some(reason) => retry_all(&request, &mut outcomes, &reason),
-                None => self.send(&topic, &request, &mut outcomes).await,
+                Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
+                None => self.send(&topic, &request, &mut verdicts).await,
             }
         }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::Retryable("not sent".into())))
+        self.settle(batch, verdicts)
+    }
+}
+
+impl SnsSink {
+    /// The outcomes of `verdicts`: a failure of unknown class is retried
+    /// until the same event has failed so for `sns.retry_unknown_errors_for`,
+    /// then recorded ([`errors::UnknownSince`]).
+    fn settle(&self, batch: &[Message], verdicts: Vec<Option<Verdict>>) -> Vec<Outcome> {
+        let unknown = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, _)));
+        let (unknown_ids, other_ids): (Vec<_>, Vec<_>) =
+            batch.iter().zip(&verdicts).partition(|(_, v)| unknown(v));
+        let given_up = self.unknown.settle(
+            std::time::Instant::now(),
+            unknown_ids.iter().map(|(m, _)| m.event.id()),
+            other_ids.iter().map(|(m, _)| m.event.id()),
+        );
+        batch
+            .iter()
+            .zip(verdicts)
+            .map(|(message, verdict)| match verdict {
+                Some(Verdict::Delivered) => Outcome::Delivered,
+                Some(Verdict::Rejected(reason)) => Outcome::Rejected(reason),
+                Some(Verdict::Retry(Class::Unknown, reason))
+                    if given_up.contains(&message.event.id()) =>
+                {
+                    Outcome::Rejected(format!(
+                        "{reason} (failing for {:?} for a reason not known to pass)",
+                        self.unknown.limit()
+                    ))
+                }
+                Some(Verdict::Retry(_, reason)) => Outcome::Retryable(reason),
+                None => Outcome::Retryable("not sent".into()),
+            })
             .collect()
     }
 }
@@ -479,15 +485,5 @@ mod tests {
         assert_ne!(spaced, fifo_id("order 43"));
         assert_eq!(fifo_id(&"x".repeat(129)).len(), 64);
         assert_eq!(fifo_id("commande-é").len(), 64);
-    }
-
-    #[test]
-    fn error_codes_are_classified() {
-        assert_eq!(class_of("Throttling"), Class::Transient);
-        assert_eq!(class_of("InternalError"), Class::Transient);
-        assert_eq!(class_of("InvalidParameter"), Class::Permanent);
-        assert_eq!(class_of("NotFound"), Class::Permanent);
-        assert_eq!(class_of("AuthorizationError"), Class::Auth);
-        assert_eq!(class_of("InvalidClientTokenId"), Class::Auth);
     }
 }
