@@ -331,6 +331,9 @@ pub struct SnsConfig {
     /// passing or permanent is retried before it is recorded as failed.
     #[serde(deserialize_with = "de_duration")]
     pub retry_unknown_errors_for: Duration,
+    /// The largest message (body and attributes, in bytes) a topic takes; 0:
+    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
+    pub max_message_size: usize,
 }
 
 impl Default for SnsConfig {
@@ -347,6 +350,7 @@ impl Default for SnsConfig {
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
+            max_message_size: 0,
         }
     }
 }
@@ -1070,6 +1074,13 @@ impl Config {
             bad(
                 "sns.endpoint_url",
                 format!("{:?} must start with http:// or https://", sns.endpoint_url),
+            );
+        }
+        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
+            bad(
+                "sns.max_message_size",
+                "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
+                    .into(),
             );
         }
         if sns.attempt_timeout > sns.operation_timeout {

@@ -456,6 +456,86 @@ async fn a_validation_exception_does_not_hold_the_slot() {
     );
 }
 
+/// moto with SNS's topic-sized limits, and a raw-delivery topic of it with
+/// `MaximumMessageSize` = `limit` (moto's own default when `None`).
+async fn sized_topic(
+    moto: &sns::Moto,
+    outbox: &Outbox,
+    suffix: &str,
+    limit: Option<usize>,
+) -> Topic {
+    let name = format!("{}_{suffix}", outbox.db.name());
+    let topic = sns::topic_with_queue(&moto.endpoint(), &name, false, true).await;
+    if let Some(limit) = limit {
+        sns::sns_client(&moto.endpoint())
+            .await
+            .set_topic_attributes()
+            .topic_arn(&topic.arn)
+            .attribute_name("MaximumMessageSize")
+            .attribute_value(limit.to_string())
+            .send()
+            .await
+            .unwrap();
+    }
+    topic
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_whose_limit_is_one_mib_takes_a_600_kib_event_and_one_at_256_kib_records_it_failed()
+{
+    let moto = tokio::task::spawn_blocking(sns::Moto::start_sized_topics)
+        .await
+        .unwrap();
+    let outbox = Outbox::new().await;
+    let large = sized_topic(&moto, &outbox, "large", Some(1_048_576)).await;
+    let small = sized_topic(&moto, &outbox, "small", None).await;
+    let relay = start(&outbox, &sns_toml(&moto.endpoint(), &large.arn, "")).await;
+    outbox
+        .sql
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, topic) \
+             VALUES ('order', 'a', 'Large', jsonb_build_object('blob', repeat('x', 600 * 1024)), $1), \
+                    ('order', 'b', 'Small', jsonb_build_object('blob', repeat('y', 600 * 1024)), $2)",
+            &[&large.arn, &small.arn],
+        )
+        .await
+        .unwrap();
+    let after = insert(&outbox, 2, 2, 2).await;
+    let sqs = sns::sqs_client(&moto.endpoint()).await;
+    let received = sns::receive_all(
+        &sqs,
+        &large.queue_url,
+        1 + after.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let big = received
+        .iter()
+        .find(|r| r.attributes.get("event_type").map(String::as_str) == Some("Large"))
+        .expect("the 600 KiB event reached the 1 MiB topic's queue");
+    let envelope: serde_json::Value = serde_json::from_str(&big.body).unwrap();
+    assert_eq!(envelope["data"]["blob"].as_str().unwrap().len(), 600 * 1024);
+    let row = outbox
+        .sql
+        .query_one(
+            "SELECT publish_state, last_error FROM outbox WHERE event_type = 'Small'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (state, error): (String, String) = (row.get(0), row.get(1));
+    assert_eq!(state, "FAILED", "{error}");
+    assert!(
+        error.contains("too large") && error.contains("262144"),
+        "{error}"
+    );
+    let summary = relay.stop().await;
+    assert_eq!(
+        (summary.delivered, summary.rejected),
+        (1 + after.len() as u64, 1)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_table() {
     let moto = sns::moto_endpoint().await;

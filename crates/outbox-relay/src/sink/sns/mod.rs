@@ -1,8 +1,10 @@
 //! The `sns` sink: `PublishBatch` to AWS SNS.
 //!
 //! "Delivered" means SNS listed the entry as successful. Each batch goes to one topic (the publisher groups by destination) and
-//! is split into requests of at most 10 entries and 256 KiB, counted in bytes
-//! over message bodies and attributes (names, types and values).
+//! is split into requests of at most 10 entries and the topic's size limit
+//! ([`limits`]: its `MaximumMessageSize`, 256 KiB unless set, up to 1 MiB),
+//! counted in bytes over message bodies and attributes (names, types and
+//! values), as SNS counts; a message over the limit alone is rejected.
 //!
 //! On FIFO topics (ARN ending in `.fifo`) every entry carries
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
@@ -42,6 +44,7 @@
 //! (docs/benchmarks.md).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
@@ -56,11 +59,10 @@ use crate::config::SnsConfig;
 
 mod client;
 pub mod errors;
+pub mod limits;
 mod protocol;
 mod proxy;
 
-/// SNS's limit for one publish request, bodies and attributes together.
-pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
 /// SNS's limit of entries in one PublishBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10;
 
@@ -72,6 +74,7 @@ pub struct SnsSink {
     linger: Duration,
     operation_timeout: Duration,
     unknown: errors::UnknownSince,
+    limits: limits::TopicLimits,
 }
 
 /// The SNS client cannot be built from the configuration.
@@ -124,7 +127,77 @@ impl SnsSink {
             linger: config.linger,
             operation_timeout: config.operation_timeout,
             unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
+            limits: limits::TopicLimits::new(config.max_message_size),
         })
+    }
+
+    /// The message size limit of `topic` ([`limits`]): configured, known, or
+    /// asked of SNS now. An error that is retried fails the whole batch.
+    async fn topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
+        if let Some(limit) = self.limits.known(topic) {
+            return Ok(limit);
+        }
+        let identity = self
+            .client
+            .identity()
+            .await
+            .map_err(|error| (Class::Access, error.to_string()))?;
+        let call = self
+            .client
+            .call(&identity, protocol::get_topic_attributes_body(topic));
+        let (status, body) = match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => {
+                let class = match error {
+                    CallError::Timeout { .. } => Class::TimedOut,
+                    CallError::Credentials(_) | CallError::Signing(_) => Class::Access,
+                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
+                };
+                return Err((class, error.to_string()));
+            }
+            Err(_) => {
+                return Err((
+                    Class::TimedOut,
+                    format!(
+                        "no answer from {} within {:?}",
+                        self.client.endpoint(),
+                        self.operation_timeout
+                    ),
+                ))
+            }
+        };
+        if status.is_success() {
+            return match protocol::parse_topic_attribute(&body, "MaximumMessageSize") {
+                Ok(value) => {
+                    let limit = value.and_then(|v| v.trim().parse::<usize>().ok());
+                    let limit = self.limits.learn(topic, limit);
+                    tracing::debug!(topic = %topic, limit, "learned the topic's MaximumMessageSize");
+                    Ok(limit)
+                }
+                // An SNS-compatible endpoint that does not know the call.
+                Err(error) => Ok(self.limits.denied(
+                    topic,
+                    &format!("unreadable GetTopicAttributes answer: {error}"),
+                )),
+            };
+        }
+        let error = protocol::parse_error(&body);
+        let code = error.as_ref().map(|(code, _)| code.as_str());
+        let reason = match &error {
+            Some((code, message)) => format!(
+                "GetTopicAttributes: {code}: {}",
+                message.as_deref().unwrap_or("no message")
+            ),
+            None => format!("GetTopicAttributes: HTTP {status}"),
+        };
+        match errors::classify(Some(status.as_u16()), code, None) {
+            // Not allowed, or not known to the endpoint.
+            Class::Access | Class::Invalid => Ok(self.limits.denied(topic, &reason)),
+            // The publish says so (and the topic is recorded missing); its
+            // limit is learned once it exists.
+            Class::NoTopic => Ok(limits::DEFAULT_LIMIT),
+            class => Err((class, reason)),
+        }
     }
 
     /// The request entry for `message` (at `index` in its batch) and its
@@ -134,6 +207,7 @@ impl SnsSink {
         index: usize,
         message: &'a Message,
         fifo: bool,
+        limit: usize,
     ) -> Result<(Entry<'a>, usize), String> {
         let event = &message.event;
         let body = &message.body[..];
@@ -163,9 +237,10 @@ impl SnsSink {
                 }
             }
         }
-        if size > MAX_REQUEST_BYTES {
+        if size > limit {
             return Err(format!(
-                "message too large: {size} bytes with attributes; SNS accepts at most {MAX_REQUEST_BYTES}"
+                "message too large: {size} bytes with attributes; the topic accepts at most {limit} \
+                 (its MaximumMessageSize, or sns.max_message_size)"
             ));
         }
         let fifo = fifo.then(|| (fifo_id(event.group()), fifo_id(event.id())));
@@ -401,16 +476,27 @@ impl Sink for SnsSink {
         let topic = first.destination.clone();
         let fifo = topic.ends_with(".fifo");
         let mut verdicts: Vec<Option<Verdict>> = vec![None; batch.len()];
+        let limit = match self.topic_limit(&topic).await {
+            Ok(limit) => limit,
+            Err((class, reason)) => {
+                let reason = format!("cannot learn the size limit of topic {topic}: {reason}");
+                if class == Class::Access {
+                    tracing::error!(topic = %topic, error = %reason, "SNS refused the credentials; retrying");
+                }
+                let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
+                return self.settle(batch, verdicts);
+            }
+        };
+        let mut sizes = vec![0; batch.len()];
         let mut request = Vec::new();
         let mut request_bytes = 0;
         let mut requests = Vec::new();
         for (i, message) in batch.iter().enumerate() {
             debug_assert_eq!(message.destination, topic, "one destination per batch");
-            match self.entry(i, message, fifo) {
+            match self.entry(i, message, fifo, limit) {
                 Ok((entry, size)) => {
-                    if request_bytes + size > MAX_REQUEST_BYTES
-                        || request.len() == MAX_BATCH_ENTRIES
-                    {
+                    sizes[i] = size;
+                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES {
                         requests.push(std::mem::take(&mut request));
                         request_bytes = 0;
                     }
@@ -432,6 +518,16 @@ impl Sink for SnsSink {
                 // An earlier request failed: later ones wait, so nothing overtakes it.
                 Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
                 None => self.send(&topic, &request, &mut verdicts).await,
+            }
+        }
+        // A refusal of what only a learned limit above the default let
+        // through: the topic's limit may have been lowered; learn it again.
+        for (verdict, size) in verdicts.iter_mut().zip(sizes) {
+            if let Some(Verdict::Rejected(reason)) = verdict {
+                if size > limits::DEFAULT_LIMIT && self.limits.refused(&topic) {
+                    let reason = format!("{reason} (the topic's MaximumMessageSize is read again)");
+                    *verdict = Some(Verdict::Retry(Class::Unknown, reason));
+                }
             }
         }
         self.settle(batch, verdicts)

@@ -77,6 +77,52 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
     body
 }
 
+/// The form body of a `GetTopicAttributes` of `topic`.
+pub fn get_topic_attributes_body(topic: &str) -> Vec<u8> {
+    let mut body = b"Action=GetTopicAttributes&Version=2010-03-31&TopicArn=".to_vec();
+    encode(&mut body, topic.as_bytes());
+    body
+}
+
+/// The value of the topic attribute `name` in a `GetTopicAttributesResponse`
+/// (`…/Attributes/entry/{key,value}`), `None` when the topic has none.
+pub fn parse_topic_attribute(xml: &[u8], name: &str) -> Result<Option<String>, XmlDecodeError> {
+    let mut doc = Document::try_from(xml)?;
+    let mut root = doc.root_element()?;
+    if !root.start_el().matches("GetTopicAttributesResponse") {
+        return Err(XmlDecodeError::custom(format!(
+            "expected GetTopicAttributesResponse, found {}",
+            root.start_el().local()
+        )));
+    }
+    while let Some(mut result) = root.next_tag() {
+        if !result.start_el().matches("GetTopicAttributesResult") {
+            continue;
+        }
+        while let Some(mut attributes) = result.next_tag() {
+            if !attributes.start_el().matches("Attributes") {
+                continue;
+            }
+            while let Some(mut entry) = attributes.next_tag() {
+                let (mut key, mut value) = (None, None);
+                while let Some(mut field) = entry.next_tag() {
+                    let which = field.start_el().local().to_owned();
+                    let text = try_data(&mut field)?.into_owned();
+                    match which.as_str() {
+                        "key" => key = Some(text),
+                        "value" => value = Some(text),
+                        _ => {}
+                    }
+                }
+                if key.as_deref() == Some(name) {
+                    return Ok(value);
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Form-encode `value` onto `out`: RFC 3986's unreserved characters as they
 /// are, a space as `+`, any other byte as `%XX`.
 ///
@@ -612,6 +658,36 @@ mod tests {
         "\n  ",
         "<member><Id> 12</Id></member>",
     ];
+
+    #[test]
+    fn a_topic_attribute_is_read_from_its_answer() {
+        let aws = br#"<GetTopicAttributesResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/">
+  <GetTopicAttributesResult>
+    <Attributes>
+      <entry><key>Owner</key><value>123456789012</value></entry>
+      <entry><key>MaximumMessageSize</key><value>1048576</value></entry>
+      <entry><key>Policy</key><value>{&quot;Version&quot;:&quot;2008-10-17&quot;}</value></entry>
+    </Attributes>
+  </GetTopicAttributesResult>
+  <ResponseMetadata><RequestId>r</RequestId></ResponseMetadata>
+</GetTopicAttributesResponse>"#;
+        assert_eq!(
+            parse_topic_attribute(aws, "MaximumMessageSize").unwrap(),
+            Some("1048576".into())
+        );
+        assert_eq!(
+            parse_topic_attribute(aws, "Policy").unwrap().as_deref(),
+            Some(r#"{"Version":"2008-10-17"}"#)
+        );
+        assert_eq!(parse_topic_attribute(aws, "FifoTopic").unwrap(), None);
+        assert!(parse_topic_attribute(b"<ErrorResponse/>", "x").is_err());
+        let body =
+            String::from_utf8(get_topic_attributes_body("arn:aws:sns:us-east-1:1:t")).unwrap();
+        assert_eq!(
+            body,
+            "Action=GetTopicAttributes&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3At"
+        );
+    }
 
     #[test]
     fn error_answers_give_their_code_and_message() {
