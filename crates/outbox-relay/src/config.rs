@@ -334,6 +334,12 @@ pub struct SnsConfig {
     /// The largest message (body and attributes, in bytes) a topic takes; 0:
     /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
     pub max_message_size: usize,
+    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
+    /// Extended Client Libraries' claim check); empty: such events are
+    /// recorded as failed.
+    pub large_payload_bucket: String,
+    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
+    pub large_payload_endpoint_url: String,
 }
 
 impl Default for SnsConfig {
@@ -351,6 +357,8 @@ impl Default for SnsConfig {
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
             max_message_size: 0,
+            large_payload_bucket: String::new(),
+            large_payload_endpoint_url: String::new(),
         }
     }
 }
@@ -1018,6 +1026,16 @@ impl Config {
             }
         }
         let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
+        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
+            bad(
+                "sns.attributes",
+                format!(
+                    "with sns.large_payload_bucket a stored payload's message also carries ExtendedPayloadSize: \
+                     name at most {} headers",
+                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len() - 1
+                ),
+            );
+        }
         if attributes > SNS_MAX_ATTRIBUTES {
             bad(
                 "sns.attributes",
@@ -1040,6 +1058,13 @@ impl Config {
                 bad(
                     "sns.attributes",
                     format!("{name:?} is set by the relay itself; leave it out"),
+                );
+            } else if ["ExtendedPayloadSize", "SQSLargePayloadSize"].contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!(
+                        "{name:?} is reserved: the SNS/SQS Extended Client Libraries read it as the mark of a payload stored in S3"
+                    ),
                 );
             } else if !seen.insert(name.as_str()) {
                 bad("sns.attributes", format!("{name:?} is named twice"));
@@ -1081,6 +1106,27 @@ impl Config {
                 "sns.max_message_size",
                 "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
                     .into(),
+            );
+        }
+        let bucket = &sns.large_payload_bucket;
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && bucket.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && !bucket.contains("..");
+        if !bucket.is_empty() && !bucket_ok {
+            bad(
+                "sns.large_payload_bucket",
+                format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
+            );
+        }
+        let s3_url = &sns.large_payload_endpoint_url;
+        if !(s3_url.is_empty() || s3_url.starts_with("http://") || s3_url.starts_with("https://")) {
+            bad(
+                "sns.large_payload_endpoint_url",
+                format!("{s3_url:?} must start with http:// or https://"),
             );
         }
         if sns.attempt_timeout > sns.operation_timeout {
@@ -1625,6 +1671,41 @@ worker_threads = 0
                 "{name} is named: {p:#?}"
             );
         }
+    }
+
+    #[test]
+    fn a_large_payload_bucket_is_checked_and_keeps_room_for_its_attribute() {
+        let sns =
+            "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n";
+        let ok = load(
+            &format!("{MINIMAL}{sns}large_payload_bucket = \"outbox-payloads.v2\"\n"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.sns.large_payload_bucket, "outbox-payloads.v2");
+        let p = problems(
+            load(
+                &format!(
+                    "{MINIMAL}{sns}large_payload_bucket = \"Bad_Bucket\"\nlarge_payload_endpoint_url = \"localhost:4566\"\n\
+                     attributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"ExtendedPayloadSize\"]\n"
+                ),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "sns.attributes",
+                "sns.attributes",
+                "sns.large_payload_bucket",
+                "sns.large_payload_endpoint_url"
+            ],
+            "{p:#?}"
+        );
+        assert!(p[0].message.contains("ExtendedPayloadSize"), "{p:#?}");
+        assert!(p[1].message.contains("reserved"), "{p:#?}");
     }
 
     #[test]

@@ -536,6 +536,90 @@ async fn a_topic_whose_limit_is_one_mib_takes_a_600_kib_event_and_one_at_256_kib
     );
 }
 
+/// Runs `tests/data/extended_client.py` (the official SQS Extended Client)
+/// against `endpoint` with `args`.
+fn extended_client(endpoint: &str, args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/data/extended_client.py");
+    let output = std::process::Command::new("python3")
+        .arg(script)
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .expect("python3 runs (scripts/install-deps.sh installs the library)");
+    assert!(
+        output.status.success(),
+        "extended_client.py {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_payload_goes_through_s3_and_the_official_extended_client_reads_it_back_byte_for_byte(
+) {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let name = outbox.db.name().replace('_', "-");
+    let bucket = format!("payloads-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
+    let endpoint = moto.to_string();
+    tokio::task::spawn_blocking({
+        let (endpoint, bucket) = (endpoint.clone(), bucket.clone());
+        move || extended_client(&endpoint, &["create-bucket", &bucket])
+    })
+    .await
+    .unwrap();
+    let topic = sns::topic_with_queue(&endpoint, outbox.db.name(), false, true).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(
+            &endpoint,
+            &topic.arn,
+            &format!(
+                "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
+                 [envelope]\nformat = \"raw\"\n"
+            ),
+        ),
+    )
+    .await;
+    // 400 KiB of text SNS must carry as it is: quotes, escapes, non-ASCII.
+    let rows = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'a', 'Large', jsonb_build_object('blob', repeat('x\"é€ \\ ', 40 * 1024))), \
+                    ('order', 'b', 'Small', '{\"small\": true}') \
+             RETURNING id::text, payload::text",
+            &[],
+        )
+        .await
+        .unwrap();
+    let sent: HashMap<String, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(sent.values().any(|p| p.len() > 400 * 1024));
+    let out = tempfile::NamedTempFile::new().unwrap();
+    tokio::task::spawn_blocking({
+        let (endpoint, queue, out) = (
+            endpoint.clone(),
+            topic.queue_url.clone(),
+            out.path().to_str().unwrap().to_owned(),
+        );
+        move || extended_client(&endpoint, &["receive", &queue, "2", &out])
+    })
+    .await
+    .unwrap();
+    let got: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    for message in &got {
+        let id = message["attributes"]["event_id"].as_str().unwrap();
+        assert_eq!(
+            message["body"].as_str().unwrap(),
+            sent[id],
+            "the envelope of {id}, byte for byte"
+        );
+    }
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (2, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_table() {
     let moto = sns::moto_endpoint().await;

@@ -4,7 +4,9 @@
 //! is split into requests of at most 10 entries and the topic's size limit
 //! ([`limits`]: its `MaximumMessageSize`, 256 KiB unless set, up to 1 MiB),
 //! counted in bytes over message bodies and attributes (names, types and
-//! values), as SNS counts; a message over the limit alone is rejected.
+//! values), as SNS counts; a message over the limit alone is rejected, or
+//! with `sns.large_payload_bucket` stored in S3 and replaced by a pointer
+//! ([`claim_check`]).
 //!
 //! On FIFO topics (ARN ending in `.fifo`) every entry carries
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
@@ -57,6 +59,7 @@ use self::protocol::{Entry, EntryResult};
 use super::{Message, Outcome, Sink};
 use crate::config::SnsConfig;
 
+pub mod claim_check;
 mod client;
 pub mod errors;
 pub mod limits;
@@ -75,6 +78,7 @@ pub struct SnsSink {
     operation_timeout: Duration,
     unknown: errors::UnknownSince,
     limits: limits::TopicLimits,
+    claim_check: Option<claim_check::ClaimCheck>,
 }
 
 /// The SNS client cannot be built from the configuration.
@@ -120,6 +124,23 @@ impl SnsSink {
         )
         .await?;
         tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
+        let claim_check = if config.large_payload_bucket.is_empty() {
+            None
+        } else {
+            let s3 = Client::s3(
+                &sdk,
+                region.as_ref(),
+                &config.large_payload_endpoint_url,
+                &config.large_payload_bucket,
+                config.max_in_flight_batches,
+                config.attempt_timeout,
+            )?;
+            tracing::debug!(endpoint = s3.endpoint(), "large payloads go to S3");
+            Some(claim_check::ClaimCheck::new(
+                s3,
+                config.large_payload_bucket.clone(),
+            ))
+        };
         Ok(Self {
             client,
             attributes: config.attributes.clone(),
@@ -128,6 +149,7 @@ impl SnsSink {
             operation_timeout: config.operation_timeout,
             unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
             limits: limits::TopicLimits::new(config.max_message_size),
+            claim_check,
         })
     }
 
@@ -208,10 +230,19 @@ impl SnsSink {
         message: &'a Message,
         fifo: bool,
         limit: usize,
+        pointer: Option<&'a str>,
     ) -> Result<(Entry<'a>, usize), String> {
         let event = &message.event;
-        let body = &message.body[..];
+        let body = pointer.map_or(&message.body[..], str::as_bytes);
         let mut size = body.len();
+        let numbers = match pointer {
+            Some(_) => {
+                let stored = message.body.len().to_string();
+                size += claim_check::SIZE_ATTRIBUTE.len() + "Number".len() + stored.len();
+                vec![(claim_check::SIZE_ATTRIBUTE, stored)]
+            }
+            None => Vec::new(),
+        };
         let mut attributes = Vec::with_capacity(4 + self.attributes.len());
         let mut attribute = |name: &'a str, value: Cow<'a, str>| {
             if value.is_empty() {
@@ -249,6 +280,7 @@ impl SnsSink {
             message: body,
             attributes,
             fifo,
+            numbers,
         };
         Ok((entry, size))
     }
@@ -475,7 +507,6 @@ impl Sink for SnsSink {
         };
         let topic = first.destination.clone();
         let fifo = topic.ends_with(".fifo");
-        let mut verdicts: Vec<Option<Verdict>> = vec![None; batch.len()];
         let limit = match self.topic_limit(&topic).await {
             Ok(limit) => limit,
             Err((class, reason)) => {
@@ -487,28 +518,30 @@ impl Sink for SnsSink {
                 return self.settle(batch, verdicts);
             }
         };
-        let mut sizes = vec![0; batch.len()];
-        let mut request = Vec::new();
-        let mut request_bytes = 0;
-        let mut requests = Vec::new();
-        for (i, message) in batch.iter().enumerate() {
-            debug_assert_eq!(message.destination, topic, "one destination per batch");
-            match self.entry(i, message, fifo, limit) {
-                Ok((entry, size)) => {
-                    sizes[i] = size;
-                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES {
-                        requests.push(std::mem::take(&mut request));
-                        request_bytes = 0;
+        let no_pointers = vec![None; batch.len()];
+        let mut plan = self.plan(batch, fifo, limit, &no_pointers);
+        // With a bucket, the envelopes over the limit are stored first and
+        // their messages point at them; nothing is sent before.
+        let mut pointers = vec![None; batch.len()];
+        if let (Some(claim_check), false) = (&self.claim_check, plan.too_large.is_empty()) {
+            for &i in &plan.too_large {
+                let message = &batch[i];
+                match claim_check.store(message.event.id(), &message.body).await {
+                    Ok(pointer) => pointers[i] = Some(pointer),
+                    Err((class, reason)) => {
+                        let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
+                        return self.settle(batch, verdicts);
                     }
-                    request.push(entry);
-                    request_bytes += size;
                 }
-                Err(reason) => verdicts[i] = Some(Verdict::Rejected(reason)),
             }
+            plan = self.plan(batch, fifo, limit, &pointers);
         }
-        if !request.is_empty() {
-            requests.push(request);
-        }
+        let Plan {
+            requests,
+            mut verdicts,
+            sizes,
+            ..
+        } = plan;
         for request in requests {
             let retry_pending = verdicts.iter().find_map(|v| match v {
                 Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
@@ -534,7 +567,63 @@ impl Sink for SnsSink {
     }
 }
 
+/// The requests a batch makes.
+struct Plan<'a> {
+    /// Of at most 10 entries and the topic's limit, in the batch's order.
+    requests: Vec<Vec<Entry<'a>>>,
+    /// Those of the messages decided already (too large).
+    verdicts: Vec<Option<Verdict>>,
+    /// Each message's size as sent, 0 for those not sent.
+    sizes: Vec<usize>,
+    /// The messages over the topic's limit, by index.
+    too_large: Vec<usize>,
+}
+
 impl SnsSink {
+    /// Split `batch` into requests; `pointers` are the bodies that replace
+    /// envelopes stored in S3.
+    fn plan<'a>(
+        &'a self,
+        batch: &'a [Message],
+        fifo: bool,
+        limit: usize,
+        pointers: &'a [Option<String>],
+    ) -> Plan<'a> {
+        let mut plan = Plan {
+            requests: Vec::new(),
+            verdicts: vec![None; batch.len()],
+            sizes: vec![0; batch.len()],
+            too_large: Vec::new(),
+        };
+        let mut request = Vec::new();
+        let mut request_bytes = 0;
+        for (i, message) in batch.iter().enumerate() {
+            debug_assert_eq!(
+                *message.destination, *batch[0].destination,
+                "one destination per batch"
+            );
+            match self.entry(i, message, fifo, limit, pointers[i].as_deref()) {
+                Ok((entry, size)) => {
+                    plan.sizes[i] = size;
+                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES {
+                        plan.requests.push(std::mem::take(&mut request));
+                        request_bytes = 0;
+                    }
+                    request.push(entry);
+                    request_bytes += size;
+                }
+                Err(reason) => {
+                    plan.verdicts[i] = Some(Verdict::Rejected(reason));
+                    plan.too_large.push(i);
+                }
+            }
+        }
+        if !request.is_empty() {
+            plan.requests.push(request);
+        }
+        plan
+    }
+
     /// The outcomes of `verdicts`: a failure of unknown class is retried
     /// until the same event has failed so for `sns.retry_unknown_errors_for`,
     /// then recorded ([`errors::UnknownSince`]).

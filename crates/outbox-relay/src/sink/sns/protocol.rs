@@ -24,6 +24,8 @@ pub struct Entry<'a> {
     pub message: &'a [u8],
     /// `String` message attributes: name and (non-empty) value.
     pub attributes: Vec<(&'a str, Cow<'a, str>)>,
+    /// `Number` message attributes: name and value.
+    pub numbers: Vec<(&'static str, String)>,
     /// FIFO topics: `MessageGroupId` and `MessageDeduplicationId`.
     pub fifo: Option<(Cow<'a, str>, Cow<'a, str>)>,
 }
@@ -62,11 +64,25 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
             field(&mut body, &[b"MessageGroupId"], group.as_bytes());
             field(&mut body, &[b"MessageDeduplicationId"], dedup.as_bytes());
         }
-        for (k, (name, value)) in entry.attributes.iter().enumerate() {
+        let typed = entry
+            .attributes
+            .iter()
+            .map(|(name, value)| (*name, "String", value.as_ref()))
+            .chain(
+                entry
+                    .numbers
+                    .iter()
+                    .map(|(name, value)| (*name, "Number", value.as_str())),
+            );
+        for (k, (name, data_type, value)) in typed.enumerate() {
             let k = attribute.format(k + 1).as_bytes();
             let prefix: &[u8] = b"MessageAttributes.entry.";
             field(&mut body, &[prefix, k, b".Name"], name.as_bytes());
-            field(&mut body, &[prefix, k, b".Value.DataType"], b"String");
+            field(
+                &mut body,
+                &[prefix, k, b".Value.DataType"],
+                data_type.as_bytes(),
+            );
             field(
                 &mut body,
                 &[prefix, k, b".Value.StringValue"],
@@ -449,12 +465,14 @@ mod tests {
                     ("traceparent", Cow::Owned("00-ab cd".into())),
                 ],
                 fifo: Some((Cow::Borrowed("order/7"), Cow::Borrowed("e-1"))),
+                numbers: vec![("ExtendedPayloadSize", "300000".into())],
             },
             Entry {
                 index: 4,
                 message: b"x",
                 attributes: vec![],
                 fifo: None,
+                numbers: vec![],
             },
         ];
         let topic = "arn:aws:sns:us-east-1:123456789012:orders.fifo";
@@ -486,13 +504,25 @@ mod tests {
             get(&format!("{m1}.MessageAttributes.entry.2.Value.StringValue")),
             "00-ab cd"
         );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Name")),
+            "ExtendedPayloadSize"
+        );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Value.DataType")),
+            "Number"
+        );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Value.StringValue")),
+            "300000"
+        );
         let m2 = "PublishBatchRequestEntries.member.2";
         assert_eq!(get(&format!("{m2}.Id")), "4");
         assert_eq!(get(&format!("{m2}.Message")), "x");
         assert!(!fields
             .iter()
             .any(|(k, _)| k.starts_with(&format!("{m2}.MessageGroupId"))));
-        assert_eq!(fields.len(), 3 + 4 + 2 * 3 + 2);
+        assert_eq!(fields.len(), 3 + 4 + 3 * 3 + 2);
     }
 
     proptest::proptest! {
