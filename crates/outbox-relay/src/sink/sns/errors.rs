@@ -131,6 +131,18 @@ fn known(code: &str) -> Option<Class> {
     })
 }
 
+/// Whether SNS's error `code` says the credentials are good but may not do
+/// what was asked (rather than being unknown, expired or badly signed).
+pub fn permission_denied(code: &str) -> bool {
+    matches!(
+        code,
+        "AuthorizationError"
+            | "AuthorizationErrorException"
+            | "AccessDenied"
+            | "AccessDeniedException"
+    )
+}
+
 /// Whether SNS's error `code` says the credentials themselves are expired
 /// or unknown (so the cached ones are dropped and the chain asked again).
 pub fn stale_credentials(code: &str) -> bool {
@@ -304,6 +316,12 @@ mod tests {
             assert!(!class.rejects(), "{class:?} is retried");
         }
         assert!(Invalid.narrows() && Unknown.narrows());
+        // Of the access errors, only these say the credentials are good.
+        assert!(permission_denied("AuthorizationError") && permission_denied("AccessDenied"));
+        assert!(
+            !permission_denied("SignatureDoesNotMatch")
+                && !permission_denied("InvalidClientTokenId")
+        );
         assert!(!NoTopic.narrows() && !Access.narrows() && !Throttled.narrows());
     }
 

@@ -8,9 +8,13 @@
 //! recorded at once (or stored in S3, with `sns.large_payload_bucket`).
 //!
 //! * `sns.max_message_size` overrides it: nothing is asked.
-//! * When the role may not read the topic's attributes (or an SNS-compatible
-//!   endpoint does not answer the call), 262,144 bytes is used (logged once):
-//!   the limit every topic had before the attribute.
+//! * When the role may not read the topic's attributes (`AuthorizationError`,
+//!   `AccessDenied`; or an SNS-compatible endpoint does not answer the call),
+//!   262,144 bytes is used (logged once): the limit every topic had before
+//!   the attribute.
+//! * While it cannot be learned for another reason (SNS unreachable,
+//!   credentials refused), messages within 262,144 bytes are published as
+//!   usual and larger ones wait: the call never holds ordinary traffic.
 //! * When SNS refuses a message over 262,144 bytes that the learned limit let
 //!   through, the limit may have been lowered since: it is learned again
 //!   (at most once a minute per topic) and the message retried under it.

@@ -214,7 +214,10 @@ impl SnsSink {
         };
         match errors::classify(Some(status.as_u16()), code, None) {
             // Not allowed, or not known to the endpoint.
-            Class::Access | Class::Invalid => Ok(self.limits.denied(topic, &reason)),
+            Class::Access if code.is_some_and(errors::permission_denied) => {
+                Ok(self.limits.denied(topic, &reason))
+            }
+            Class::Invalid => Ok(self.limits.denied(topic, &reason)),
             // The publish says so (and the topic is recorded missing); its
             // limit is learned once it exists.
             Class::NoTopic => Ok(limits::DEFAULT_LIMIT),
@@ -507,15 +510,15 @@ impl Sink for SnsSink {
         };
         let topic = first.destination.clone();
         let fifo = topic.ends_with(".fifo");
-        let limit = match self.topic_limit(&topic).await {
-            Ok(limit) => limit,
+        // The learned limit matters only to messages over the default one:
+        // while it cannot be learned, the others go as usual (a credential
+        // or endpoint problem shows in their publish) and those wait.
+        let (limit, unsure) = match self.topic_limit(&topic).await {
+            Ok(limit) => (limit, None),
             Err((class, reason)) => {
                 let reason = format!("cannot learn the size limit of topic {topic}: {reason}");
-                if class == Class::Access {
-                    tracing::error!(topic = %topic, error = %reason, "SNS refused the credentials; retrying");
-                }
-                let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
-                return self.settle(batch, verdicts);
+                tracing::debug!(topic = %topic, error = %reason, "publishing what fits the default limit");
+                (limits::DEFAULT_LIMIT, Some((class, reason)))
             }
         };
         let no_pointers = vec![None; batch.len()];
@@ -523,7 +526,11 @@ impl Sink for SnsSink {
         // With a bucket, the envelopes over the limit are stored first and
         // their messages point at them; nothing is sent before.
         let mut pointers = vec![None; batch.len()];
-        if let (Some(claim_check), false) = (&self.claim_check, plan.too_large.is_empty()) {
+        if let Some((class, reason)) = &unsure {
+            for &i in &plan.too_large {
+                plan.verdicts[i] = Some(Verdict::Retry(*class, reason.clone()));
+            }
+        } else if let (Some(claim_check), false) = (&self.claim_check, plan.too_large.is_empty()) {
             for &i in &plan.too_large {
                 let message = &batch[i];
                 match claim_check.store(message.event.id(), &message.body).await {
