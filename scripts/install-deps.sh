@@ -5,6 +5,7 @@
 #     pg_recvlogical) in $PG_BIN, plus the `postgres` user
 #   - cargo-nextest
 #   - moto's server mode (AWS mock): python3 -m moto.server / moto_server
+#   - the official SQS Extended Client for Python (amazon-sqs-extended-client)
 set -euo pipefail
 
 PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
@@ -75,6 +76,13 @@ fi
 if ! python3 -c 'import moto.server, flask' >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check 'moto[server]'
     echo "install-deps: installed moto[server] $(python3 -c 'import moto; print(moto.__version__)')"
+fi
+
+# The claim-check test reads large payloads back with the official SQS
+# Extended Client (tests/data/extended_client.py).
+if ! python3 -c 'import sqs_extended_client' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'amazon-sqs-extended-client==1.0.1'
+    echo "install-deps: installed amazon-sqs-extended-client 1.0.1"
 fi
 
 # The compose validation test (scripts/validate-compose.py).

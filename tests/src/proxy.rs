@@ -44,6 +44,16 @@ pub enum Mode {
     /// Answer every request with HTTP 403 `AuthorizationError`, as SNS does
     /// when the credentials may not publish; nothing is forwarded.
     Deny,
+    /// A `PublishBatch` with an entry whose message holds the marker
+    /// ([`FaultProxy::set_refusal`]) is refused whole: HTTP 400 with the
+    /// refusal's code (as SNS refuses a request for one bad entry); anything
+    /// else is forwarded.
+    RefuseMarkedRequests,
+    /// The entries whose message holds the marker are taken out of each
+    /// `PublishBatch` and reported under `Failed` with the refusal's code and
+    /// `SenderFault=true` (as SNS fails single entries); the rest is
+    /// forwarded.
+    FailMarkedEntries,
 }
 
 impl Mode {
@@ -55,6 +65,8 @@ impl Mode {
             Mode::ServerError => 3,
             Mode::LoseAnswers => 4,
             Mode::Deny => 5,
+            Mode::RefuseMarkedRequests => 6,
+            Mode::FailMarkedEntries => 7,
         }
     }
 
@@ -65,6 +77,8 @@ impl Mode {
             3 => Mode::ServerError,
             4 => Mode::LoseAnswers,
             5 => Mode::Deny,
+            6 => Mode::RefuseMarkedRequests,
+            7 => Mode::FailMarkedEntries,
             _ => Mode::Pass,
         }
     }
@@ -123,6 +137,8 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     /// The AWS action of every request read, in order.
     actions: Mutex<Vec<String>>,
+    /// Marker and error code of the refusing modes.
+    refusal: Mutex<(String, String)>,
 }
 
 impl FaultProxy {
@@ -153,6 +169,7 @@ impl FaultProxy {
             next_conn: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
             actions: Mutex::new(Vec::new()),
+            refusal: Mutex::new(("POISON".to_owned(), "ValidationException".to_owned())),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -200,6 +217,18 @@ impl FaultProxy {
                 }
             }
         }
+    }
+
+    /// The marker (ASCII letters and digits, so it reads the same
+    /// form-encoded) and the error code of [`Mode::RefuseMarkedRequests`] and
+    /// [`Mode::FailMarkedEntries`]; `POISON` and `ValidationException` unless set.
+    pub fn set_refusal(&self, marker: &str, code: &str) {
+        assert!(marker.bytes().all(|b| b.is_ascii_alphanumeric()));
+        *self
+            .shared
+            .refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (marker.to_owned(), code.to_owned());
     }
 
     /// HTTP requests read from clients so far, in any mode (in Cut mode
@@ -305,11 +334,17 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
         }
         let body = client.read_body(&head, false)?;
         shared.requests.fetch_add(1, Ordering::SeqCst);
+        let action = action_of(&head, &body);
         shared
             .actions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push(action_of(&head, &body));
+            .push(action.clone());
+        let (marker, code) = shared
+            .refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let close = head.has_token("connection", "close") || head.start_line.ends_with("HTTP/1.0");
         let response = match Mode::from_u8(shared.mode.load(Ordering::SeqCst)) {
             Mode::Cut => {
@@ -347,16 +382,52 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 let _ = client.stream.shutdown(Shutdown::Both);
                 return Ok(());
             }
-            Mode::Pass => match forward(shared.upstream, &head, &body) {
-                Ok(resp) => resp,
-                Err(e) => simple_response(
-                    502,
-                    "Bad Gateway",
-                    "text/plain",
-                    &[],
-                    format!("FaultProxy: upstream {}: {e}\n", shared.upstream).as_bytes(),
-                ),
-            },
+            Mode::RefuseMarkedRequests
+                if action == "PublishBatch" && find(&body, marker.as_bytes()).is_some() =>
+            {
+                shared.faults.fetch_add(1, Ordering::SeqCst);
+                error_response(&head, 400, "Sender", &code, "refused by the fault proxy")
+            }
+            Mode::FailMarkedEntries if action == "PublishBatch" => {
+                let (rest, failed) = without_marked_entries(&body, &marker);
+                shared
+                    .faults
+                    .fetch_add(failed.len() as u64, Ordering::SeqCst);
+                let answer = if rest.contains(".Id=") {
+                    forward(shared.upstream, &head, rest.as_bytes())
+                } else {
+                    Ok(simple_response(
+                        200,
+                        "OK",
+                        "text/xml",
+                        &[],
+                        b"<PublishBatchResponse><PublishBatchResult><Successful/></PublishBatchResult>\
+                          <ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PublishBatchResponse>",
+                    ))
+                };
+                match answer {
+                    Ok(answer) => with_failed_entries(answer, &failed, &code),
+                    Err(e) => simple_response(
+                        502,
+                        "Bad Gateway",
+                        "text/plain",
+                        &[],
+                        format!("FaultProxy: upstream {}: {e}\n", shared.upstream).as_bytes(),
+                    ),
+                }
+            }
+            Mode::Pass | Mode::RefuseMarkedRequests | Mode::FailMarkedEntries => {
+                match forward(shared.upstream, &head, &body) {
+                    Ok(resp) => resp,
+                    Err(e) => simple_response(
+                        502,
+                        "Bad Gateway",
+                        "text/plain",
+                        &[],
+                        format!("FaultProxy: upstream {}: {e}\n", shared.upstream).as_bytes(),
+                    ),
+                }
+            }
         };
         // A Cut may have come while forwarding: then the client gets nothing.
         if Mode::from_u8(shared.mode.load(Ordering::SeqCst)) == Mode::Cut {
@@ -445,6 +516,84 @@ fn forward(upstream: SocketAddr, head: &Head, body: &[u8]) -> io::Result<Vec<u8>
     response.extend_from_slice(b"\r\n");
     response.extend_from_slice(&resp_body);
     Ok(response)
+}
+
+/// A `PublishBatch` form body without the entries whose message holds
+/// `marker` (the others renumbered from 1), and the ids of those taken out.
+fn without_marked_entries(body: &[u8], marker: &str) -> (String, Vec<String>) {
+    const MEMBER: &str = "PublishBatchRequestEntries.member.";
+    let body = String::from_utf8_lossy(body);
+    let mut others = Vec::new();
+    let mut members: std::collections::BTreeMap<u32, Vec<(String, String)>> =
+        std::collections::BTreeMap::new();
+    for pair in body.split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key
+            .strip_prefix(MEMBER)
+            .and_then(|rest| rest.split_once('.'))
+            .and_then(|(n, field)| Some((n.parse::<u32>().ok()?, field)))
+        {
+            Some((n, field)) => members
+                .entry(n)
+                .or_default()
+                .push((field.to_owned(), value.to_owned())),
+            None => others.push(pair.to_owned()),
+        }
+    }
+    let mut failed = Vec::new();
+    let mut kept = 0;
+    for fields in members.values() {
+        let marked = fields
+            .iter()
+            .any(|(field, value)| field == "Message" && value.contains(marker));
+        if marked {
+            if let Some((_, id)) = fields.iter().find(|(field, _)| field == "Id") {
+                failed.push(id.clone());
+            }
+            continue;
+        }
+        kept += 1;
+        for (field, value) in fields {
+            others.push(format!("{MEMBER}{kept}.{field}={value}"));
+        }
+    }
+    (others.join("&"), failed)
+}
+
+/// `answer` (a `PublishBatch` answer) with `ids` listed as failed entries of
+/// `code`, sender's fault.
+fn with_failed_entries(answer: Vec<u8>, ids: &[String], code: &str) -> Vec<u8> {
+    let Some(split) = find(&answer, b"\r\n\r\n") else {
+        return answer;
+    };
+    let (head, body) = (&answer[..split], &answer[split + 4..]);
+    let body = String::from_utf8_lossy(body);
+    let failed: String = ids
+        .iter()
+        .map(|id| {
+            format!(
+                "<member><Id>{id}</Id><Code>{code}</Code><Message>refused by the fault proxy</Message>\
+                 <SenderFault>true</SenderFault></member>"
+            )
+        })
+        .collect();
+    let body = body.replacen(
+        "<PublishBatchResult>",
+        &format!("<PublishBatchResult><Failed>{failed}</Failed>"),
+        1,
+    );
+    let mut out = String::new();
+    for line in String::from_utf8_lossy(head).split("\r\n") {
+        if line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        } else {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("\r\n");
+    out.push_str(&body);
+    out.into_bytes()
 }
 
 /// Headers that describe one connection's framing, not the message.

@@ -154,6 +154,21 @@ impl Moto {
     /// second; gives up after 20 s). Blocking. Panics with the server's output
     /// when it does not come up (run `scripts/install-deps.sh` if moto is missing).
     pub fn start() -> Moto {
+        Self::start_program(&["-m", "moto.server"])
+    }
+
+    /// A server of moto with SNS's topic-sized limits
+    /// (`tests/data/moto_sized_topics.py`): topics keep their
+    /// `MaximumMessageSize` attribute, `GetTopicAttributes` returns it, and a
+    /// message whose body and attributes are larger (in bytes) is refused
+    /// with `InvalidParameter`, as SNS does. moto itself refuses anything over
+    /// 262,144 characters and does not know the attribute.
+    pub fn start_sized_topics() -> Moto {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/data/moto_sized_topics.py");
+        Self::start_program(&[script])
+    }
+
+    fn start_program(program: &[&str]) -> Moto {
         // The port is picked by binding 127.0.0.1:0; another process may take it
         // before moto binds it, so retry with a new one.
         let mut attempt = 0;
@@ -169,7 +184,8 @@ impl Moto {
                 .unwrap_or_else(|e| panic!("create {}: {e}", log_file.display()));
             let log2 = log.try_clone().expect("clone the log file handle");
             let child = Command::new("python3")
-                .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
+                .args(program)
+                .args(["-H", "127.0.0.1", "-p"])
                 .arg(port.to_string())
                 .env("PYTHONUNBUFFERED", "1")
                 .current_dir(dir.path())

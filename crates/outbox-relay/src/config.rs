@@ -289,6 +289,8 @@ pub enum SinkKind {
 
 /// Default number of SNS PublishBatch calls in flight.
 pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 8;
+/// Default `sns.retry_unknown_errors_for`.
+pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 /// Message attributes always set on SNS messages.
 pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
@@ -325,6 +327,19 @@ pub struct SnsConfig {
     /// Ceiling of one attempt of a publish call.
     #[serde(deserialize_with = "de_duration")]
     pub attempt_timeout: Duration,
+    /// How long an event failing for a reason SNS does not make known as
+    /// passing or permanent is retried before it is recorded as failed.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
+    /// The largest message (body and attributes, in bytes) a topic takes; 0:
+    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
+    pub max_message_size: usize,
+    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
+    /// Extended Client Libraries' claim check); empty: such events are
+    /// recorded as failed.
+    pub large_payload_bucket: String,
+    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
+    pub large_payload_endpoint_url: String,
 }
 
 impl Default for SnsConfig {
@@ -340,6 +355,10 @@ impl Default for SnsConfig {
             linger: Duration::from_millis(5),
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
+            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
+            max_message_size: 0,
+            large_payload_bucket: String::new(),
+            large_payload_endpoint_url: String::new(),
         }
     }
 }
@@ -1007,6 +1026,16 @@ impl Config {
             }
         }
         let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
+        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
+            bad(
+                "sns.attributes",
+                format!(
+                    "with sns.large_payload_bucket a stored payload's message also carries ExtendedPayloadSize: \
+                     name at most {} headers",
+                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len() - 1
+                ),
+            );
+        }
         if attributes > SNS_MAX_ATTRIBUTES {
             bad(
                 "sns.attributes",
@@ -1018,20 +1047,27 @@ impl Config {
                 ),
             );
         }
+        let mut seen = std::collections::BTreeSet::new();
         for name in &sns.attributes {
-            if name.is_empty()
-                || name.len() > 256
-                || SNS_FIXED_ATTRIBUTES.contains(&name.as_str())
-                || name.starts_with("AWS.")
-                || name.starts_with("Amazon.")
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-            {
+            if let Err(why) = sns_attribute_name(name) {
                 bad(
                     "sns.attributes",
-                    format!("{name:?} cannot be a message attribute name (letters, digits, _ - . ; not AWS./Amazon.; not a fixed attribute)"),
+                    format!("{name:?} cannot be a message attribute name: {why}"),
                 );
+            } else if SNS_FIXED_ATTRIBUTES.contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!("{name:?} is set by the relay itself; leave it out"),
+                );
+            } else if ["ExtendedPayloadSize", "SQSLargePayloadSize"].contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!(
+                        "{name:?} is reserved: the SNS/SQS Extended Client Libraries read it as the mark of a payload stored in S3"
+                    ),
+                );
+            } else if !seen.insert(name.as_str()) {
+                bad("sns.attributes", format!("{name:?} is named twice"));
             }
         }
         let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
@@ -1065,6 +1101,34 @@ impl Config {
                 format!("{:?} must start with http:// or https://", sns.endpoint_url),
             );
         }
+        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
+            bad(
+                "sns.max_message_size",
+                "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
+                    .into(),
+            );
+        }
+        let bucket = &sns.large_payload_bucket;
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && bucket.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && !bucket.contains("..");
+        if !bucket.is_empty() && !bucket_ok {
+            bad(
+                "sns.large_payload_bucket",
+                format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
+            );
+        }
+        let s3_url = &sns.large_payload_endpoint_url;
+        if !(s3_url.is_empty() || s3_url.starts_with("http://") || s3_url.starts_with("https://")) {
+            bad(
+                "sns.large_payload_endpoint_url",
+                format!("{s3_url:?} must start with http:// or https://"),
+            );
+        }
         if sns.attempt_timeout > sns.operation_timeout {
             bad(
                 "sns.attempt_timeout",
@@ -1077,6 +1141,41 @@ impl Config {
     pub fn table(&self) -> TableName {
         TableName::parse(&self.postgres.table).expect("validated")
     }
+}
+
+/// Whether SNS (and SQS, which receives the attributes of raw delivery)
+/// accepts `name` as a message attribute name: 1 to 256 characters of ASCII
+/// letters, digits, `_`, `-` and `.`; no `.` first, last or twice in a row; no
+/// `AWS.` or `Amazon.` prefix in any casing (reserved for AWS). SNS refuses a
+/// message whose attribute breaks one of these, so every event carrying such a
+/// header would end FAILED: refused at start-up instead.
+pub fn sns_attribute_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 256 {
+        return Err("it is longer than 256 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("only ASCII letters, digits, _, - and . are allowed");
+    }
+    if name.starts_with('.') || name.ends_with('.') {
+        return Err("it must not start or end with a period");
+    }
+    if name.contains("..") {
+        return Err("it must not have two periods in a row");
+    }
+    let reserved = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if reserved("aws.") || reserved("amazon.") {
+        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
+    }
+    Ok(())
 }
 
 /// Check the URL without echoing it (it may hold a password).
@@ -1520,6 +1619,93 @@ worker_threads = 0
         let c = load(&ok, &[]).unwrap();
         assert_eq!(c.sns.account(), Some("123456789012"));
         assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn attribute_names_sns_refuses_are_refused_at_start_up() {
+        for good in [
+            "traceparent",
+            "a.b",
+            "x-correlation_id",
+            "tenant.v2.id",
+            "awsregion",
+            "AWS",
+            "Amazonian.x",
+            &"n".repeat(256),
+        ] {
+            assert_eq!(sns_attribute_name(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            ".lead",
+            "trail.",
+            ".",
+            "AWS.trace",
+            "aws.trace",
+            "aWs.x",
+            "Amazon.x",
+            "AMAZON.x",
+            "amazon.",
+            "has space",
+            "é",
+            "a/b",
+            "a:b",
+            &"n".repeat(257),
+        ] {
+            assert!(sns_attribute_name(bad).is_err(), "{bad:?} must be refused");
+        }
+        let text = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n\
+             attributes = [\"a..b\", \".lead\", \"trail.\", \"AWS.x\", \"ok\", \"ok\"]\n"
+        );
+        let mut p = problems(load(&text, &[]).unwrap_err());
+        assert_eq!(p.len(), 5, "{p:#?}");
+        p.extend(problems(
+            load(&text.replace(r#""trail.", "AWS.x""#, r#""event_id""#), &[]).unwrap_err(),
+        ));
+        assert!(p.iter().all(|p| p.key == "sns.attributes"), "{p:#?}");
+        for name in ["a..b", ".lead", "trail.", "AWS.x", "ok", "event_id"] {
+            assert!(
+                p.iter().any(|p| p.message.contains(&format!("{name:?}"))),
+                "{name} is named: {p:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_large_payload_bucket_is_checked_and_keeps_room_for_its_attribute() {
+        let sns =
+            "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n";
+        let ok = load(
+            &format!("{MINIMAL}{sns}large_payload_bucket = \"outbox-payloads.v2\"\n"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.sns.large_payload_bucket, "outbox-payloads.v2");
+        let p = problems(
+            load(
+                &format!(
+                    "{MINIMAL}{sns}large_payload_bucket = \"Bad_Bucket\"\nlarge_payload_endpoint_url = \"localhost:4566\"\n\
+                     attributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"ExtendedPayloadSize\"]\n"
+                ),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "sns.attributes",
+                "sns.attributes",
+                "sns.large_payload_bucket",
+                "sns.large_payload_endpoint_url"
+            ],
+            "{p:#?}"
+        );
+        assert!(p[0].message.contains("ExtendedPayloadSize"), "{p:#?}");
+        assert!(p[1].message.contains("reserved"), "{p:#?}");
     }
 
     #[test]

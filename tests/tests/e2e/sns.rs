@@ -343,6 +343,283 @@ async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves
     );
 }
 
+/// Inserts one transaction of ten events of ten aggregates, the fifth
+/// carrying `marker` in its payload; `(id, aggregate)` of the nine others.
+async fn ten_with_one_marked(outbox: &Outbox, marker: &str) -> Vec<(String, String)> {
+    let rows = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'agg-' || n, CASE WHEN n = 5 THEN 'Marked' ELSE 'E' END, \
+                    jsonb_build_object('n', n, 'mark', CASE WHEN n = 5 THEN $1 ELSE 'none' END) \
+             FROM generate_series(1, 10) AS n ORDER BY n RETURNING id::text, aggregate_id, event_type",
+            &[&marker],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .filter(|r| r.get::<_, &str>(2) != "Marked")
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+}
+
+/// The state, attempts and last error of the `Marked` row.
+async fn marked_row(outbox: &Outbox) -> (String, i32, String) {
+    let row = outbox
+        .sql
+        .query_one(
+            "SELECT publish_state, attempts, coalesce(last_error, '') FROM outbox WHERE event_type = 'Marked'",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    proxy.set_refusal("POISON", "InvalidParameter");
+    proxy.set_mode(Mode::FailMarkedEntries);
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
+    )
+    .await;
+    let nine = ten_with_one_marked(&outbox, "POISON").await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = next(&sqs, &topic, nine.len()).await;
+    assert_per_aggregate_order(&nine, &envelopes(&received));
+    assert_eq!(
+        proxy
+            .actions()
+            .iter()
+            .filter(|a| *a == "PublishBatch")
+            .count(),
+        1,
+        "the ten went in one request, and the nine were not sent again"
+    );
+    assert_eq!(proxy.faults_injected(), 1);
+    let (state, attempts, error) = marked_row(&outbox).await;
+    assert_eq!((state.as_str(), attempts), ("FAILED", 1), "{error}");
+    assert!(error.contains("InvalidParameter"), "{error}");
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the refused entry",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (9, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_exception_does_not_hold_the_slot() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    proxy.set_refusal("POISON", "ValidationException");
+    proxy.set_mode(Mode::RefuseMarkedRequests);
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
+    )
+    .await;
+    let mut good = ten_with_one_marked(&outbox, "POISON").await;
+    good.extend(insert(&outbox, 3, 2, 2).await);
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let received = next(&sqs, &topic, good.len()).await;
+    assert_per_aggregate_order(&good, &envelopes(&received));
+    let (state, attempts, error) = marked_row(&outbox).await;
+    assert_eq!((state.as_str(), attempts), ("FAILED", 1), "{error}");
+    assert!(error.contains("ValidationException"), "{error}");
+    assert!(
+        proxy.faults_injected() >= 2,
+        "the whole request was refused, then the entry alone"
+    );
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the refused event",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    let summary = relay.stop().await;
+    assert_eq!(
+        (summary.delivered, summary.rejected),
+        (good.len() as u64, 1)
+    );
+}
+
+/// moto with SNS's topic-sized limits, and a raw-delivery topic of it with
+/// `MaximumMessageSize` = `limit` (moto's own default when `None`).
+async fn sized_topic(
+    moto: &sns::Moto,
+    outbox: &Outbox,
+    suffix: &str,
+    limit: Option<usize>,
+) -> Topic {
+    let name = format!("{}_{suffix}", outbox.db.name());
+    let topic = sns::topic_with_queue(&moto.endpoint(), &name, false, true).await;
+    if let Some(limit) = limit {
+        sns::sns_client(&moto.endpoint())
+            .await
+            .set_topic_attributes()
+            .topic_arn(&topic.arn)
+            .attribute_name("MaximumMessageSize")
+            .attribute_value(limit.to_string())
+            .send()
+            .await
+            .unwrap();
+    }
+    topic
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_whose_limit_is_one_mib_takes_a_600_kib_event_and_one_at_256_kib_records_it_failed()
+{
+    let moto = tokio::task::spawn_blocking(sns::Moto::start_sized_topics)
+        .await
+        .unwrap();
+    let outbox = Outbox::new().await;
+    let large = sized_topic(&moto, &outbox, "large", Some(1_048_576)).await;
+    let small = sized_topic(&moto, &outbox, "small", None).await;
+    let relay = start(&outbox, &sns_toml(&moto.endpoint(), &large.arn, "")).await;
+    outbox
+        .sql
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, topic) \
+             VALUES ('order', 'a', 'Large', jsonb_build_object('blob', repeat('x', 600 * 1024)), $1), \
+                    ('order', 'b', 'Small', jsonb_build_object('blob', repeat('y', 600 * 1024)), $2)",
+            &[&large.arn, &small.arn],
+        )
+        .await
+        .unwrap();
+    let after = insert(&outbox, 2, 2, 2).await;
+    let sqs = sns::sqs_client(&moto.endpoint()).await;
+    let received = sns::receive_all(
+        &sqs,
+        &large.queue_url,
+        1 + after.len(),
+        Duration::from_secs(30),
+    )
+    .await;
+    let big = received
+        .iter()
+        .find(|r| r.attributes.get("event_type").map(String::as_str) == Some("Large"))
+        .expect("the 600 KiB event reached the 1 MiB topic's queue");
+    let envelope: serde_json::Value = serde_json::from_str(&big.body).unwrap();
+    assert_eq!(envelope["data"]["blob"].as_str().unwrap().len(), 600 * 1024);
+    let row = outbox
+        .sql
+        .query_one(
+            "SELECT publish_state, last_error FROM outbox WHERE event_type = 'Small'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (state, error): (String, String) = (row.get(0), row.get(1));
+    assert_eq!(state, "FAILED", "{error}");
+    assert!(
+        error.contains("too large") && error.contains("262144"),
+        "{error}"
+    );
+    let summary = relay.stop().await;
+    assert_eq!(
+        (summary.delivered, summary.rejected),
+        (1 + after.len() as u64, 1)
+    );
+}
+
+/// Runs `tests/data/extended_client.py` (the official SQS Extended Client)
+/// against `endpoint` with `args`.
+fn extended_client(endpoint: &str, args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/data/extended_client.py");
+    let output = std::process::Command::new("python3")
+        .arg(script)
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .expect("python3 runs (scripts/install-deps.sh installs the library)");
+    assert!(
+        output.status.success(),
+        "extended_client.py {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_payload_goes_through_s3_and_the_official_extended_client_reads_it_back_byte_for_byte(
+) {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let name = outbox.db.name().replace('_', "-");
+    let bucket = format!("payloads-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
+    let endpoint = moto.to_string();
+    tokio::task::spawn_blocking({
+        let (endpoint, bucket) = (endpoint.clone(), bucket.clone());
+        move || extended_client(&endpoint, &["create-bucket", &bucket])
+    })
+    .await
+    .unwrap();
+    let topic = sns::topic_with_queue(&endpoint, outbox.db.name(), false, true).await;
+    let relay = start(
+        &outbox,
+        &sns_toml(
+            &endpoint,
+            &topic.arn,
+            &format!(
+                "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
+                 [envelope]\nformat = \"raw\"\n"
+            ),
+        ),
+    )
+    .await;
+    // 400 KiB of text SNS must carry as it is: quotes, escapes, non-ASCII.
+    let rows = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'a', 'Large', jsonb_build_object('blob', repeat('x\"é€ \\ ', 40 * 1024))), \
+                    ('order', 'b', 'Small', '{\"small\": true}') \
+             RETURNING id::text, payload::text",
+            &[],
+        )
+        .await
+        .unwrap();
+    let sent: HashMap<String, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(sent.values().any(|p| p.len() > 400 * 1024));
+    let out = tempfile::NamedTempFile::new().unwrap();
+    tokio::task::spawn_blocking({
+        let (endpoint, queue, out) = (
+            endpoint.clone(),
+            topic.queue_url.clone(),
+            out.path().to_str().unwrap().to_owned(),
+        );
+        move || extended_client(&endpoint, &["receive", &queue, "2", &out])
+    })
+    .await
+    .unwrap();
+    let got: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    for message in &got {
+        let id = message["attributes"]["event_id"].as_str().unwrap();
+        assert_eq!(
+            message["body"].as_str().unwrap(),
+            sent[id],
+            "the envelope of {id}, byte for byte"
+        );
+    }
+    let summary = relay.stop().await;
+    assert_eq!((summary.delivered, summary.rejected), (2, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_events_of_a_table_without_state_columns_go_to_the_dead_letter_table() {
     let moto = sns::moto_endpoint().await;

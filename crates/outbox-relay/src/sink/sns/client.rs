@@ -29,14 +29,17 @@ use std::time::{Duration, Instant, SystemTime};
 
 use aws_config::SdkConfig;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
+use aws_sigv4::http_request::{
+    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+    UriPathNormalizationMode,
+};
 use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderValue, CONTENT_TYPE, HOST, USER_AGENT};
-use hyper::{Request, StatusCode, Uri};
+use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
@@ -88,6 +91,8 @@ pub enum CallError {
 
 /// A signed-request client for one SNS endpoint.
 pub struct Client {
+    /// The signing name: `sns`, `s3`.
+    service: &'static str,
     endpoint: Endpoint,
     /// The proxy requests go through, if any.
     proxy: Option<proxy::Proxy>,
@@ -105,10 +110,8 @@ pub struct Client {
 struct Endpoint {
     /// As the operator wrote it, for messages.
     text: String,
-    /// The request URI (scheme, authority, path): what is signed, and the
-    /// request target through an `http` proxy.
-    uri: Uri,
-    /// `uri` as text, as the signer takes it.
+    /// The request URI (scheme, authority, path) as text: what is signed,
+    /// and the request target through an `http` proxy.
     signed_uri: String,
     /// The request target otherwise: the path alone (origin form).
     path: Uri,
@@ -132,11 +135,68 @@ impl Client {
         max_idle: usize,
         attempt_timeout: Duration,
     ) -> Result<Self, SnsSetupError> {
+        let (key, url) = endpoint_of(sdk, region, endpoint_url).await?;
+        Self::build(sdk, "sns", region, key, &url, max_idle, attempt_timeout)
+    }
+
+    /// A client for S3 requests to `bucket`: at `endpoint_url` (key
+    /// `sns.large_payload_endpoint_url`) or the endpoint the AWS settings
+    /// give (`AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`), path-style
+    /// (`<endpoint>/<bucket>/<key>`, as local and compatible endpoints take
+    /// it); else AWS's own, virtual-hosted (`https://<bucket>.s3.<region>.amazonaws.com`).
+    pub fn s3(
+        sdk: &SdkConfig,
+        region: &str,
+        endpoint_url: &str,
+        bucket: &str,
+        max_idle: usize,
+        attempt_timeout: Duration,
+    ) -> Result<Self, SnsSetupError> {
+        let s3_key = aws_types::service_config::ServiceConfigKey::builder()
+            .service_id("S3")
+            .env("AWS_ENDPOINT_URL")
+            .profile("endpoint_url")
+            .build()
+            .expect("every part of the key is set");
+        let custom = if !endpoint_url.is_empty() {
+            Some(("sns.large_payload_endpoint_url", endpoint_url.to_owned()))
+        } else if let Some(url) = sdk.service_config().and_then(|c| c.load_config(s3_key)) {
+            Some(("AWS_ENDPOINT_URL_S3", url))
+        } else {
+            sdk.endpoint_url()
+                .map(|url| ("AWS_ENDPOINT_URL", url.to_owned()))
+        };
+        let (key, url) = match custom {
+            Some((key, url)) => (key, format!("{}/{bucket}", url.trim_end_matches('/'))),
+            None => {
+                let suffix = if region.starts_with("cn-") {
+                    "amazonaws.com.cn"
+                } else {
+                    "amazonaws.com"
+                };
+                (
+                    "sns.large_payload_bucket",
+                    format!("https://{bucket}.s3.{region}.{suffix}"),
+                )
+            }
+        };
+        Self::build(sdk, "s3", region, key, &url, max_idle, attempt_timeout)
+    }
+
+    fn build(
+        sdk: &SdkConfig,
+        service: &'static str,
+        region: &str,
+        key: &'static str,
+        url: &str,
+        max_idle: usize,
+        attempt_timeout: Duration,
+    ) -> Result<Self, SnsSetupError> {
         let provider = sdk.credentials_provider().ok_or_else(|| SnsSetupError {
             key: "sns",
             message: "no AWS credential provider could be set up".into(),
         })?;
-        let (key, url) = endpoint_of(sdk, region, endpoint_url).await?;
+        let url = url.to_owned();
         let endpoint = Endpoint::parse(&url).map_err(|message| SnsSetupError {
             key,
             message: format!("{url:?} is not a usable endpoint: {message}"),
@@ -160,6 +220,7 @@ impl Client {
             None => None,
         };
         Ok(Self {
+            service,
             endpoint,
             tls,
             proxy,
@@ -195,34 +256,82 @@ impl Client {
         identity: &Identity,
         body: Vec<u8>,
     ) -> Result<(StatusCode, Bytes), CallError> {
+        self.request(identity, Method::POST, "", FORM, body).await
+    }
+
+    /// PUT `body` as the object `key` (S3 `PutObject`: the endpoint's path
+    /// is the bucket's), signed with `identity`; the status and body of the
+    /// answer. `key` must be of URI-safe characters.
+    pub async fn put_object(
+        &self,
+        identity: &Identity,
+        key: &str,
+        content_type: &'static str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes), CallError> {
+        self.request(identity, Method::PUT, key, content_type, body)
+            .await
+    }
+
+    async fn request(
+        &self,
+        identity: &Identity,
+        method: Method,
+        key: &str,
+        content_type: &'static str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes), CallError> {
         // Absolute form only to an `http` proxy; a tunnel or the endpoint
         // itself gets the path.
         let plain_proxy = self.proxy.as_ref().filter(|_| self.tls.is_none());
-        let target = match plain_proxy {
-            Some(_) => self.endpoint.uri.clone(),
-            None => self.endpoint.path.clone(),
+        let join = |base: &str| {
+            if key.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{}/{key}", base.trim_end_matches('/'))
+            }
         };
-        let mut request = Request::post(target)
+        let signed_uri = join(&self.endpoint.signed_uri);
+        let target: Uri = match plain_proxy {
+            Some(_) => signed_uri.parse(),
+            None => join(&self.endpoint.path.to_string()).parse(),
+        }
+        .map_err(|e: hyper::http::uri::InvalidUri| CallError::Signing(e.to_string()))?;
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(target)
             .header(HOST, self.endpoint.host.clone())
-            .header(CONTENT_TYPE, HeaderValue::from_static(FORM))
+            .header(CONTENT_TYPE, HeaderValue::from_static(content_type))
             .body(())
             .expect("a request of valid parts");
+        let mut settings = SigningSettings::default();
+        if self.service == "s3" {
+            // S3's flavour of SigV4: the path as it is, and the payload's
+            // hash in `x-amz-content-sha256`.
+            settings.percent_encoding_mode = PercentEncodingMode::Single;
+            settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+            settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        }
         let params = v4::SigningParams::builder()
             .identity(identity)
             .region(&self.region)
-            .name("sns")
+            .name(self.service)
             .time(self.clock.now())
-            .settings(SigningSettings::default())
+            .settings(settings)
             .build()
             .map_err(|e| CallError::Signing(e.to_string()))?
             .into();
-        let uri = self.endpoint.signed_uri.as_str();
         let headers = request
             .headers()
             .iter()
             .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
-        let signable = SignableRequest::new("POST", uri, headers, SignableBody::Bytes(&body))
-            .map_err(|e| CallError::Signing(e.to_string()))?;
+        let signable = SignableRequest::new(
+            method.as_str(),
+            &signed_uri,
+            headers,
+            SignableBody::Bytes(&body),
+        )
+        .map_err(|e| CallError::Signing(e.to_string()))?;
         let (instructions, _) = sign(signable, &params)
             .map_err(|e| CallError::Signing(e.to_string()))?
             .into_parts();
@@ -503,7 +612,6 @@ impl Endpoint {
             authority: host_port,
             host: HeaderValue::from_str(authority.as_str()).map_err(|e| e.to_string())?,
             signed_uri: request_uri.to_string(),
-            uri: request_uri,
             address: (host, port),
             tls_name,
         })
@@ -896,18 +1004,18 @@ mod tests {
     #[test]
     fn endpoints_are_parsed_with_their_host_header_and_address() {
         let e = Endpoint::parse("http://127.0.0.1:5000").unwrap();
-        assert_eq!(e.uri.to_string(), "http://127.0.0.1:5000/");
+        assert_eq!(e.signed_uri, "http://127.0.0.1:5000/");
         assert_eq!(e.host, "127.0.0.1:5000");
         assert_eq!(e.address, ("127.0.0.1".into(), 5000));
         assert!(e.tls_name.is_none());
         let e = Endpoint::parse("https://sns.eu-west-1.amazonaws.com:443").unwrap();
-        assert_eq!(e.uri.to_string(), "https://sns.eu-west-1.amazonaws.com/");
+        assert_eq!(e.signed_uri, "https://sns.eu-west-1.amazonaws.com/");
         assert_eq!(e.host, "sns.eu-west-1.amazonaws.com");
         assert_eq!(e.address, ("sns.eu-west-1.amazonaws.com".into(), 443));
         assert!(e.tls_name.is_some());
         let e = Endpoint::parse("http://[::1]:4566/sns").unwrap();
         assert_eq!(e.address, ("::1".into(), 4566));
-        assert_eq!(e.uri.path(), "/sns");
+        assert_eq!(e.signed_uri, "http://[::1]:4566/sns");
         assert_eq!(e.path.to_string(), "/sns");
         assert_eq!(e.authority, "[::1]:4566");
         assert!(Endpoint::parse("localhost:4566").is_err());

@@ -1,8 +1,12 @@
 //! The `sns` sink: `PublishBatch` to AWS SNS.
 //!
 //! "Delivered" means SNS listed the entry as successful. Each batch goes to one topic (the publisher groups by destination) and
-//! is split into requests of at most 10 entries and 256 KiB, counted in bytes
-//! over message bodies and attributes (names, types and values).
+//! is split into requests of at most 10 entries and the topic's size limit
+//! ([`limits`]: its `MaximumMessageSize`, 256 KiB unless set, up to 1 MiB),
+//! counted in bytes over message bodies and attributes (names, types and
+//! values), as SNS counts; a message over the limit alone is rejected, or
+//! with `sns.large_payload_bucket` stored in S3 and replaced by a pointer
+//! ([`claim_check`]).
 //!
 //! On FIFO topics (ARN ending in `.fifo`) every entry carries
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
@@ -15,19 +19,23 @@
 //!
 //! # Failure classes
 //!
+//! By the error's typed parts, never its text ([`errors`], one table):
+//!
 //! | what SNS says | outcome |
 //! |---|---|
-//! | throttling, 5xx, timeouts, connection errors, anything unknown | retryable: backoff, forever, no acknowledgement |
-//! | authorization or credential errors | retryable, logged at error level on every attempt: never dropped |
-//! | an entry's `InvalidParameter`, too large, topic `NotFound` | rejected: recorded as failed, the stream moves on |
+//! | throttling, 5xx, timeouts, connection errors | retryable: backoff, forever, no acknowledgement |
+//! | authorization, credential or KMS errors | retryable, logged at error level on every attempt: never dropped |
+//! | `InvalidParameter`, `ValidationException` and kin, an entry failure with `SenderFault=true`, any other 4xx code, too large | rejected: recorded as failed, the stream moves on |
+//! | topic `NotFound` | rejected, every entry |
+//! | anything else (an entry failure of an unknown code, not the sender's fault) | retried for `sns.retry_unknown_errors_for`, then rejected |
 //!
-//! A request-level permanent error for a batch of several entries does not
-//! condemn them all: the entries are sent again one by one so only the
-//! culprit is rejected. Nothing that may have reached SNS is sent again below
-//! the publisher (it retries with the configured policy); operation and
-//! attempt timeouts are explicit so no call hangs. FIFO ids SNS would refuse
-//! (over 128 characters, not printable ASCII) are replaced by their SHA-256
-//! ([`fifo_id`]).
+//! A request of several entries refused for a reason one entry could cause
+//! (an invalid or unknown one) does not condemn them all: the entries are sent
+//! again one by one so only the culprit is rejected. Nothing that may have
+//! reached SNS is sent again below the publisher (it retries with the
+//! configured policy); operation and attempt timeouts are explicit so no call
+//! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
+//! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 //!
 //! The calls are made by a small client of the relay's own (`client.rs`):
 //! the request body is written once into one buffer (`protocol.rs`), signed
@@ -38,6 +46,7 @@
 //! (docs/benchmarks.md).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
@@ -45,16 +54,18 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 
 use self::client::{CallError, Client};
+use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
 use super::{Message, Outcome, Sink};
 use crate::config::SnsConfig;
 
+pub mod claim_check;
 mod client;
+pub mod errors;
+pub mod limits;
 mod protocol;
 mod proxy;
 
-/// SNS's limit for one publish request, bodies and attributes together.
-pub const MAX_REQUEST_BYTES: usize = 256 * 1024;
 /// SNS's limit of entries in one PublishBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10;
 
@@ -65,6 +76,9 @@ pub struct SnsSink {
     in_flight: usize,
     linger: Duration,
     operation_timeout: Duration,
+    unknown: errors::UnknownSince,
+    limits: limits::TopicLimits,
+    claim_check: Option<claim_check::ClaimCheck>,
 }
 
 /// The SNS client cannot be built from the configuration.
@@ -110,13 +124,105 @@ impl SnsSink {
         )
         .await?;
         tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
+        let claim_check = if config.large_payload_bucket.is_empty() {
+            None
+        } else {
+            let s3 = Client::s3(
+                &sdk,
+                region.as_ref(),
+                &config.large_payload_endpoint_url,
+                &config.large_payload_bucket,
+                config.max_in_flight_batches,
+                config.attempt_timeout,
+            )?;
+            tracing::debug!(endpoint = s3.endpoint(), "large payloads go to S3");
+            Some(claim_check::ClaimCheck::new(
+                s3,
+                config.large_payload_bucket.clone(),
+            ))
+        };
         Ok(Self {
             client,
             attributes: config.attributes.clone(),
             in_flight: config.max_in_flight_batches,
             linger: config.linger,
             operation_timeout: config.operation_timeout,
+            unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
+            limits: limits::TopicLimits::new(config.max_message_size),
+            claim_check,
         })
+    }
+
+    /// The message size limit of `topic` ([`limits`]): configured, known, or
+    /// asked of SNS now. An error that is retried fails the whole batch.
+    async fn topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
+        if let Some(limit) = self.limits.known(topic) {
+            return Ok(limit);
+        }
+        let identity = self
+            .client
+            .identity()
+            .await
+            .map_err(|error| (Class::Access, error.to_string()))?;
+        let call = self
+            .client
+            .call(&identity, protocol::get_topic_attributes_body(topic));
+        let (status, body) = match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(error)) => {
+                let class = match error {
+                    CallError::Timeout { .. } => Class::TimedOut,
+                    CallError::Credentials(_) | CallError::Signing(_) => Class::Access,
+                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
+                };
+                return Err((class, error.to_string()));
+            }
+            Err(_) => {
+                return Err((
+                    Class::TimedOut,
+                    format!(
+                        "no answer from {} within {:?}",
+                        self.client.endpoint(),
+                        self.operation_timeout
+                    ),
+                ))
+            }
+        };
+        if status.is_success() {
+            return match protocol::parse_topic_attribute(&body, "MaximumMessageSize") {
+                Ok(value) => {
+                    let limit = value.and_then(|v| v.trim().parse::<usize>().ok());
+                    let limit = self.limits.learn(topic, limit);
+                    tracing::debug!(topic = %topic, limit, "learned the topic's MaximumMessageSize");
+                    Ok(limit)
+                }
+                // An SNS-compatible endpoint that does not know the call.
+                Err(error) => Ok(self.limits.denied(
+                    topic,
+                    &format!("unreadable GetTopicAttributes answer: {error}"),
+                )),
+            };
+        }
+        let error = protocol::parse_error(&body);
+        let code = error.as_ref().map(|(code, _)| code.as_str());
+        let reason = match &error {
+            Some((code, message)) => format!(
+                "GetTopicAttributes: {code}: {}",
+                message.as_deref().unwrap_or("no message")
+            ),
+            None => format!("GetTopicAttributes: HTTP {status}"),
+        };
+        match errors::classify(Some(status.as_u16()), code, None) {
+            // Not allowed, or not known to the endpoint.
+            Class::Access if code.is_some_and(errors::permission_denied) => {
+                Ok(self.limits.denied(topic, &reason))
+            }
+            Class::Invalid => Ok(self.limits.denied(topic, &reason)),
+            // The publish says so (and the topic is recorded missing); its
+            // limit is learned once it exists.
+            Class::NoTopic => Ok(limits::DEFAULT_LIMIT),
+            class => Err((class, reason)),
+        }
     }
 
     /// The request entry for `message` (at `index` in its batch) and its
@@ -126,10 +232,20 @@ impl SnsSink {
         index: usize,
         message: &'a Message,
         fifo: bool,
+        limit: usize,
+        pointer: Option<&'a str>,
     ) -> Result<(Entry<'a>, usize), String> {
         let event = &message.event;
-        let body = &message.body[..];
+        let body = pointer.map_or(&message.body[..], str::as_bytes);
         let mut size = body.len();
+        let numbers = match pointer {
+            Some(_) => {
+                let stored = message.body.len().to_string();
+                size += claim_check::SIZE_ATTRIBUTE.len() + "Number".len() + stored.len();
+                vec![(claim_check::SIZE_ATTRIBUTE, stored)]
+            }
+            None => Vec::new(),
+        };
         let mut attributes = Vec::with_capacity(4 + self.attributes.len());
         let mut attribute = |name: &'a str, value: Cow<'a, str>| {
             if value.is_empty() {
@@ -155,9 +271,10 @@ impl SnsSink {
                 }
             }
         }
-        if size > MAX_REQUEST_BYTES {
+        if size > limit {
             return Err(format!(
-                "message too large: {size} bytes with attributes; SNS accepts at most {MAX_REQUEST_BYTES}"
+                "message too large: {size} bytes with attributes; the topic accepts at most {limit} \
+                 (its MaximumMessageSize, or sns.max_message_size)"
             ));
         }
         let fifo = fifo.then(|| (fifo_id(event.group()), fifo_id(event.id())));
@@ -166,13 +283,14 @@ impl SnsSink {
             message: body,
             attributes,
             fifo,
+            numbers,
         };
         Ok((entry, size))
     }
 
-    /// Send one request of `entries`; fill `outcomes` for them (at the
+    /// Send one request of `entries`; fill `verdicts` for them (at the
     /// entries' indices).
-    async fn send(&self, topic: &str, entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>]) {
+    async fn send(&self, topic: &str, entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>]) {
         // Outside the call's timeout: a credential fetch is bounded by the
         // providers' own timeouts and must not be cut off halfway.
         let identity = match self.client.identity().await {
@@ -180,7 +298,7 @@ impl SnsSink {
             Err(error) => {
                 let reason = error.to_string();
                 tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, Class::Access, &reason);
                 return;
             }
         };
@@ -197,15 +315,21 @@ impl SnsSink {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
-                if matches!(error, CallError::Signing(_)) {
-                    tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
-                }
-                retry_all(entries, outcomes, &reason);
+                let class = match error {
+                    CallError::Signing(_) => {
+                        tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
+                        Class::Access
+                    }
+                    CallError::Credentials(_) => Class::Access,
+                    CallError::Timeout { .. } => Class::TimedOut,
+                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
+                };
+                retry_all(entries, verdicts, class, &reason);
                 return;
             }
         };
         if status.is_success() {
-            self.read_results(topic, &body, entries, outcomes);
+            self.read_results(topic, &body, entries, verdicts);
             return;
         }
         let (code, reason) = match protocol::parse_error(&body) {
@@ -225,62 +349,61 @@ impl SnsSink {
                 ),
             ),
         };
-        let class = match &code {
-            _ if status.is_server_error() => Class::Transient,
-            Some(code) => class_of(code),
-            None => Class::Transient,
-        };
+        let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
         match class {
-            Class::Permanent if code.as_deref() == Some("NotFound") => {
+            Class::NoTopic => {
                 let reason = format!(
                     "topic {topic} does not exist ({reason}): create it or fix the routing"
                 );
                 for entry in entries {
-                    outcomes[entry.index] = Some(Outcome::Rejected(reason.clone()));
+                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
                 }
             }
-            Class::Permanent if entries.len() == 1 => {
-                outcomes[entries[0].index] = Some(Outcome::Rejected(reason));
-            }
-            Class::Permanent => {
+            _ if class.narrows() && entries.len() > 1 => {
                 // Find the culprit: each entry alone, in order; after a
-                // transient failure the rest wait, so nothing overtakes it.
-                let mut pending: Option<String> = None;
+                // failure that is retried the rest wait, so nothing overtakes it.
+                let mut pending: Option<(Class, String)> = None;
                 for entry in entries {
-                    if let Some(reason) = &pending {
-                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                    if let Some((class, reason)) = &pending {
+                        verdicts[entry.index] = Some(Verdict::Retry(*class, reason.clone()));
                         continue;
                     }
-                    Box::pin(self.send(topic, std::slice::from_ref(entry), outcomes)).await;
-                    if let Some(Outcome::Retryable(reason)) = &outcomes[entry.index] {
-                        pending = Some(reason.clone());
+                    Box::pin(self.send(topic, std::slice::from_ref(entry), verdicts)).await;
+                    if let Some(Verdict::Retry(class, reason)) = &verdicts[entry.index] {
+                        pending = Some((*class, reason.clone()));
                     }
                 }
             }
-            Class::Auth => {
+            Class::Invalid => {
+                for entry in entries {
+                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            Class::Access => {
                 tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                if code.as_deref().is_some_and(stale_credentials) {
+                if code.as_deref().is_some_and(errors::stale_credentials) {
                     self.client.forget_credentials().await;
                 }
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, class, &reason);
             }
-            Class::Transient => retry_all(entries, outcomes, &reason),
+            _ => retry_all(entries, verdicts, class, &reason),
         }
     }
 
-    /// The outcomes a successful `PublishBatch` answer gives `entries`.
+    /// The verdicts a successful `PublishBatch` answer gives `entries`.
     fn read_results(
         &self,
         topic: &str,
         body: &[u8],
         entries: &[Entry<'_>],
-        outcomes: &mut [Option<Outcome>],
+        verdicts: &mut [Option<Verdict>],
     ) {
         let results = match protocol::parse_publish_batch(body) {
             Ok(results) => results,
             Err(error) => {
+                // Nothing says an entry is at fault: retried as an outage is.
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, verdicts, Class::Unavailable, &reason);
                 return;
             }
         };
@@ -289,7 +412,7 @@ impl SnsSink {
             match result {
                 EntryResult::Published { id } => {
                     if let Some(i) = ours(id) {
-                        outcomes[i] = Some(Outcome::Delivered);
+                        verdicts[i] = Some(Verdict::Delivered);
                     }
                 }
                 EntryResult::Failed {
@@ -300,25 +423,39 @@ impl SnsSink {
                 } => {
                     let Some(i) = ours(id) else { continue };
                     let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
-                    outcomes[i] = Some(match class_of(&code) {
-                        Class::Permanent if sender_fault => Outcome::Rejected(reason),
-                        Class::Auth => {
+                    let class = errors::classify(None, Some(&code), Some(sender_fault));
+                    verdicts[i] = Some(match class {
+                        Class::NoTopic => Verdict::Rejected(format!(
+                            "topic {topic} does not exist ({reason}): create it or fix the routing"
+                        )),
+                        Class::Invalid => Verdict::Rejected(reason),
+                        Class::Access => {
                             tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                            Outcome::Retryable(reason)
+                            Verdict::Retry(class, reason)
                         }
-                        _ => Outcome::Retryable(reason),
+                        _ => Verdict::Retry(class, reason),
                     });
                 }
             }
         }
         for entry in entries {
-            if outcomes[entry.index].is_none() {
-                outcomes[entry.index] = Some(Outcome::Retryable(
+            if verdicts[entry.index].is_none() {
+                verdicts[entry.index] = Some(Verdict::Retry(
+                    Class::Unknown,
                     "SNS did not answer for the entry".into(),
                 ));
             }
         }
     }
+}
+
+/// What the sink makes of one message before it becomes an [`Outcome`]: the
+/// class of a failure is kept until the batch is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    Delivered,
+    Rejected(String),
+    Retry(Class, String),
 }
 
 /// A FIFO `MessageGroupId` / `MessageDeduplicationId`: SNS takes at most 128
@@ -344,61 +481,9 @@ pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Every one of `entries` is to be sent again, for `reason`.
-fn retry_all(entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>], reason: &str) {
+fn retry_all(entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
     for entry in entries {
-        outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
-    }
-}
-
-/// Whether SNS's error `code` says the credentials themselves are expired
-/// or unknown (so the cached ones are dropped and the chain asked again).
-fn stale_credentials(code: &str) -> bool {
-    matches!(
-        code,
-        "ExpiredToken"
-            | "ExpiredTokenException"
-            | "InvalidClientTokenId"
-            | "UnrecognizedClientException"
-            | "InvalidAccessKeyId"
-    )
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Permanent,
-    Auth,
-    Transient,
-}
-
-/// What an SNS error code means for the entries it concerns.
-fn class_of(code: &str) -> Class {
-    match code {
-        "InvalidParameter"
-        | "InvalidParameterValue"
-        | "ParameterValueInvalid"
-        | "ValidationError"
-        | "NotFound"
-        | "BatchRequestTooLong"
-        | "InvalidBatchEntryId"
-        | "BatchEntryIdsNotDistinct"
-        | "EmptyBatchRequest"
-        | "TooManyEntriesInBatchRequest" => Class::Permanent,
-        "AuthorizationError"
-        | "RequestExpired"
-        | "RequestTimeTooSkewed"
-        | "InvalidSignatureException"
-        | "AccessDenied"
-        | "AccessDeniedException"
-        | "InvalidClientTokenId"
-        | "SignatureDoesNotMatch"
-        | "ExpiredToken"
-        | "ExpiredTokenException"
-        | "UnrecognizedClientException"
-        | "MissingAuthenticationToken"
-        | "IncompleteSignature"
-        | "InvalidSecurity"
-        | "KMSAccessDenied" => Class::Auth,
-        _ => Class::Transient,
+        verdicts[entry.index] = Some(Verdict::Retry(class, reason.to_owned()));
     }
 }
 
@@ -425,43 +510,156 @@ impl Sink for SnsSink {
         };
         let topic = first.destination.clone();
         let fifo = topic.ends_with(".fifo");
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
+        // The learned limit matters only to messages over the default one:
+        // while it cannot be learned, the others go as usual (a credential
+        // or endpoint problem shows in their publish) and those wait.
+        let (limit, unsure) = match self.topic_limit(&topic).await {
+            Ok(limit) => (limit, None),
+            Err((class, reason)) => {
+                let reason = format!("cannot learn the size limit of topic {topic}: {reason}");
+                tracing::debug!(topic = %topic, error = %reason, "publishing what fits the default limit");
+                (limits::DEFAULT_LIMIT, Some((class, reason)))
+            }
+        };
+        let no_pointers = vec![None; batch.len()];
+        let mut plan = self.plan(batch, fifo, limit, &no_pointers);
+        // With a bucket, the envelopes over the limit are stored first and
+        // their messages point at them; nothing is sent before.
+        let mut pointers = vec![None; batch.len()];
+        if let Some((class, reason)) = &unsure {
+            for &i in &plan.too_large {
+                plan.verdicts[i] = Some(Verdict::Retry(*class, reason.clone()));
+            }
+        } else if let (Some(claim_check), false) = (&self.claim_check, plan.too_large.is_empty()) {
+            for &i in &plan.too_large {
+                let message = &batch[i];
+                match claim_check.store(message.event.id(), &message.body).await {
+                    Ok(pointer) => pointers[i] = Some(pointer),
+                    Err((class, reason)) => {
+                        let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
+                        return self.settle(batch, verdicts);
+                    }
+                }
+            }
+            plan = self.plan(batch, fifo, limit, &pointers);
+        }
+        let Plan {
+            requests,
+            mut verdicts,
+            sizes,
+            ..
+        } = plan;
+        for request in requests {
+            let retry_pending = verdicts.iter().find_map(|v| match v {
+                Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
+                _ => None,
+            });
+            match retry_pending {
+                // An earlier request failed: later ones wait, so nothing overtakes it.
+                Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
+                None => self.send(&topic, &request, &mut verdicts).await,
+            }
+        }
+        // A refusal of what only a learned limit above the default let
+        // through: the topic's limit may have been lowered; learn it again.
+        for (verdict, size) in verdicts.iter_mut().zip(sizes) {
+            if let Some(Verdict::Rejected(reason)) = verdict {
+                if size > limits::DEFAULT_LIMIT && self.limits.refused(&topic) {
+                    let reason = format!("{reason} (the topic's MaximumMessageSize is read again)");
+                    *verdict = Some(Verdict::Retry(Class::Unknown, reason));
+                }
+            }
+        }
+        self.settle(batch, verdicts)
+    }
+}
+
+/// The requests a batch makes.
+struct Plan<'a> {
+    /// Of at most 10 entries and the topic's limit, in the batch's order.
+    requests: Vec<Vec<Entry<'a>>>,
+    /// Those of the messages decided already (too large).
+    verdicts: Vec<Option<Verdict>>,
+    /// Each message's size as sent, 0 for those not sent.
+    sizes: Vec<usize>,
+    /// The messages over the topic's limit, by index.
+    too_large: Vec<usize>,
+}
+
+impl SnsSink {
+    /// Split `batch` into requests; `pointers` are the bodies that replace
+    /// envelopes stored in S3.
+    fn plan<'a>(
+        &'a self,
+        batch: &'a [Message],
+        fifo: bool,
+        limit: usize,
+        pointers: &'a [Option<String>],
+    ) -> Plan<'a> {
+        let mut plan = Plan {
+            requests: Vec::new(),
+            verdicts: vec![None; batch.len()],
+            sizes: vec![0; batch.len()],
+            too_large: Vec::new(),
+        };
         let mut request = Vec::new();
         let mut request_bytes = 0;
-        let mut requests = Vec::new();
         for (i, message) in batch.iter().enumerate() {
-            debug_assert_eq!(message.destination, topic, "one destination per batch");
-            match self.entry(i, message, fifo) {
+            debug_assert_eq!(
+                *message.destination, *batch[0].destination,
+                "one destination per batch"
+            );
+            match self.entry(i, message, fifo, limit, pointers[i].as_deref()) {
                 Ok((entry, size)) => {
-                    if request_bytes + size > MAX_REQUEST_BYTES
-                        || request.len() == MAX_BATCH_ENTRIES
-                    {
-                        requests.push(std::mem::take(&mut request));
+                    plan.sizes[i] = size;
+                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES {
+                        plan.requests.push(std::mem::take(&mut request));
                         request_bytes = 0;
                     }
                     request.push(entry);
                     request_bytes += size;
                 }
-                Err(reason) => outcomes[i] = Some(Outcome::Rejected(reason)),
+                Err(reason) => {
+                    plan.verdicts[i] = Some(Verdict::Rejected(reason));
+                    plan.too_large.push(i);
+                }
             }
         }
         if !request.is_empty() {
-            requests.push(request);
+            plan.requests.push(request);
         }
-        for request in requests {
-            let retry_pending = outcomes.iter().find_map(|o| match o {
-                Some(Outcome::Retryable(r)) => Some(r.clone()),
-                _ => None,
-            });
-            match retry_pending {
-                // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some(reason) => retry_all(&request, &mut outcomes, &reason),
-                None => self.send(&topic, &request, &mut outcomes).await,
-            }
-        }
-        outcomes
-            .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::Retryable("not sent".into())))
+        plan
+    }
+
+    /// The outcomes of `verdicts`: a failure of unknown class is retried
+    /// until the same event has failed so for `sns.retry_unknown_errors_for`,
+    /// then recorded ([`errors::UnknownSince`]).
+    fn settle(&self, batch: &[Message], verdicts: Vec<Option<Verdict>>) -> Vec<Outcome> {
+        let unknown = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, _)));
+        let (unknown_ids, other_ids): (Vec<_>, Vec<_>) =
+            batch.iter().zip(&verdicts).partition(|(_, v)| unknown(v));
+        let given_up = self.unknown.settle(
+            std::time::Instant::now(),
+            unknown_ids.iter().map(|(m, _)| m.event.id()),
+            other_ids.iter().map(|(m, _)| m.event.id()),
+        );
+        batch
+            .iter()
+            .zip(verdicts)
+            .map(|(message, verdict)| match verdict {
+                Some(Verdict::Delivered) => Outcome::Delivered,
+                Some(Verdict::Rejected(reason)) => Outcome::Rejected(reason),
+                Some(Verdict::Retry(Class::Unknown, reason))
+                    if given_up.contains(&message.event.id()) =>
+                {
+                    Outcome::Rejected(format!(
+                        "{reason} (failing for {:?} for a reason not known to pass)",
+                        self.unknown.limit()
+                    ))
+                }
+                Some(Verdict::Retry(_, reason)) => Outcome::Retryable(reason),
+                None => Outcome::Retryable("not sent".into()),
+            })
             .collect()
     }
 }
@@ -479,15 +677,5 @@ mod tests {
         assert_ne!(spaced, fifo_id("order 43"));
         assert_eq!(fifo_id(&"x".repeat(129)).len(), 64);
         assert_eq!(fifo_id("commande-é").len(), 64);
-    }
-
-    #[test]
-    fn error_codes_are_classified() {
-        assert_eq!(class_of("Throttling"), Class::Transient);
-        assert_eq!(class_of("InternalError"), Class::Transient);
-        assert_eq!(class_of("InvalidParameter"), Class::Permanent);
-        assert_eq!(class_of("NotFound"), Class::Permanent);
-        assert_eq!(class_of("AuthorizationError"), Class::Auth);
-        assert_eq!(class_of("InvalidClientTokenId"), Class::Auth);
     }
 }

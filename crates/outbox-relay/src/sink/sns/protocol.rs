@@ -24,6 +24,8 @@ pub struct Entry<'a> {
     pub message: &'a [u8],
     /// `String` message attributes: name and (non-empty) value.
     pub attributes: Vec<(&'a str, Cow<'a, str>)>,
+    /// `Number` message attributes: name and value.
+    pub numbers: Vec<(&'static str, String)>,
     /// FIFO topics: `MessageGroupId` and `MessageDeduplicationId`.
     pub fifo: Option<(Cow<'a, str>, Cow<'a, str>)>,
 }
@@ -62,11 +64,25 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
             field(&mut body, &[b"MessageGroupId"], group.as_bytes());
             field(&mut body, &[b"MessageDeduplicationId"], dedup.as_bytes());
         }
-        for (k, (name, value)) in entry.attributes.iter().enumerate() {
+        let typed = entry
+            .attributes
+            .iter()
+            .map(|(name, value)| (*name, "String", value.as_ref()))
+            .chain(
+                entry
+                    .numbers
+                    .iter()
+                    .map(|(name, value)| (*name, "Number", value.as_str())),
+            );
+        for (k, (name, data_type, value)) in typed.enumerate() {
             let k = attribute.format(k + 1).as_bytes();
             let prefix: &[u8] = b"MessageAttributes.entry.";
             field(&mut body, &[prefix, k, b".Name"], name.as_bytes());
-            field(&mut body, &[prefix, k, b".Value.DataType"], b"String");
+            field(
+                &mut body,
+                &[prefix, k, b".Value.DataType"],
+                data_type.as_bytes(),
+            );
             field(
                 &mut body,
                 &[prefix, k, b".Value.StringValue"],
@@ -75,6 +91,52 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
         }
     }
     body
+}
+
+/// The form body of a `GetTopicAttributes` of `topic`.
+pub fn get_topic_attributes_body(topic: &str) -> Vec<u8> {
+    let mut body = b"Action=GetTopicAttributes&Version=2010-03-31&TopicArn=".to_vec();
+    encode(&mut body, topic.as_bytes());
+    body
+}
+
+/// The value of the topic attribute `name` in a `GetTopicAttributesResponse`
+/// (`…/Attributes/entry/{key,value}`), `None` when the topic has none.
+pub fn parse_topic_attribute(xml: &[u8], name: &str) -> Result<Option<String>, XmlDecodeError> {
+    let mut doc = Document::try_from(xml)?;
+    let mut root = doc.root_element()?;
+    if !root.start_el().matches("GetTopicAttributesResponse") {
+        return Err(XmlDecodeError::custom(format!(
+            "expected GetTopicAttributesResponse, found {}",
+            root.start_el().local()
+        )));
+    }
+    while let Some(mut result) = root.next_tag() {
+        if !result.start_el().matches("GetTopicAttributesResult") {
+            continue;
+        }
+        while let Some(mut attributes) = result.next_tag() {
+            if !attributes.start_el().matches("Attributes") {
+                continue;
+            }
+            while let Some(mut entry) = attributes.next_tag() {
+                let (mut key, mut value) = (None, None);
+                while let Some(mut field) = entry.next_tag() {
+                    let which = field.start_el().local().to_owned();
+                    let text = try_data(&mut field)?.into_owned();
+                    match which.as_str() {
+                        "key" => key = Some(text),
+                        "value" => value = Some(text),
+                        _ => {}
+                    }
+                }
+                if key.as_deref() == Some(name) {
+                    return Ok(value);
+                }
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Form-encode `value` onto `out`: RFC 3986's unreserved characters as they
@@ -403,12 +465,14 @@ mod tests {
                     ("traceparent", Cow::Owned("00-ab cd".into())),
                 ],
                 fifo: Some((Cow::Borrowed("order/7"), Cow::Borrowed("e-1"))),
+                numbers: vec![("ExtendedPayloadSize", "300000".into())],
             },
             Entry {
                 index: 4,
                 message: b"x",
                 attributes: vec![],
                 fifo: None,
+                numbers: vec![],
             },
         ];
         let topic = "arn:aws:sns:us-east-1:123456789012:orders.fifo";
@@ -440,13 +504,25 @@ mod tests {
             get(&format!("{m1}.MessageAttributes.entry.2.Value.StringValue")),
             "00-ab cd"
         );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Name")),
+            "ExtendedPayloadSize"
+        );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Value.DataType")),
+            "Number"
+        );
+        assert_eq!(
+            get(&format!("{m1}.MessageAttributes.entry.3.Value.StringValue")),
+            "300000"
+        );
         let m2 = "PublishBatchRequestEntries.member.2";
         assert_eq!(get(&format!("{m2}.Id")), "4");
         assert_eq!(get(&format!("{m2}.Message")), "x");
         assert!(!fields
             .iter()
             .any(|(k, _)| k.starts_with(&format!("{m2}.MessageGroupId"))));
-        assert_eq!(fields.len(), 3 + 4 + 2 * 3 + 2);
+        assert_eq!(fields.len(), 3 + 4 + 3 * 3 + 2);
     }
 
     proptest::proptest! {
@@ -612,6 +688,36 @@ mod tests {
         "\n  ",
         "<member><Id> 12</Id></member>",
     ];
+
+    #[test]
+    fn a_topic_attribute_is_read_from_its_answer() {
+        let aws = br#"<GetTopicAttributesResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/">
+  <GetTopicAttributesResult>
+    <Attributes>
+      <entry><key>Owner</key><value>123456789012</value></entry>
+      <entry><key>MaximumMessageSize</key><value>1048576</value></entry>
+      <entry><key>Policy</key><value>{&quot;Version&quot;:&quot;2008-10-17&quot;}</value></entry>
+    </Attributes>
+  </GetTopicAttributesResult>
+  <ResponseMetadata><RequestId>r</RequestId></ResponseMetadata>
+</GetTopicAttributesResponse>"#;
+        assert_eq!(
+            parse_topic_attribute(aws, "MaximumMessageSize").unwrap(),
+            Some("1048576".into())
+        );
+        assert_eq!(
+            parse_topic_attribute(aws, "Policy").unwrap().as_deref(),
+            Some(r#"{"Version":"2008-10-17"}"#)
+        );
+        assert_eq!(parse_topic_attribute(aws, "FifoTopic").unwrap(), None);
+        assert!(parse_topic_attribute(b"<ErrorResponse/>", "x").is_err());
+        let body =
+            String::from_utf8(get_topic_attributes_body("arn:aws:sns:us-east-1:1:t")).unwrap();
+        assert_eq!(
+            body,
+            "Action=GetTopicAttributes&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3At"
+        );
+    }
 
     #[test]
     fn error_answers_give_their_code_and_message() {

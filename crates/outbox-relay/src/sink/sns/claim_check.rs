@@ -1,0 +1,160 @@
+//! Large payloads in S3, in the format of the AWS SNS/SQS Extended Client
+//! Libraries (the claim check), so a consumer using one of them reads the
+//! original envelope unchanged.
+//!
+//! With `sns.large_payload_bucket` set, an envelope that with its attributes
+//! is larger than its topic's limit is stored first (`PutObject`, signed for
+//! `s3` by the same client as SNS calls), and the message published instead
+//! carries:
+//!
+//! * the body `["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"…","s3Key":"…"}]`
+//!   (the libraries' `PayloadS3Pointer`, serialised as Jackson writes it);
+//! * the `Number` attribute `ExtendedPayloadSize`: the envelope's size in
+//!   bytes, by which the libraries know the body is a pointer;
+//! * the other attributes as usual (subscription filter policies still
+//!   apply; the libraries allow at most 9 others, checked at start-up).
+//!
+//! The object key is the event id (its SHA-256 when it is not URI-safe), so
+//! a retry overwrites the same object and a repeat carries the same pointer.
+//! The relay never deletes objects: consumers may read a message more than
+//! once, and a message may be read long after it was sent; a lifecycle rule
+//! on the bucket expires them (docs/operations.md).
+//!
+//! A failed store is retried as the publish would be: throttling and 5xx as
+//! outages; anything else (no bucket, access denied) as an access error, logged,
+//! forever, since an operator fixes it and the event is not at fault.
+//! Nothing is published before its payload is stored.
+
+use std::borrow::Cow;
+
+use aws_smithy_xml::decode::{try_data, Document};
+
+use super::client::{CallError, Client};
+use super::errors::{self, Class};
+
+/// The pointer's class name, first in the body.
+pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+/// The attribute that marks a message as a pointer and gives the payload's
+/// size in bytes.
+pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
+/// The attribute the libraries' first versions used for the same.
+pub const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
+
+/// Where large payloads go.
+pub struct ClaimCheck {
+    client: Client,
+    bucket: String,
+}
+
+impl ClaimCheck {
+    /// Payloads go to `bucket` through `client` (made with [`Client::s3`]).
+    pub fn new(client: Client, bucket: String) -> Self {
+        Self { client, bucket }
+    }
+
+    /// Store `payload` for the event `event_id`; the body of the message
+    /// that points at it.
+    pub async fn store(&self, event_id: &str, payload: &[u8]) -> Result<String, (Class, String)> {
+        let key = object_key(event_id);
+        let identity = self
+            .client
+            .identity()
+            .await
+            .map_err(|error| (Class::Access, error.to_string()))?;
+        let stored = self
+            .client
+            .put_object(&identity, &key, "application/json", payload.to_vec())
+            .await;
+        let where_ = || format!("s3://{}/{key}", self.bucket);
+        let (status, body) = stored.map_err(|error| {
+            let class = match error {
+                CallError::Timeout { .. } => Class::TimedOut,
+                CallError::Credentials(_) | CallError::Signing(_) => Class::Access,
+                CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
+            };
+            (
+                class,
+                format!("storing the payload at {}: {error}", where_()),
+            )
+        })?;
+        if status.is_success() {
+            return Ok(pointer(&self.bucket, &key));
+        }
+        let code = s3_error_code(&body);
+        let reason = format!(
+            "storing the payload at {}: HTTP {status}{}",
+            where_(),
+            code.as_deref().map(|c| format!(" {c}")).unwrap_or_default()
+        );
+        let class = match errors::classify(Some(status.as_u16()), code.as_deref(), None) {
+            class @ (Class::Throttled | Class::Unavailable | Class::TimedOut) => class,
+            _ => Class::Access,
+        };
+        if class == Class::Access {
+            tracing::error!(bucket = %self.bucket, error = %reason, "cannot store a large payload in S3; retrying");
+        }
+        Err((class, reason))
+    }
+}
+
+/// The object key of the event `event_id`: the id itself when it is of
+/// URI-safe characters and not too long, else its hex SHA-256.
+pub fn object_key(event_id: &str) -> Cow<'_, str> {
+    use sha2::Digest as _;
+    let safe = !event_id.is_empty()
+        && event_id.len() <= 200
+        && !event_id.starts_with('.')
+        && event_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if safe {
+        return Cow::Borrowed(event_id);
+    }
+    let digest = sha2::Sha256::digest(event_id.as_bytes());
+    Cow::Owned(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The pointer body for `key` in `bucket`.
+pub fn pointer(bucket: &str, key: &str) -> String {
+    serde_json::json!([POINTER_CLASS, {"s3BucketName": bucket, "s3Key": key}]).to_string()
+}
+
+/// The `Code` of an S3 error answer (`<Error><Code>…`).
+fn s3_error_code(xml: &[u8]) -> Option<String> {
+    let mut doc = Document::try_from(xml).ok()?;
+    let mut root = doc.root_element().ok()?;
+    if !root.start_el().matches("Error") {
+        return None;
+    }
+    while let Some(mut field) = root.next_tag() {
+        if field.start_el().matches("Code") {
+            return try_data(&mut field).ok().map(Cow::into_owned);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pointer_is_the_extended_client_libraries_own() {
+        // As the Java libraries' Jackson writes a PayloadS3Pointer.
+        assert_eq!(
+            pointer("my-bucket", "0b6f…"),
+            r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"my-bucket","s3Key":"0b6f…"}]"#
+        );
+        let uuid = "5f0c2b5e-8d4e-4c39-9c1f-3a0d5d1c9b7a";
+        assert_eq!(object_key(uuid), uuid);
+        let odd = object_key("order 42/é");
+        assert_eq!(odd.len(), 64);
+        assert_eq!(odd, object_key("order 42/é"), "stable");
+        assert_eq!(object_key("..").len(), 64);
+        assert_eq!(
+            s3_error_code(b"<?xml version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>m</Message></Error>"),
+            Some("NoSuchBucket".into())
+        );
+        assert_eq!(s3_error_code(b"<html/>"), None);
+    }
+}
