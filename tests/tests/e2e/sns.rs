@@ -302,6 +302,21 @@ async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves
         sns::receive_all(&sqs, &topic.queue_url, after.len(), Duration::from_secs(30)).await;
     assert_per_aggregate_order(&after, &envelopes(&received));
 
+    // Recorded apart from the others' delivery: each topic's limit is
+    // learned first (GetTopicAttributes), and the missing topic's lookup fails.
+    wait_until(Duration::from_secs(30), "both are recorded", || async {
+        outbox
+            .sql
+            .query_one(
+                "SELECT count(*) = 2 FROM outbox WHERE event_type IN ('Huge', 'Lost') AND last_error IS NOT NULL",
+                &[],
+            )
+            .await
+            .ok()?
+            .get::<_, bool>(0)
+            .then_some(())
+    })
+    .await;
     let rows = outbox
         .sql
         .query(
