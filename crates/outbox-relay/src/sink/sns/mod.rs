@@ -18,6 +18,12 @@
 //! | what SNS says | outcome |
 //! |---|---|
 //! | throttling, 5xx, timeouts, connection errors, anything unknown | retryable: backoff, forever, no acknowledgement |
+//!
+//! A retry carries its [`Cause`]: throttling (`Throttling` and its kin, HTTP
+//! 429) is [`Cause::Throttled`], a timeout [`Cause::TimedOut`], a 5xx or a
+//! connection failure [`Cause::Unavailable`]: the load signals on which the
+//! publisher's concurrency limit shrinks. Credential, signing and unknown
+//! client errors are [`Cause::Other`]: sending less would not help them.
 //! | authorization or credential errors | retryable, logged at error level on every attempt: never dropped |
 //! | an entry's `InvalidParameter`, too large, topic `NotFound` | rejected: recorded as failed, the stream moves on |
 //!
@@ -46,7 +52,7 @@ use aws_config::{BehaviorVersion, Region};
 
 use self::client::{CallError, Client};
 use self::protocol::{Entry, EntryResult};
-use super::{Message, Outcome, Sink};
+use super::{Cause, Concurrency, Message, Outcome, Retry, Sink};
 use crate::config::SnsConfig;
 
 mod client;
@@ -62,7 +68,7 @@ pub const MAX_BATCH_ENTRIES: usize = 10;
 pub struct SnsSink {
     client: Client,
     attributes: Vec<String>,
-    in_flight: usize,
+    concurrency: Concurrency,
     linger: Duration,
     operation_timeout: Duration,
 }
@@ -113,7 +119,7 @@ impl SnsSink {
         Ok(Self {
             client,
             attributes: config.attributes.clone(),
-            in_flight: config.max_in_flight_batches,
+            concurrency: config.concurrency(),
             linger: config.linger,
             operation_timeout: config.operation_timeout,
         })
@@ -180,7 +186,7 @@ impl SnsSink {
             Err(error) => {
                 let reason = error.to_string();
                 tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, outcomes, Cause::Other, &reason);
                 return;
             }
         };
@@ -200,7 +206,12 @@ impl SnsSink {
                 if matches!(error, CallError::Signing(_)) {
                     tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
                 }
-                retry_all(entries, outcomes, &reason);
+                let cause = match error {
+                    CallError::Timeout { .. } => Cause::TimedOut,
+                    CallError::Connect { .. } | CallError::Io { .. } => Cause::Unavailable,
+                    CallError::Credentials(_) | CallError::Signing(_) => Cause::Other,
+                };
+                retry_all(entries, outcomes, cause, &reason);
                 return;
             }
         };
@@ -225,6 +236,12 @@ impl SnsSink {
                 ),
             ),
         };
+        let cause = match &code {
+            _ if status == hyper::StatusCode::TOO_MANY_REQUESTS => Cause::Throttled,
+            Some(code) if throttling(code) => Cause::Throttled,
+            _ if status.is_server_error() => Cause::Unavailable,
+            _ => Cause::Other,
+        };
         let class = match &code {
             _ if status.is_server_error() => Class::Transient,
             Some(code) => class_of(code),
@@ -245,15 +262,15 @@ impl SnsSink {
             Class::Permanent => {
                 // Find the culprit: each entry alone, in order; after a
                 // transient failure the rest wait, so nothing overtakes it.
-                let mut pending: Option<String> = None;
+                let mut pending: Option<Retry> = None;
                 for entry in entries {
-                    if let Some(reason) = &pending {
-                        outcomes[entry.index] = Some(Outcome::Retryable(reason.clone()));
+                    if let Some(retry) = &pending {
+                        outcomes[entry.index] = Some(Outcome::Retryable(retry.clone()));
                         continue;
                     }
                     Box::pin(self.send(topic, std::slice::from_ref(entry), outcomes)).await;
-                    if let Some(Outcome::Retryable(reason)) = &outcomes[entry.index] {
-                        pending = Some(reason.clone());
+                    if let Some(Outcome::Retryable(retry)) = &outcomes[entry.index] {
+                        pending = Some(retry.clone());
                     }
                 }
             }
@@ -262,9 +279,9 @@ impl SnsSink {
                 if code.as_deref().is_some_and(stale_credentials) {
                     self.client.forget_credentials().await;
                 }
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, outcomes, cause, &reason);
             }
-            Class::Transient => retry_all(entries, outcomes, &reason),
+            Class::Transient => retry_all(entries, outcomes, cause, &reason),
         }
     }
 
@@ -280,7 +297,7 @@ impl SnsSink {
             Ok(results) => results,
             Err(error) => {
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(entries, outcomes, &reason);
+                retry_all(entries, outcomes, Cause::Other, &reason);
                 return;
             }
         };
@@ -304,17 +321,20 @@ impl SnsSink {
                         Class::Permanent if sender_fault => Outcome::Rejected(reason),
                         Class::Auth => {
                             tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                            Outcome::Retryable(reason)
+                            Outcome::retry(Cause::Other, reason)
                         }
-                        _ => Outcome::Retryable(reason),
+                        _ if throttling(&code) => Outcome::retry(Cause::Throttled, reason),
+                        _ if !sender_fault => Outcome::retry(Cause::Unavailable, reason),
+                        _ => Outcome::retry(Cause::Other, reason),
                     });
                 }
             }
         }
         for entry in entries {
             if outcomes[entry.index].is_none() {
-                outcomes[entry.index] = Some(Outcome::Retryable(
-                    "SNS did not answer for the entry".into(),
+                outcomes[entry.index] = Some(Outcome::retry(
+                    Cause::Other,
+                    "SNS did not answer for the entry",
                 ));
             }
         }
@@ -343,11 +363,27 @@ pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(hex)
 }
 
-/// Every one of `entries` is to be sent again, for `reason`.
-fn retry_all(entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>], reason: &str) {
+/// Every one of `entries` is to be sent again, for `reason` of kind `cause`.
+fn retry_all(entries: &[Entry<'_>], outcomes: &mut [Option<Outcome>], cause: Cause, reason: &str) {
     for entry in entries {
-        outcomes[entry.index] = Some(Outcome::Retryable(reason.to_owned()));
+        outcomes[entry.index] = Some(Outcome::retry(cause, reason));
     }
+}
+
+/// Whether SNS's error `code` asks the caller to slow down.
+fn throttling(code: &str) -> bool {
+    matches!(
+        code,
+        "Throttling"
+            | "ThrottlingException"
+            | "ThrottledException"
+            | "Throttled"
+            | "TooManyRequestsException"
+            | "RequestLimitExceeded"
+            | "RequestThrottled"
+            | "RequestThrottledException"
+            | "SlowDown"
+    )
 }
 
 /// Whether SNS's error `code` says the credentials themselves are expired
@@ -411,8 +447,8 @@ impl Sink for SnsSink {
         MAX_BATCH_ENTRIES
     }
 
-    fn max_in_flight_batches(&self) -> usize {
-        self.in_flight
+    fn concurrency(&self) -> Concurrency {
+        self.concurrency
     }
 
     fn linger(&self) -> Duration {
@@ -455,13 +491,13 @@ impl Sink for SnsSink {
             });
             match retry_pending {
                 // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some(reason) => retry_all(&request, &mut outcomes, &reason),
+                Some(retry) => retry_all(&request, &mut outcomes, retry.cause, &retry.reason),
                 None => self.send(&topic, &request, &mut outcomes).await,
             }
         }
         outcomes
             .into_iter()
-            .map(|o| o.unwrap_or_else(|| Outcome::Retryable("not sent".into())))
+            .map(|o| o.unwrap_or_else(|| Outcome::retry(Cause::Other, "not sent")))
             .collect()
     }
 }
@@ -489,5 +525,7 @@ mod tests {
         assert_eq!(class_of("NotFound"), Class::Permanent);
         assert_eq!(class_of("AuthorizationError"), Class::Auth);
         assert_eq!(class_of("InvalidClientTokenId"), Class::Auth);
+        assert!(throttling("Throttling"));
+        assert!(!throttling("InternalError"));
     }
 }
