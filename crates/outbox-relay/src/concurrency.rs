@@ -16,9 +16,17 @@
 //! timed out, the destination unavailable), and whether the publisher had
 //! work for every slot ([`Limiter::saturated`]). At the end of a window:
 //!
-//! * **Back pressure, or an RTT well above the baseline** (mean plus
-//!   [`DEVIATIONS`] standard deviations, and at least [`RISE`] above it):
-//!   the limit is multiplied by [`DECREASE`] (at least 1 less, never under 1).
+//! * **Back pressure**: the limit is multiplied by [`BACK_OFF`]. The
+//!   destination said no outright (throttled, failed, or did not answer), so
+//!   it is halved as TCP halves its window on loss: a quota is usually a
+//!   token bucket, which says nothing until its burst is spent, by when the
+//!   limit may be well above the rate the quota allows.
+//! * **An RTT well above the baseline** (mean plus [`DEVIATIONS`] standard
+//!   deviations, and at least [`RISE`] above it): queueing somewhere; the
+//!   limit is multiplied by [`DECREASE`], as Vector does.
+//! * Either way at least 1 less, never under 1. Back pressure on a batch
+//!   sent before the last decrease is not counted again: it was sent under
+//!   the old limit, which is already paid for (TCP's recovery rule).
 //! * **The limit was reached and the RTT held** (at most the baseline mean
 //!   plus [`RISE`]): the limit grows: by half of itself while no back pressure
 //!   nor rise has been seen since start (slow start: from the initial limit
@@ -40,7 +48,9 @@ use std::time::{Duration, Instant};
 
 /// The limit an adaptive limiter starts from.
 pub const INITIAL: usize = 8;
-/// Multiplicative decrease on back pressure.
+/// Multiplicative decrease on back pressure (throttling, timeouts, 5xx).
+pub const BACK_OFF: f64 = 0.5;
+/// Multiplicative decrease on a rising RTT.
 pub const DECREASE: f64 = 0.9;
 /// An RTT this many standard deviations above the baseline mean is a rise.
 pub const DEVIATIONS: f64 = 2.5;
@@ -115,6 +125,8 @@ pub struct Limiter {
     slow_start: bool,
     baseline: Ewma,
     window: Window,
+    /// When the limit was last lowered.
+    decreased: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -144,6 +156,7 @@ impl Limiter {
             slow_start: true,
             baseline: Ewma::default(),
             window: Window::default(),
+            decreased: None,
         }
     }
 
@@ -174,7 +187,13 @@ impl Limiter {
                 self.window.rtt_sum += rtt.as_secs_f64();
                 self.window.samples += 1;
             }
-            Signal::BackPressure => self.window.back_pressure = true,
+            Signal::BackPressure => {
+                let sent = now.checked_sub(rtt).unwrap_or(now);
+                if self.decreased.is_some_and(|at| sent < at) {
+                    return;
+                }
+                self.window.back_pressure = true;
+            }
             Signal::Neutral => return,
         }
         let ends = *self.window.ends.get_or_insert(now);
@@ -201,8 +220,14 @@ impl Limiter {
         };
         if window.back_pressure || risen {
             self.slow_start = false;
-            let lower = (self.limit as f64 * DECREASE) as usize;
+            let factor = if window.back_pressure {
+                BACK_OFF
+            } else {
+                DECREASE
+            };
+            let lower = (self.limit as f64 * factor) as usize;
             self.limit = lower.min(self.limit - 1).max(1);
+            self.decreased = Some(now);
         } else if window.saturated && held {
             let step = if self.slow_start {
                 (self.limit / 2).max(1)
@@ -311,12 +336,12 @@ mod tests {
             })
             .collect();
         assert!(
-            settled.iter().all(|&l| (15..=21).contains(&l)),
+            settled.iter().all(|&l| (10..=21).contains(&l)),
             "{settled:?}"
         );
-        // Additive increase near the knee: most windows are under the quota.
+        // Additive increase near the knee: few windows are over the quota.
         let over = settled.iter().filter(|&&l| l > 20).count();
-        assert!(over * 4 <= settled.len(), "{settled:?}");
+        assert!(over * 8 <= settled.len(), "{settled:?}");
     }
 
     #[test]
