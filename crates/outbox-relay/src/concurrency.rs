@@ -22,8 +22,13 @@
 //!   token bucket, which says nothing until its burst is spent, by when the
 //!   limit may be well above the rate the quota allows.
 //! * **An RTT well above the baseline** (mean plus [`DEVIATIONS`] standard
-//!   deviations, and at least [`RISE`] above it): queueing somewhere; the
-//!   limit is multiplied by [`DECREASE`], as Vector does.
+//!   deviations, and at least [`FALL_RISE`] above it) while the limit was
+//!   reached: queueing somewhere; the limit is multiplied by [`DECREASE`], as
+//!   Vector does. Only when the limit was reached: with slots to spare the
+//!   limit is not what loads the destination, and lowering it would only
+//!   queue messages in the relay. And only for a clear rise: on a shared
+//!   host the RTT also rises with the host's own CPU load, which fewer calls
+//!   in flight do not cure.
 //! * Either way at least 1 less, never under 1. Back pressure on a batch
 //!   sent before the last decrease is not counted again: it was sent under
 //!   the old limit, which is already paid for (TCP's recovery rule).
@@ -57,6 +62,8 @@ pub const DEVIATIONS: f64 = 2.5;
 /// RTTs within this fraction of the baseline mean count as holding (jitter
 /// of a constant link must not read as a rise).
 pub const RISE: f64 = 0.05;
+/// An RTT this fraction above the baseline mean (or more) may lower the limit.
+pub const FALL_RISE: f64 = 0.25;
 /// Weight of a new window's RTT in the baseline.
 const ALPHA: f64 = 0.4;
 /// Shortest window, so a destination that answers in microseconds does not
@@ -210,7 +217,11 @@ impl Limiter {
         let deviation = self.baseline.deviation();
         let holds = |c: f64, mean: f64| c <= mean * (1.0 + RISE);
         let risen = match (mean, current) {
-            (Some(mean), Some(c)) => !holds(c, mean) && c >= mean + DEVIATIONS * deviation,
+            (Some(mean), Some(c)) => {
+                window.saturated
+                    && c >= mean * (1.0 + FALL_RISE)
+                    && c >= mean + DEVIATIONS * deviation
+            }
             _ => false,
         };
         let held = match (mean, current) {
