@@ -173,10 +173,10 @@ fn respond(body: &Bytes, state: &State) -> Response<Full<Bytes>> {
         let end = memchr::memchr(b'&', rest).unwrap_or(rest.len());
         String::from_utf8_lossy(&rest[..end]).into_owned()
     };
-    let batch = memchr::memmem::find(&body, b"Action=PublishBatch&").is_some()
+    let batch = memchr::memmem::find(body, b"Action=PublishBatch&").is_some()
         || body.ends_with(b"Action=PublishBatch");
     let xml = if batch {
-        let ids: Vec<String> = memchr::memmem::find_iter(&body, b".Id=")
+        let ids: Vec<String> = memchr::memmem::find_iter(body, b".Id=")
             .filter(|&at| {
                 // `PublishBatchRequestEntries.member.N.Id=`: a key, not text
                 // inside a value (values have `=` and `&` encoded).

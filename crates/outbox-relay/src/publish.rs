@@ -829,13 +829,14 @@ mod tests {
         }
     }
 
-    fn start(
-        sink: &Arc<Sizes>,
-    ) -> (
+    /// The publisher's input, its completions, and its task.
+    type Running = (
         mpsc::Sender<Vec<Dispatch>>,
         mpsc::UnboundedReceiver<Vec<Completion>>,
         tokio::task::JoinHandle<Result<(), RecordError>>,
-    ) {
+    );
+
+    fn start(sink: &Arc<Sizes>) -> Running {
         let (tx, rx) = mpsc::channel(100);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let backoff = Backoff::new(&crate::config::RetryConfig::default());
