@@ -10,13 +10,14 @@
 //!
 //! # Batches and concurrency
 //!
-//! * Messages wait in one queue per ordering group, in commit order. The
-//!   groups that may send (not blocked, see below) are taken oldest head
-//!   first; a batch takes from each the longest run of its queue's front that
-//!   goes to the batch's destination, until the batch is full. So a backlog
-//!   of few groups still fills batches (several messages of one group travel
-//!   in one batch, in order), and a pick costs the batch's groups, not the
-//!   queue's length.
+//! * Messages wait in one queue per ordering group, in commit order. A batch
+//!   takes the oldest messages of the groups that may send (not blocked, see
+//!   below), merging their queues by arrival: what one pass over a single
+//!   queue in commit order would take, skipping blocked groups, but at a cost
+//!   of the batch's size, not of the messages waiting behind blocked groups.
+//!   A backlog of few groups still fills batches (several messages of one
+//!   group travel in one batch, in order), and a sink with one batch in
+//!   flight publishes in commit order.
 //! * A partial batch goes at once when no batch is in flight (an idle relay
 //!   does not wait); otherwise it waits up to the sink's linger for more.
 //! * At most [`Limiter::limit`] batches are in flight: fixed, or adaptive
@@ -425,44 +426,68 @@ impl<S: Sink> Publisher<S> {
         }
     }
 
-    /// Take `picked` (group, how many from its front) out of the queues and
-    /// block those groups: the batch's messages with their group keys and
-    /// sequence numbers.
-    fn take(&mut self, picked: &[(GroupKey, usize)]) -> (Vec<Message>, Vec<GroupKey>, Vec<u64>) {
-        let n = picked.iter().map(|(_, n)| n).sum();
-        let mut batch = Vec::with_capacity(n);
-        let mut keys = Vec::with_capacity(n);
-        let mut seqs = Vec::with_capacity(n);
-        for &(key, n) in picked {
+    /// Take `picked` (one group key per message, in the batch's order) out
+    /// of the groups' queues and block those groups: the batch's messages
+    /// with their group keys and sequence numbers.
+    fn take(&mut self, picked: &[GroupKey]) -> (Vec<Message>, Vec<GroupKey>, Vec<u64>) {
+        for &key in picked {
             let group = self.groups.get_mut(&key).expect("a picked group is queued");
-            if let Some(front) = group.queue.front() {
-                self.ready.remove(&(front.seq, key));
+            if group.block.is_none() {
+                if let Some(front) = group.queue.front() {
+                    self.ready.remove(&(front.seq, key));
+                }
+                group.block = Some(Block::InFlight);
             }
-            for q in group.queue.drain(..n) {
-                batch.push(q.message);
-                keys.push(key);
-                seqs.push(q.seq);
-            }
-            group.block = Some(Block::InFlight);
         }
-        self.queued -= n;
-        (batch, keys, seqs)
+        let mut batch = Vec::with_capacity(picked.len());
+        let mut seqs = Vec::with_capacity(picked.len());
+        for &key in picked {
+            let q = self.groups.get_mut(&key).and_then(|g| g.queue.pop_front());
+            let q = q.expect("a picked message is queued");
+            batch.push(q.message);
+            seqs.push(q.seq);
+        }
+        self.queued -= picked.len();
+        (batch, picked.to_vec(), seqs)
     }
 
-    /// The next batch as (group, how many from its front), oldest group
-    /// first; or when to look again.
-    fn pick(&self, now: Instant, open: bool) -> (Vec<(GroupKey, usize)>, Option<Instant>) {
+    /// The next batch: the group of each of its messages, in commit order
+    /// (the oldest messages of the groups that may send, each group's from
+    /// the front of its queue); or when to look again.
+    ///
+    /// A merge of the ready groups' queues by sequence number: what the
+    /// batch holds is what one pass over a single queue in commit order
+    /// would take, skipping blocked groups, so a sink with one batch in
+    /// flight still publishes in commit order.
+    fn pick(&self, now: Instant, open: bool) -> (Vec<GroupKey>, Option<Instant>) {
+        use std::cmp::Reverse;
         let mut picked = Vec::new();
-        let mut count = 0;
         let mut skipped = 0;
         let mut destination: Option<&str> = None;
         let mut oldest: Option<Instant> = None;
-        for &(_, key) in &self.ready {
-            let Some(front) = self.groups.get(&key).and_then(|g| g.queue.front()) else {
-                continue;
+        // Groups already in the batch: their next message, as (seq, key, index).
+        let mut next: std::collections::BinaryHeap<Reverse<(u64, GroupKey, usize)>> =
+            std::collections::BinaryHeap::new();
+        let mut heads = self.ready.iter().peekable();
+        while picked.len() < self.max_batch {
+            let from_head = match (heads.peek(), next.peek()) {
+                (Some(&&(h, _)), Some(Reverse((n, _, _)))) => h < *n,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
             };
-            let here = &*front.message.destination;
+            let (key, index) = if from_head {
+                let &(_, key) = heads.next().expect("peeked");
+                (key, 0)
+            } else {
+                let Reverse((_, key, index)) = next.pop().expect("peeked");
+                (key, index)
+            };
+            let queue = &self.groups[&key].queue;
+            let q = &queue[index];
+            let here = &*q.message.destination;
             if destination.is_some_and(|d| d != here) {
+                // This group's run for the batch ends here.
                 skipped += 1;
                 if skipped > MAX_SKIPPED_GROUPS {
                     break;
@@ -470,17 +495,10 @@ impl<S: Sink> Publisher<S> {
                 continue;
             }
             destination = Some(here);
-            let run = self.groups[&key]
-                .queue
-                .iter()
-                .take(self.max_batch - count)
-                .take_while(|q| &*q.message.destination == here)
-                .count();
-            oldest = Some(oldest.map_or(front.arrived, |o| o.min(front.arrived)));
-            picked.push((key, run));
-            count += run;
-            if count == self.max_batch {
-                break;
+            oldest = Some(oldest.map_or(q.arrived, |o| o.min(q.arrived)));
+            picked.push(key);
+            if let Some(after) = queue.get(index + 1) {
+                next.push(Reverse((after.seq, key, index + 1)));
             }
         }
         let wake = self.waiting.first().map(|&(at, _)| at);
@@ -488,7 +506,7 @@ impl<S: Sink> Publisher<S> {
         // flight, until its oldest has lingered; with none in flight it goes.
         if let Some(oldest) = oldest {
             let ready_at = oldest + self.linger;
-            if open && count < self.max_batch && self.batches > 0 && ready_at > now {
+            if open && picked.len() < self.max_batch && self.batches > 0 && ready_at > now {
                 return (Vec::new(), Some(wake.map_or(ready_at, |w| w.min(ready_at))));
             }
         }
