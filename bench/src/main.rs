@@ -6,11 +6,22 @@
 //!    same LSN). Each contender drains its slot alone: `pg_recvlogical`
 //!    (pgoutput, proto_version 1, to /dev/null) as the baseline, the relay with
 //!    the stdout sink to /dev/null, and the relay with the SNS sink against a
-//!    fast local SNS endpoint ([`sns`]). Printed: rows/s, client CPU seconds
-//!    per million rows, peak RSS, and every ratio relay / pg_recvlogical.
-//! 2. **Steady state**: a producer commits single-row transactions at fixed
-//!    rates while the relay streams to the fast endpoint; p50, p99 and max of
-//!    commit-to-confirmed-publish latency from the relay's own histogram.
+//!    local SNS endpoint ([`sns`]): answering at once, and `--sns-latency`
+//!    away (a standard topic, and a FIFO topic; the backlog has 1,000
+//!    aggregates, so 1,000 ordering groups). Default configuration but for
+//!    the lifecycle (`none`: streaming alone). Printed: rows/s, client CPU
+//!    seconds per million rows, peak RSS, and every ratio relay / pg_recvlogical.
+//! 2. **Default lifecycle**: a fresh backlog of `--lifecycle-rows`, drained
+//!    `--sns-latency` away with the default configuration (rows marked
+//!    PUBLISHED): rows/s until the slot has confirmed, and until no row is
+//!    PENDING (the table has settled), against pg_recvlogical on the same rows.
+//! 3. **Quota**: a fresh backlog of `--quota-rows`, drained `--sns-latency`
+//!    away from an endpoint that throttles above `--sns-quota` messages/s:
+//!    delivered rate against the quota, throttled calls, lost messages.
+//! 4. **Steady state**: a producer commits single-row transactions at fixed
+//!    rates while the relay streams to the endpoint `--sns-latency` away; p50,
+//!    p99 and max of commit-to-confirmed-publish latency from the relay's own
+//!    histogram, and the relay's concurrency limit.
 //!
 //! Figures, not assertions: this machine is shared and noisy, so compare the
 //! ratios, which are measured in the same run.
@@ -57,9 +68,34 @@ struct Args {
     /// Skip the steady state.
     #[arg(long)]
     no_steady: bool,
+    /// The modelled distance to SNS: each answer leaves this long after its call.
+    #[arg(long, default_value = "20ms", value_parser = duration)]
+    sns_latency: Duration,
+    /// Each answer's latency varies uniformly within ± this fraction.
+    #[arg(long, default_value_t = 0.1)]
+    sns_jitter: f64,
+    /// SNS's quota for the quota run, messages/s; calls above it are throttled.
+    #[arg(long, default_value_t = 10_000.0)]
+    sns_quota: f64,
+    /// Backlog rows for the default-lifecycle run (marking every row).
+    #[arg(long, default_value_t = 200_000)]
+    lifecycle_rows: u64,
+    /// Backlog rows for the quota run.
+    #[arg(long, default_value_t = 200_000)]
+    quota_rows: u64,
+    /// Skip the default-lifecycle run.
+    #[arg(long)]
+    no_lifecycle: bool,
+    /// Skip the quota run.
+    #[arg(long)]
+    no_quota: bool,
     /// The relay binary (default: target/release/outbox-relay next to this one).
     #[arg(long)]
     relay: Option<PathBuf>,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    outbox_relay::config::parse_duration(text)
 }
 
 /// What one process cost.
@@ -127,10 +163,25 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_drain {
         drain(&args, &sql, &url, &relay, &pg_bin, &cluster).await?;
     }
+    if !args.no_lifecycle {
+        lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+    }
+    if !args.no_quota {
+        quota(&args, &sql, &url, &relay).await?;
+    }
     if !args.no_steady {
         steady(&args, &sql, &url, &relay).await?;
     }
     Ok(())
+}
+
+/// The `[sink]` and `[sns]` sections for `endpoint`, publishing to `topic`
+/// (a name; `.fifo` makes it a FIFO topic).
+fn sns_sink(endpoint: &str, topic: &str) -> String {
+    format!(
+        "[sink]\nkind = \"sns\"\n[sns]\nregion = \"us-east-1\"\n\
+         endpoint_url = \"{endpoint}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:{topic}\"\n"
+    )
 }
 
 /// The relay's configuration for the bench: stream only, on `slot`.
@@ -150,45 +201,43 @@ const PAYLOAD: &str = "jsonb_build_object(\
         jsonb_build_object('sku', 'sku-' || (n % 700), 'quantity', 1, 'price', 24.5)), \
     'note', repeat(md5(n::text), 8))";
 
-async fn drain(
-    args: &Args,
-    sql: &tokio_postgres::Client,
-    url: &str,
-    relay: &std::path::Path,
-    pg_bin: &std::path::Path,
-    cluster: &Cluster,
-) -> anyhow::Result<()> {
-    let rounds = args.rounds.max(1);
-    // Slots `bench_<contender>_<round>`, all copies of the first: one start LSN.
-    let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
-    let first = slot("recvlogical", 0);
+/// Create `names[0]` and copy it to the other names (one start LSN); the
+/// slots' start LSN.
+async fn slots(sql: &tokio_postgres::Client, names: &[String]) -> anyhow::Result<String> {
+    let first = &names[0];
     sql.execute(
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[&first],
+        &[first],
     )
     .await?;
-    for round in 0..rounds {
-        for contender in ["recvlogical", "stdout", "sns"] {
-            let name = slot(contender, round);
-            if name != first {
-                sql.execute(
-                    "SELECT pg_copy_logical_replication_slot($1, $2)",
-                    &[&first, &name],
-                )
-                .await?;
-            }
-        }
+    for name in &names[1..] {
+        sql.execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[first, name],
+        )
+        .await?;
     }
-    let start_lsn: String = sql
+    Ok(sql
         .query_one(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&first],
+            &[first],
         )
         .await?
-        .get(0);
+        .get(0))
+}
 
+/// Commit a backlog of `rows` (`per_tx` a transaction, from two
+/// connections), print what it is, checkpoint; the LSN after it.
+async fn backlog(
+    sql: &tokio_postgres::Client,
+    url: &str,
+    rows: u64,
+    per_tx: u64,
+    start_lsn: &str,
+    what: &str,
+) -> anyhow::Result<String> {
     let loading = Instant::now();
-    let txs = args.rows.div_ceil(args.per_tx);
+    let txs = rows.div_ceil(per_tx);
     let insert = format!(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
          SELECT 'order', 'order-' || (n % 1000), 'OrderPlaced', {PAYLOAD} \
@@ -199,7 +248,6 @@ async fn drain(
     for part in 0..2u64 {
         let url = url.to_owned();
         let insert = insert.clone();
-        let (rows, per_tx) = (args.rows, args.per_tx);
         loaders.push(tokio::spawn(async move {
             let client = harness::connect(&url).await;
             let statement = client.prepare(&insert).await?;
@@ -227,52 +275,89 @@ async fn drain(
             &[&end_lsn, &start_lsn],
         )
         .await?;
-    let (rows, payload, wal): (i64, f64, f64) = (row.get(0), row.get(1), row.get(2));
+    let (count, payload, wal): (i64, f64, f64) = (row.get(0), row.get(1), row.get(2));
     println!(
-        "\n== drain: {rows} rows in {txs} transactions, payload {payload:.0} bytes on average, \
+        "\n== {what}: {count} rows in {txs} transactions, payload {payload:.0} bytes on average, \
          {:.0} MiB of WAL, loaded in {:.1} s",
         wal / 1048576.0,
         loading.elapsed().as_secs_f64()
     );
     sql.batch_execute("CHECKPOINT").await?;
-    let rows = rows as u64;
+    Ok(end_lsn)
+}
 
-    let endpoint = sns::Endpoint::start().await?;
-    let sns_config = |slot: &str| {
-        relay_config(
-            url,
-            slot,
-            &format!(
-                "[sink]\nkind = \"sns\"\n[http]\nlisten = \"\"\n[sns]\nregion = \"us-east-1\"\n\
-                 endpoint_url = \"{}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:bench\"\n",
-                endpoint.url
-            ),
-        )
-    };
-    let (mut recvlogicals, mut stdouts, mut snss) = (Vec::new(), Vec::new(), Vec::new());
+/// pg_recvlogical draining `slot` to `end_lsn`; what it cost.
+async fn recvlogical(
+    pg_bin: &std::path::Path,
+    url: &str,
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    end_lsn: &str,
+) -> anyhow::Result<Usage> {
+    let usage = run_to_exit(
+        Command::new(pg_bin.join("pg_recvlogical"))
+            .arg("--dbname")
+            .arg(url)
+            .args([
+                "--slot",
+                slot,
+                "--start",
+                "--no-loop",
+                "--option=proto_version=1",
+                "--option=publication_names=outbox_relay",
+                "--file=/dev/null",
+                "--status-interval=1",
+            ])
+            .arg(format!("--endpos={end_lsn}")),
+    )
+    .await?;
+    wait_confirmed(sql, slot, end_lsn, Duration::from_secs(30), None).await?;
+    Ok(usage)
+}
+
+/// The SNS contenders of the drain: name, endpoint, topic.
+const SNS_CONTENDERS: [(&str, &str); 3] = [
+    ("relay, SNS 0 ms", "bench"),
+    ("relay, SNS RTT", "bench"),
+    ("relay, SNS RTT, FIFO", "bench.fifo"),
+];
+
+async fn drain(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+    pg_bin: &std::path::Path,
+    cluster: &Cluster,
+) -> anyhow::Result<()> {
+    let rounds = args.rounds.max(1);
+    // Slots `bench_<contender>_<round>`, all copies of the first: one start LSN.
+    let contenders = ["recvlogical", "stdout", "sns", "snsrtt", "snsfifo"];
+    let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
+    let names: Vec<String> = (0..rounds)
+        .flat_map(|round| contenders.iter().map(move |c| slot(c, round)))
+        .collect();
+    let start_lsn = slots(sql, &names).await?;
+    let end_lsn = backlog(sql, url, args.rows, args.per_tx, &start_lsn, "drain").await?;
+    let rows = args.rows;
+
+    let local = sns::Endpoint::start(sns::Model::LOCAL).await?;
+    let distant = sns::Endpoint::start(sns::Model {
+        latency: args.sns_latency,
+        jitter: args.sns_jitter,
+        quota: None,
+    })
+    .await?;
+    println!(
+        "SNS endpoints: local (answers at once) and {:?} away (± {:.0} %)",
+        args.sns_latency,
+        args.sns_jitter * 100.0
+    );
+    let (mut recvlogicals, mut stdouts) = (Vec::new(), Vec::new());
+    let mut snss: [Vec<Usage>; 3] = Default::default();
     for round in 0..rounds {
-        // Baseline.
-        let baseline_slot = slot("recvlogical", round);
-        recvlogicals.push(
-            run_to_exit(
-                Command::new(pg_bin.join("pg_recvlogical"))
-                    .arg("--dbname")
-                    .arg(url)
-                    .args([
-                        "--slot",
-                        &baseline_slot,
-                        "--start",
-                        "--no-loop",
-                        "--option=proto_version=1",
-                        "--option=publication_names=outbox_relay",
-                        "--file=/dev/null",
-                        "--status-interval=1",
-                    ])
-                    .arg(format!("--endpos={end_lsn}")),
-            )
-            .await?,
-        );
-        wait_confirmed(sql, &baseline_slot, &end_lsn, Duration::from_secs(30), None).await?;
+        recvlogicals
+            .push(recvlogical(pg_bin, url, sql, &slot("recvlogical", round), &end_lsn).await?);
 
         let stdout_slot = slot("stdout", round);
         stdouts.push(
@@ -291,53 +376,60 @@ async fn drain(
             .await?,
         );
 
-        let before = endpoint.messages();
-        let sns_slot = slot("sns", round);
-        snss.push(
-            run_relay(
-                relay,
-                sql,
-                &sns_config(&sns_slot),
-                &aws_env(&endpoint.url),
+        for (i, ((_, topic), contender)) in SNS_CONTENDERS.iter().zip(&contenders[2..]).enumerate()
+        {
+            let endpoint = if i == 0 { &local } else { &distant };
+            let (before, _, _) = endpoint.counts.snapshot();
+            let sns_slot = slot(contender, round);
+            let config = relay_config(
+                url,
                 &sns_slot,
-                &end_lsn,
-            )
-            .await?,
-        );
-        if endpoint.messages() - before < rows {
-            bail!(
-                "the SNS endpoint received {} messages of {rows}",
-                endpoint.messages() - before
+                &format!("[http]\nlisten = \"\"\n{}", sns_sink(&endpoint.url, topic)),
             );
+            snss[i].push(
+                run_relay(
+                    relay,
+                    sql,
+                    &config,
+                    &aws_env(&endpoint.url),
+                    &sns_slot,
+                    &end_lsn,
+                )
+                .await?,
+            );
+            let (after, _, _) = endpoint.counts.snapshot();
+            if after - before < rows {
+                bail!(
+                    "the SNS endpoint received {} messages of {rows}",
+                    after - before
+                );
+            }
         }
         if rounds > 1 {
             let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
-            // CPU µs a row.
-            let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
-            let (b, o, n) = (&recvlogicals[round], &stdouts[round], &snss[round]);
-            println!(
-                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x), SNS {:.0} ({:.2}x); \
-                 CPU µs a row pg_recvlogical {:.2}, stdout {:.2} ({:.2}x), SNS {:.2}",
+            let b = &recvlogicals[round];
+            let mut line = format!(
+                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x)",
                 round + 1,
                 rate(b),
-                rate(o),
-                rate(o) / rate(b),
-                rate(n),
-                rate(n) / rate(b),
-                cpu(b),
-                cpu(o),
-                cpu(o) / cpu(b),
-                cpu(n),
+                rate(&stdouts[round]),
+                rate(&stdouts[round]) / rate(b),
             );
+            for ((name, _), runs) in SNS_CONTENDERS.iter().zip(&snss) {
+                let n = &runs[round];
+                line.push_str(&format!(
+                    ", {} {:.0} ({:.2}x)",
+                    name.trim_start_matches("relay, "),
+                    rate(n),
+                    rate(n) / rate(b)
+                ));
+            }
+            println!("{line}");
         }
     }
     let _ = cluster;
 
     // Medians over the rounds: of each figure, and of each round's ratios.
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
     let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
     let report = |name: &str, runs: &[Usage]| {
@@ -363,7 +455,9 @@ async fn drain(
     );
     report("pg_recvlogical (baseline)", &recvlogicals);
     report("relay, stdout sink", &stdouts);
-    report("relay, SNS sink (local)", &snss);
+    for ((name, _), runs) in SNS_CONTENDERS.iter().zip(&snss) {
+        report(name, runs);
+    }
     let ratio = |runs: &[Usage]| {
         let pairs = || runs.iter().zip(&recvlogicals);
         (
@@ -373,17 +467,148 @@ async fn drain(
     };
     let (speed, per_row) = ratio(&stdouts);
     println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
-    let (speed, per_row) = ratio(&snss);
+    let targets = ["0.6", "0.5", "0.3"];
+    for (((name, _), runs), target) in SNS_CONTENDERS.iter().zip(&snss).zip(targets) {
+        let (speed, per_row) = ratio(runs);
+        println!(
+            "ratio {} / pg_recvlogical: {speed:.2}x rows/s (target >= {target}), {per_row:.2}x CPU per row",
+            name.trim_start_matches("relay, ")
+        );
+    }
+    for (what, endpoint) in [("local", &local), ("distant", &distant)] {
+        let (messages, calls, _) = endpoint.counts.snapshot();
+        println!("SNS endpoint ({what}): {messages} messages in {calls} PublishBatch calls");
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The default lifecycle at a distance: marking every row, until the table
+/// has settled.
+async fn lifecycle(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+    pg_bin: &std::path::Path,
+) -> anyhow::Result<()> {
+    // Only this backlog's rows in the table: "settled" is "none PENDING".
+    sql.batch_execute("TRUNCATE outbox").await?;
+    let names = ["bench_recvlogical_mark".to_owned(), "bench_mark".to_owned()];
+    let start_lsn = slots(sql, &names).await?;
+    let rows = args.lifecycle_rows;
+    let end_lsn = backlog(
+        sql,
+        url,
+        rows,
+        args.per_tx,
+        &start_lsn,
+        "default lifecycle (on_published = \"mark\", poller and retention on)",
+    )
+    .await?;
+    let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
+    let endpoint = sns::Endpoint::start(sns::Model {
+        latency: args.sns_latency,
+        jitter: args.sns_jitter,
+        quota: None,
+    })
+    .await?;
+    // The default configuration: nothing but where to connect and publish.
+    let config = format!(
+        "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{}",
+        names[1],
+        sns_sink(&endpoint.url, "bench")
+    );
+    let (usage, settled) = run_relay_until(
+        relay,
+        sql,
+        &config,
+        &aws_env(&endpoint.url),
+        &names[1],
+        &end_lsn,
+        true,
+    )
+    .await?;
+    let settled = settled.expect("waited for the table");
+    let rate = |wall: Duration| rows as f64 / wall.as_secs_f64();
+    let base = rate(baseline.wall);
+    println!("pg_recvlogical (baseline)    {base:>10.0} rows/s");
     println!(
-        "ratio SNS / pg_recvlogical:    {speed:.2}x rows/s (target >= 0.6), {per_row:.2}x CPU per row"
+        "relay, slot confirmed        {:>10.0} rows/s ({:.2}x)",
+        rate(usage.wall),
+        rate(usage.wall) / base
     );
     println!(
-        "SNS endpoint: {} messages in {} PublishBatch calls",
-        endpoint.messages(),
-        endpoint
-            .counts
-            .calls
-            .load(std::sync::atomic::Ordering::Relaxed)
+        "relay, table settled         {:>10.0} rows/s ({:.2}x, target >= 0.5), {:.1} MiB peak RSS",
+        rate(settled),
+        rate(settled) / base,
+        usage.max_rss_kib as f64 / 1024.0
+    );
+    let (messages, calls, _) = endpoint.counts.snapshot();
+    println!("SNS endpoint: {messages} messages in {calls} calls");
+    Ok(())
+}
+
+/// A drain against an endpoint that throttles above the quota.
+async fn quota(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+) -> anyhow::Result<()> {
+    sql.batch_execute("TRUNCATE outbox").await?;
+    let names = ["bench_quota".to_owned()];
+    let start_lsn = slots(sql, &names).await?;
+    let rows = args.quota_rows;
+    let end_lsn = backlog(
+        sql,
+        url,
+        rows,
+        args.per_tx,
+        &start_lsn,
+        &format!(
+            "quota: {:.0} messages/s, {:?} away",
+            args.sns_quota, args.sns_latency
+        ),
+    )
+    .await?;
+    let endpoint = sns::Endpoint::start(sns::Model {
+        latency: args.sns_latency,
+        jitter: args.sns_jitter,
+        quota: Some(args.sns_quota),
+    })
+    .await?;
+    let config = relay_config(
+        url,
+        &names[0],
+        &format!(
+            "[http]\nlisten = \"\"\n{}",
+            sns_sink(&endpoint.url, "bench")
+        ),
+    );
+    let usage = run_relay(
+        relay,
+        sql,
+        &config,
+        &aws_env(&endpoint.url),
+        &names[0],
+        &end_lsn,
+    )
+    .await?;
+    let (messages, calls, throttled) = endpoint.counts.snapshot();
+    let delivered = rows as f64 / usage.wall.as_secs_f64();
+    println!(
+        "delivered {delivered:.0} messages/s = {:.1} % of the quota (target >= 85 %); \
+         {throttled} of {calls} calls throttled = {:.2} % (target <= 5 %); \
+         {} lost ({messages} accepted for {rows} rows); {:.1} MiB peak RSS",
+        delivered * 100.0 / args.sns_quota,
+        throttled as f64 * 100.0 / calls.max(1) as f64,
+        rows.saturating_sub(messages),
+        usage.max_rss_kib as f64 / 1024.0
     );
     Ok(())
 }
@@ -441,6 +666,25 @@ async fn run_relay(
     slot: &str,
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
+    Ok(
+        run_relay_until(relay, sql, config, envs, slot, end_lsn, false)
+            .await?
+            .0,
+    )
+}
+
+/// Run the relay until `slot` confirmed `end_lsn` (and, with `settle`, until
+/// no outbox row is PENDING), then stop it; what it cost (its wall time to
+/// the confirmation) and the wall time until the table settled.
+async fn run_relay_until(
+    relay: &std::path::Path,
+    sql: &tokio_postgres::Client,
+    config: &str,
+    envs: &[(&'static str, String)],
+    slot: &str,
+    end_lsn: &str,
+    settle: bool,
+) -> anyhow::Result<(Usage, Option<Duration>)> {
     let path = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.toml"));
     std::fs::write(&path, config)?;
     let started = Instant::now();
@@ -456,15 +700,37 @@ async fn run_relay(
     let pid = child.id() as libc::pid_t;
     let guard = KillOnError(pid);
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(600), Some(pid)).await?;
-    std::mem::forget(guard);
     let wall = started.elapsed();
+    let settled = if settle {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            // The partial index on PENDING/FAILED rows answers this.
+            let pending: bool = sql
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE publish_state = 'PENDING')",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if !pending {
+                break Some(started.elapsed());
+            }
+            if Instant::now() > deadline {
+                bail!("rows still PENDING 600 s after the slot confirmed");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    } else {
+        None
+    };
+    std::mem::forget(guard);
     // SAFETY: signalling our own child.
     #[allow(unsafe_code)]
     unsafe {
         libc::kill(pid, libc::SIGTERM);
     }
     let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
-    Ok(Usage { wall, ..usage })
+    Ok((Usage { wall, ..usage }, settled))
 }
 
 /// Poll until `slot`'s confirmed_flush_lsn reaches `lsn`.
@@ -516,7 +782,12 @@ async fn steady(
         &[],
     )
     .await?;
-    let endpoint = sns::Endpoint::start().await?;
+    let endpoint = sns::Endpoint::start(sns::Model {
+        latency: args.sns_latency,
+        jitter: args.sns_jitter,
+        quota: None,
+    })
+    .await?;
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()
@@ -526,9 +797,8 @@ async fn steady(
         url,
         "bench_steady",
         &format!(
-            "[sink]\nkind = \"sns\"\n[http]\nlisten = \"{metrics}\"\n[sns]\nregion = \"us-east-1\"\n\
-             endpoint_url = \"{}\"\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:bench\"\n",
-            endpoint.url
+            "[http]\nlisten = \"{metrics}\"\n{}",
+            sns_sink(&endpoint.url, "bench")
         ),
     );
     let path = std::env::temp_dir().join("outbox-relay-bench-steady.toml");
@@ -551,12 +821,12 @@ async fn steady(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!(
-        "\n== steady state: single-row commits, relay streaming to the local SNS endpoint, {} s a rate",
-        args.seconds
+        "\n== steady state: single-row commits, relay streaming to the SNS endpoint {:?} away, {} s a rate",
+        args.sns_latency, args.seconds
     );
     println!(
-        "{:<10} {:>12} {:>10} {:>10} {:>12}",
-        "target", "achieved/s", "p50 ms", "p99 ms", "max ms (<=)"
+        "{:<10} {:>12} {:>10} {:>10} {:>12} {:>8}",
+        "target", "achieved/s", "p50 ms", "p99 ms", "max ms (<=)", "limit"
     );
     for rate in &args.rates {
         let target = if rate == "max" {
@@ -569,7 +839,14 @@ async fn steady(
         let achieved = produce(url, target, Duration::from_secs(args.seconds)).await?;
         // Let the last commits be confirmed.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let after = histogram(&scrape(&metrics).await?);
+        let text = scrape(&metrics).await?;
+        let after = histogram(&text);
+        let limit = text
+            .lines()
+            .find_map(|l| l.strip_prefix("outbox_relay_sink_concurrency_limit "))
+            .unwrap_or("?")
+            .trim()
+            .to_owned();
         let window: Vec<(f64, f64)> = after
             .iter()
             .zip(&before)
@@ -583,7 +860,7 @@ async fn steady(
             .find(|(_, c)| *c >= total)
             .map_or(f64::NAN, |(le, _)| *le);
         println!(
-            "{:<10} {:>12.0} {:>10.1} {:>10.1} {:>12}",
+            "{:<10} {:>12.0} {:>10.1} {:>10.1} {:>12} {:>8}",
             rate,
             achieved,
             q(0.5),
@@ -592,7 +869,8 @@ async fn steady(
                 format!("{:.0}", max * 1000.0)
             } else {
                 "> top bucket".into()
-            }
+            },
+            limit
         );
     }
     std::mem::forget(guard);

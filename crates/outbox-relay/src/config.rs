@@ -287,8 +287,9 @@ pub enum SinkKind {
     Sns,
 }
 
-/// Default number of SNS PublishBatch calls in flight.
-pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 8;
+/// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
+/// events/s (10 a call) 50 ms away.
+pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
 /// Default `sns.retry_unknown_errors_for`.
 pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 /// Message attributes always set on SNS messages.
@@ -316,8 +317,11 @@ pub struct SnsConfig {
     /// Headers copied into message attributes (besides event_type,
     /// aggregate_type and aggregate_id), for subscription filter policies.
     pub attributes: Vec<String>,
-    /// PublishBatch calls in flight at once.
+    /// The most PublishBatch calls in flight at once.
     pub max_in_flight_batches: usize,
+    /// How many calls are in flight: adaptive (up to `max_in_flight_batches`)
+    /// or a fixed number.
+    pub concurrency: ConcurrencyMode,
     /// How long a partial batch waits for more messages.
     #[serde(deserialize_with = "de_duration")]
     pub linger: Duration,
@@ -352,6 +356,7 @@ impl Default for SnsConfig {
             account_id: String::new(),
             attributes: vec!["traceparent".to_owned()],
             max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
+            concurrency: ConcurrencyMode::Adaptive,
             linger: Duration::from_millis(5),
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
@@ -363,7 +368,49 @@ impl Default for SnsConfig {
     }
 }
 
+/// `sns.concurrency`: `"adaptive"` or a fixed number of calls in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ConcurrencyMode {
+    /// Found from round-trip times and throttling ([`crate::concurrency`]).
+    #[default]
+    Adaptive,
+    /// Always this many.
+    Fixed(usize),
+}
+
+impl<'de> Deserialize<'de> for ConcurrencyMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        let wrong =
+            || serde::de::Error::custom("expected \"adaptive\" or a number of calls in flight");
+        match Raw::deserialize(d).map_err(|_| wrong())? {
+            Raw::Number(n) => Ok(Self::Fixed(usize::try_from(n).map_err(|_| wrong())?)),
+            Raw::Text(t) if t == "adaptive" => Ok(Self::Adaptive),
+            Raw::Text(t) => match t.parse() {
+                Ok(n) => Ok(Self::Fixed(n)),
+                Err(_) => Err(wrong()),
+            },
+        }
+    }
+}
+
 impl SnsConfig {
+    /// The publisher's concurrency for this sink.
+    pub fn concurrency(&self) -> crate::concurrency::Concurrency {
+        use crate::concurrency::Concurrency;
+        match self.concurrency {
+            ConcurrencyMode::Adaptive => Concurrency::Adaptive {
+                ceiling: self.max_in_flight_batches,
+            },
+            ConcurrencyMode::Fixed(n) => Concurrency::Fixed(n),
+        }
+    }
+
     /// The account of `account_id`, or of `topic_arn`.
     pub fn account(&self) -> Option<&str> {
         if !self.account_id.is_empty() {
@@ -1094,6 +1141,17 @@ impl Config {
         if sns.max_in_flight_batches == 0 {
             bad("sns.max_in_flight_batches", "must be at least 1".into());
         }
+        if let ConcurrencyMode::Fixed(n) = sns.concurrency {
+            if n == 0 || n > sns.max_in_flight_batches {
+                bad(
+                    "sns.concurrency",
+                    format!(
+                        "{n} must be between 1 and sns.max_in_flight_batches ({}), or \"adaptive\"",
+                        sns.max_in_flight_batches
+                    ),
+                );
+            }
+        }
         let url = &sns.endpoint_url;
         if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
             bad(
@@ -1476,6 +1534,33 @@ url = "postgres://relay:secret@localhost:5432/app"
     fn an_unknown_section_is_rejected() {
         let p = problems(load(&format!("{MINIMAL}[postgress]\nurl = \"x\"\n"), &[]).unwrap_err());
         assert_eq!(p[0].key, "postgress");
+    }
+
+    #[test]
+    fn sns_concurrency_is_adaptive_under_its_ceiling_or_a_fixed_number() {
+        use crate::concurrency::Concurrency;
+        let sns = |extra: &str, env: &[(&str, &str)]| {
+            load(
+                &format!("{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:t\"\n{extra}"),
+                env,
+            )
+        };
+        let c = sns("", &[]).unwrap();
+        assert_eq!(
+            c.sns.concurrency(),
+            Concurrency::Adaptive {
+                ceiling: DEFAULT_SNS_IN_FLIGHT_BATCHES
+            }
+        );
+        let c = sns("concurrency = 16\n", &[]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(16));
+        let c = sns("", &[("OUTBOX_RELAY__SNS__CONCURRENCY", "32")]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(32));
+        let c = sns("max_in_flight_batches = 64\n", &[]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Adaptive { ceiling: 64 });
+        let p = problems(sns("max_in_flight_batches = 4\nconcurrency = 8\n", &[]).unwrap_err());
+        assert_eq!(p[0].key, "sns.concurrency");
+        assert!(sns("concurrency = \"fast\"\n", &[]).is_err());
     }
 
     #[test]

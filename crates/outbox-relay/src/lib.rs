@@ -19,6 +19,7 @@
 pub mod ack;
 pub mod check;
 pub mod cli;
+pub mod concurrency;
 pub mod config;
 pub mod envelope;
 pub mod error;

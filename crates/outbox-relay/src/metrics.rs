@@ -124,6 +124,10 @@ pub struct Metrics {
     pub end_to_end_latency: Latency,
     /// Events received and not yet finished.
     pub in_flight: Gauge,
+    /// Batches the sink may have in flight now (the concurrency limit).
+    pub sink_concurrency_limit: Gauge,
+    /// The concurrency limiter's baseline round-trip time of a sink call.
+    pub sink_rtt: Gauge<f64, AtomicU64>,
     /// WAL between the server's current position and the slot's confirmed flush.
     pub confirmed_flush_lag: Gauge,
     /// WAL the slot holds (current position − restart_lsn).
@@ -201,6 +205,19 @@ impl Metrics {
             "outbox_relay_in_flight_envelopes",
             "Events received and not yet delivered or recorded",
             in_flight.clone(),
+        );
+        let sink_concurrency_limit = Gauge::default();
+        registry.register(
+            "outbox_relay_sink_concurrency_limit",
+            "Sink calls (batches) allowed in flight now: fixed, or found by the adaptive limiter",
+            sink_concurrency_limit.clone(),
+        );
+        let sink_rtt = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "outbox_relay_sink_rtt",
+            "Baseline round-trip time of one sink call, as the adaptive limiter measures it",
+            Unit::Seconds,
+            sink_rtt.clone(),
         );
         let confirmed_flush_lag = Gauge::default();
         registry.register_with_unit(
@@ -286,6 +303,8 @@ impl Metrics {
             publish_duration,
             end_to_end_latency,
             in_flight,
+            sink_concurrency_limit,
+            sink_rtt,
             confirmed_flush_lag,
             retained_wal,
             safe_wal_size,

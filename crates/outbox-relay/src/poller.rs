@@ -315,8 +315,8 @@ impl<S: Sink> Poller<S> {
                 match outcome {
                     Outcome::Delivered => published.push(id),
                     Outcome::Rejected(reason) => failures.push((id, *attempts, *too_old, reason)),
-                    Outcome::Retryable(reason) => {
-                        transient.get_or_insert(reason);
+                    Outcome::Retryable(retry) => {
+                        transient.get_or_insert(retry.reason);
                         round.deferred += 1;
                     }
                 }

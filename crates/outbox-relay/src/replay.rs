@@ -288,7 +288,7 @@ pub async fn run<S: Sink>(
             let outcomes = loop {
                 let outcomes = sink.publish(batch).await;
                 let transient = outcomes.iter().find_map(|o| match o {
-                    Outcome::Retryable(r) => Some(r.clone()),
+                    Outcome::Retryable(r) => Some(r.reason.clone()),
                     _ => None,
                 });
                 match transient {
@@ -309,7 +309,9 @@ pub async fn run<S: Sink>(
                     Outcome::Delivered => published.push(m.event.id().to_string()),
                     Outcome::Rejected(reason) => rejected.push((m.event.id().to_string(), reason)),
                     // Not left after the loop above; counted as rejected if it ever were.
-                    Outcome::Retryable(reason) => rejected.push((m.event.id().to_string(), reason)),
+                    Outcome::Retryable(retry) => {
+                        rejected.push((m.event.id().to_string(), retry.reason))
+                    }
                 }
             }
             if let Some(rate) = rate {

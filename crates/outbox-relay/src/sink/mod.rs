@@ -7,7 +7,10 @@
 //!   now may the replication slot move past the message's transaction.
 //! * [`Outcome::Retryable`]: not accepted, for a reason unrelated to the
 //!   message (network, throttling, the destination down, credentials). The
-//!   publisher sends it again, forever, with backoff; the slot waits.
+//!   publisher sends it again, forever, with backoff; the slot waits. The
+//!   [`Retry`] says why in a typed [`Cause`], so the concurrency limiter
+//!   ([`crate::concurrency`]) backs off on load (throttling, timeouts,
+//!   unavailability) and not on a client-side fault.
 //! * [`Outcome::Rejected`]: this message can never be accepted (too large,
 //!   invalid, routed nowhere). It is recorded as failed with the reason and
 //!   the stream moves on.
@@ -16,7 +19,8 @@
 //! order, and must not report `Delivered` for anything it has not handed
 //! over durably. Ordering across batches is the publisher's job: a batch
 //! holds messages for one destination, and no two batches in flight hold
-//! messages of the same ordering group.
+//! messages of the same ordering group. How many batches are in flight is the
+//! publisher's too, within what [`Sink::concurrency`] allows.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::ack::Ticket;
+pub use crate::concurrency::Concurrency;
 use crate::event::OutboxEvent;
 
 pub mod sns;
@@ -56,9 +61,55 @@ pub enum Outcome {
     /// Durably accepted by the destination.
     Delivered,
     /// Not accepted this time; try again later.
-    Retryable(String),
+    Retryable(Retry),
     /// Never acceptable; record it as failed.
     Rejected(String),
+}
+
+impl Outcome {
+    /// Not accepted this time, because of `cause`.
+    pub fn retry(cause: Cause, reason: impl Into<String>) -> Self {
+        Self::Retryable(Retry {
+            cause,
+            reason: reason.into(),
+        })
+    }
+}
+
+/// Why a message is to be sent again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// What kind of failure: whether it says the destination is loaded.
+    pub cause: Cause,
+    /// What happened, for logs.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Retry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// The kind of a transient failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The destination said to slow down (SNS `Throttling`, HTTP 429).
+    Throttled,
+    /// No answer in time.
+    TimedOut,
+    /// The destination failed or could not be reached (5xx, connection errors).
+    Unavailable,
+    /// Anything else (credentials, signing, an unknown client error, a local
+    /// write): nothing about the destination's load.
+    Other,
+}
+
+impl Cause {
+    /// Whether the failure says the destination is loaded (back pressure).
+    pub fn is_load(self) -> bool {
+        !matches!(self, Self::Other)
+    }
 }
 
 /// A destination for envelopes.
@@ -69,12 +120,14 @@ pub trait Sink: Send + Sync + 'static {
     /// Most messages a batch may hold.
     fn max_batch(&self) -> usize;
 
-    /// Batches in flight at once (per-group order is kept regardless).
-    fn max_in_flight_batches(&self) -> usize {
-        1
+    /// Batches in flight at once: fixed, or adaptive up to a ceiling
+    /// (per-group order is kept regardless).
+    fn concurrency(&self) -> Concurrency {
+        Concurrency::Fixed(1)
     }
 
-    /// How long a partial batch waits for more messages.
+    /// How long a partial batch waits for more messages while other batches
+    /// are in flight (with none in flight it goes at once).
     fn linger(&self) -> Duration {
         Duration::ZERO
     }
@@ -116,10 +169,10 @@ impl Sink for Configured {
         }
     }
 
-    fn max_in_flight_batches(&self) -> usize {
+    fn concurrency(&self) -> Concurrency {
         match self {
-            Self::Stdout(s) => s.max_in_flight_batches(),
-            Self::Sns(s) => s.max_in_flight_batches(),
+            Self::Stdout(s) => s.concurrency(),
+            Self::Sns(s) => s.concurrency(),
         }
     }
 

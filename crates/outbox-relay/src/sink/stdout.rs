@@ -42,7 +42,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
-use super::{Message, Outcome, Sink};
+use super::{Cause, Message, Outcome, Sink};
 
 /// A buffer to write, and where to say how it went (the buffer comes back for reuse).
 struct Job {
@@ -213,7 +213,11 @@ impl Sink for StdoutSink {
                 }
                 Outcome::Delivered
             }
-            Err(e) => Outcome::Retryable(format!("writing to standard output failed: {e}")),
+            // A local write: nothing to tell about a destination's load.
+            Err(e) => Outcome::retry(
+                Cause::Other,
+                format!("writing to standard output failed: {e}"),
+            ),
         };
         vec![outcome; batch.len()]
     }
@@ -290,7 +294,7 @@ mod tests {
     /// One outcome, a retryable failure whose reason says `words`.
     fn assert_retryable(outcomes: &[Outcome], words: &str) {
         assert!(
-            matches!(outcomes, [Outcome::Retryable(e)] if e.contains(words)),
+            matches!(outcomes, [Outcome::Retryable(e)] if e.cause == Cause::Other && e.reason.contains(words)),
             "{outcomes:?}"
         );
     }

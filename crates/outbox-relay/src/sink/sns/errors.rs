@@ -18,6 +18,7 @@
 //! before it condemns anything, so a 4xx without an AWS error body (a proxy's
 //! page) is `Unknown`, not `Invalid`.
 
+use crate::sink::Cause;
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -42,6 +43,19 @@ pub enum Class {
 }
 
 impl Class {
+    /// What a retry for this class says about the destination's load, for
+    /// the publisher's concurrency limit: only throttling, timeouts and
+    /// SNS's own failures are load; credentials, a wrong entry or an
+    /// unknown code are not (sending less would not help them).
+    pub fn cause(self) -> Cause {
+        match self {
+            Self::Throttled => Cause::Throttled,
+            Self::TimedOut => Cause::TimedOut,
+            Self::Unavailable => Cause::Unavailable,
+            Self::Invalid | Self::NoTopic | Self::Access | Self::Unknown => Cause::Other,
+        }
+    }
+
     /// Whether the entries are recorded as failed at once.
     pub fn rejects(self) -> bool {
         matches!(self, Self::Invalid | Self::NoTopic)

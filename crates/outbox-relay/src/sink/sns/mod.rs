@@ -29,6 +29,12 @@
 //! | topic `NotFound` | rejected, every entry |
 //! | anything else (an entry failure of an unknown code, not the sender's fault) | retried for `sns.retry_unknown_errors_for`, then rejected |
 //!
+//! A retry carries its [`Cause`] ([`errors::Class::cause`]): throttling is
+//! [`Cause::Throttled`], a timeout [`Cause::TimedOut`], a 5xx or a connection
+//! failure [`Cause::Unavailable`]: the load signals on which the publisher's
+//! concurrency limit shrinks. Credential, signing and unknown client errors
+//! are [`Cause::Other`]: sending less would not help them.
+//!
 //! A request of several entries refused for a reason one entry could cause
 //! (an invalid or unknown one) does not condemn them all: the entries are sent
 //! again one by one so only the culprit is rejected. Nothing that may have
@@ -56,7 +62,7 @@ use aws_config::{BehaviorVersion, Region};
 use self::client::{CallError, Client};
 use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
-use super::{Message, Outcome, Sink};
+use super::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::config::SnsConfig;
 
 pub mod claim_check;
@@ -73,7 +79,7 @@ pub const MAX_BATCH_ENTRIES: usize = 10;
 pub struct SnsSink {
     client: Client,
     attributes: Vec<String>,
-    in_flight: usize,
+    concurrency: Concurrency,
     linger: Duration,
     operation_timeout: Duration,
     unknown: errors::UnknownSince,
@@ -144,7 +150,7 @@ impl SnsSink {
         Ok(Self {
             client,
             attributes: config.attributes.clone(),
-            in_flight: config.max_in_flight_batches,
+            concurrency: config.concurrency(),
             linger: config.linger,
             operation_timeout: config.operation_timeout,
             unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
@@ -496,8 +502,8 @@ impl Sink for SnsSink {
         MAX_BATCH_ENTRIES
     }
 
-    fn max_in_flight_batches(&self) -> usize {
-        self.in_flight
+    fn concurrency(&self) -> Concurrency {
+        self.concurrency
     }
 
     fn linger(&self) -> Duration {
@@ -657,8 +663,8 @@ impl SnsSink {
                         self.unknown.limit()
                     ))
                 }
-                Some(Verdict::Retry(_, reason)) => Outcome::Retryable(reason),
-                None => Outcome::Retryable("not sent".into()),
+                Some(Verdict::Retry(class, reason)) => Outcome::retry(class.cause(), reason),
+                None => Outcome::retry(Cause::Other, "not sent"),
             })
             .collect()
     }
