@@ -39,6 +39,9 @@ pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
 pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default ceiling of events received but not yet finished by the sink.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default ceiling of the bytes those events hold (`stream.max_in_flight_bytes`):
+/// with the relay's own few tens of MiB, it fits a 256 MiB container.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default pause after a small read of the stream (`stream.coalesce`).
@@ -399,6 +402,11 @@ pub struct StreamConfig {
     /// Events received but not yet finished by the sink, at most. At the
     /// ceiling the relay stops reading the stream (backpressure).
     pub max_in_flight: usize,
+    /// Bytes those events hold (the replicated row, the event, the encoded
+    /// envelope), at most; at the ceiling the relay stops reading too. An
+    /// event larger than the whole budget still passes: it may exceed it by
+    /// one event.
+    pub max_in_flight_bytes: usize,
     /// How long a graceful shutdown waits for in-flight events before it
     /// exits without acknowledging them (they are sent again on restart).
     #[serde(deserialize_with = "de_duration")]
@@ -419,6 +427,7 @@ impl Default for StreamConfig {
             heartbeat_interval: Duration::ZERO,
             heartbeat_timeout: Duration::from_secs(60),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             coalesce: DEFAULT_COALESCE,
         }
@@ -448,6 +457,7 @@ pub struct LifecycleConfig {
     /// invalidated; the poller then sweeps the rows the old slot held.
     pub recreate_slot: bool,
 }
+
 
 /// `[poller]`: the fallback poller (mark and delete modes).
 #[derive(Debug, Clone, Deserialize)]
@@ -904,6 +914,9 @@ impl Config {
         }
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
+        }
+        if self.stream.max_in_flight_bytes == 0 {
+            bad("stream.max_in_flight_bytes", "must be at least 1".into());
         }
         if self.stream.coalesce > MAX_COALESCE {
             bad(
@@ -1411,6 +1424,7 @@ table = "a.b.c"
 payload = ""
 [stream]
 max_in_flight = 0
+max_in_flight_bytes = 0
 coalesce = "50ms"
 [retry]
 jitter = 3.0
@@ -1427,6 +1441,7 @@ worker_threads = 0
             "postgres.table",
             "columns.payload",
             "stream.max_in_flight",
+            "stream.max_in_flight_bytes",
             "stream.coalesce",
             "retry.jitter",
             "runtime.worker_threads",

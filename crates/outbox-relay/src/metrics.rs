@@ -124,6 +124,8 @@ pub struct Metrics {
     pub end_to_end_latency: Latency,
     /// Events received and not yet finished.
     pub in_flight: Gauge,
+    /// Bytes those events hold (`stream.max_in_flight_bytes`).
+    pub in_flight_bytes: Gauge,
     /// WAL between the server's current position and the slot's confirmed flush.
     pub confirmed_flush_lag: Gauge,
     /// WAL the slot holds (current position − restart_lsn).
@@ -201,6 +203,13 @@ impl Metrics {
             "outbox_relay_in_flight_envelopes",
             "Events received and not yet delivered or recorded",
             in_flight.clone(),
+        );
+        let in_flight_bytes = Gauge::default();
+        registry.register_with_unit(
+            "outbox_relay_in_flight",
+            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope)",
+            Unit::Bytes,
+            in_flight_bytes.clone(),
         );
         let confirmed_flush_lag = Gauge::default();
         registry.register_with_unit(
@@ -286,6 +295,7 @@ impl Metrics {
             publish_duration,
             end_to_end_latency,
             in_flight,
+            in_flight_bytes,
             confirmed_flush_lag,
             retained_wal,
             safe_wal_size,

@@ -22,10 +22,17 @@
 //!
 //! # Backpressure
 //!
-//! At most `[stream] max_in_flight` events are between receipt and their final
-//! outcome; at the ceiling the loop stops reading the socket (status updates go
-//! on), and the walsender waits. Memory stays
-//! bounded however large the backlog.
+//! The loop reads the socket only while two things are under their
+//! ceilings; at either it stops reading (status updates go on) and the
+//! walsender waits, so memory stays bounded however large the backlog:
+//!
+//! * the events between receipt and their final outcome: at most
+//!   `[stream] max_in_flight`;
+//! * the bytes they hold ([`held_bytes`]: the pgoutput message the event
+//!   shares, the encoded envelope, and a fixed share for the rest): at most
+//!   `[stream] max_in_flight_bytes`. The check comes before each message,
+//!   so one event larger than the whole budget still passes (the budget is
+//!   exceeded by at most one event), and the stream never deadlocks.
 //!
 //! # Graceful shutdown
 //!
@@ -64,6 +71,7 @@ use crate::publish::{self, Completion, Dispatch};
 use crate::readiness::{self, Admission, Names, Problem};
 use crate::record::Recorder;
 use crate::retry::Backoff;
+use crate::sink::Message;
 use crate::sink::Sink;
 use crate::walstream::{WalMessage, WireError};
 
@@ -78,6 +86,19 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long to wait for the server to show the final acknowledgement.
 const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an event holds besides its row and its envelope, counted against
+/// `stream.max_in_flight_bytes`: the message and event structs, their queue
+/// slots, the group key and the id marking keeps. An estimate, on the
+/// generous side (about half of this is measured in structs alone).
+const HELD_PER_EVENT: usize = 512;
+
+/// The bytes a message holds until its outcome: the replicated row (`row`
+/// bytes of pgoutput message, which the event's fields share), the encoded
+/// envelope, and [`HELD_PER_EVENT`].
+fn held_bytes(row: usize, message: &Message) -> usize {
+    row + message.body.len() + HELD_PER_EVENT
+}
 
 /// Most events the loop reads in one burst before it looks at completions,
 /// the heartbeat and the stop signal again.
@@ -382,6 +403,7 @@ async fn session<S: Sink>(
     };
 
     let max_in_flight = config.stream.max_in_flight;
+    let max_bytes = config.stream.max_in_flight_bytes;
     let receive_timeout = config.postgres.receive_timeout;
     let mut deadline: Option<tokio::time::Instant> = None;
     let heartbeat = config.stream.heartbeat_interval;
@@ -404,7 +426,9 @@ async fn session<S: Sink>(
     tokio::pin!(status);
     // Draining: read on only to the end of the open transaction.
     let may_read = |tracker: &AckTracker, draining: bool| {
-        (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight
+        (!draining || tracker.in_transaction())
+            && tracker.unfinished() < max_in_flight
+            && tracker.held_bytes() < max_bytes
     };
     loop {
         let draining = deadline.is_some();
@@ -505,6 +529,9 @@ async fn session<S: Sink>(
             return Err(RelayError::SqlSessionClosed);
         }
         metrics.in_flight.set(stream.tracker.unfinished() as i64);
+        metrics
+            .in_flight_bytes
+            .set(stream.tracker.held_bytes() as i64);
         metrics.status_updates_total(wal.status_updates());
     }
 
@@ -649,6 +676,7 @@ impl Stream<'_> {
     }
 
     fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
+        let row = data.len();
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
             lsn: format_lsn(at),
             source,
@@ -706,7 +734,11 @@ impl Stream<'_> {
                 self.received_in_burst += 1;
                 let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
                     Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
-                        Prepared::Publish(message) => Dispatch::Publish(message),
+                        Prepared::Publish(mut message) => {
+                            let held = held_bytes(row, &message);
+                            message.ticket = self.tracker.hold(message.ticket, held);
+                            Dispatch::Publish(message)
+                        }
                         Prepared::Skip(id) => {
                             tracing::debug!(id = %id, "filtered out; not published");
                             self.summary.skipped += 1;
@@ -717,13 +749,17 @@ impl Stream<'_> {
                             self.tracker.finish(ticket);
                             return Ok(());
                         }
-                        Prepared::Fail(id, reason) => Dispatch::Reject { ticket, id, reason },
+                        Prepared::Fail(id, reason) => Dispatch::Reject {
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                            id,
+                            reason,
+                        },
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
                         tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
                         Dispatch::Reject {
-                            ticket,
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
                             id,
                             reason: e.to_string(),
                         }
