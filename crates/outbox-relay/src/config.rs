@@ -42,6 +42,8 @@ pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default ceiling of the bytes those events hold (`stream.max_in_flight_bytes`):
 /// with the relay's own few tens of MiB, it fits a 256 MiB container.
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+/// Default ceiling of rows published but not yet marked (`lifecycle.max_unmarked`).
+pub const DEFAULT_MAX_UNMARKED: usize = 50_000;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default pause after a small read of the stream (`stream.coalesce`).
@@ -448,16 +450,29 @@ pub enum OnPublished {
 }
 
 /// `[lifecycle]`: rows after publishing, and slot recovery.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LifecycleConfig {
     /// `mark`, `delete` or `none`.
     pub on_published: OnPublished,
+    /// Rows published (or filtered out) but not yet marked or deleted, at
+    /// most; at the ceiling the relay stops reading the stream until marking
+    /// catches up.
+    pub max_unmarked: usize,
     /// Create the slot when it is missing, or drop and create it when it is
     /// invalidated; the poller then sweeps the rows the old slot held.
     pub recreate_slot: bool,
 }
 
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            on_published: OnPublished::default(),
+            max_unmarked: DEFAULT_MAX_UNMARKED,
+            recreate_slot: false,
+        }
+    }
+}
 
 /// `[poller]`: the fallback poller (mark and delete modes).
 #[derive(Debug, Clone, Deserialize)]
@@ -917,6 +932,9 @@ impl Config {
         }
         if self.stream.max_in_flight_bytes == 0 {
             bad("stream.max_in_flight_bytes", "must be at least 1".into());
+        }
+        if self.lifecycle.max_unmarked == 0 {
+            bad("lifecycle.max_unmarked", "must be at least 1".into());
         }
         if self.stream.coalesce > MAX_COALESCE {
             bad(
@@ -1426,6 +1444,8 @@ payload = ""
 max_in_flight = 0
 max_in_flight_bytes = 0
 coalesce = "50ms"
+[lifecycle]
+max_unmarked = 0
 [retry]
 jitter = 3.0
 [runtime]
@@ -1443,6 +1463,7 @@ worker_threads = 0
             "stream.max_in_flight",
             "stream.max_in_flight_bytes",
             "stream.coalesce",
+            "lifecycle.max_unmarked",
             "retry.jitter",
             "runtime.worker_threads",
         ] {

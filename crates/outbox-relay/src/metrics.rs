@@ -126,6 +126,8 @@ pub struct Metrics {
     pub in_flight: Gauge,
     /// Bytes those events hold (`stream.max_in_flight_bytes`).
     pub in_flight_bytes: Gauge,
+    /// Rows published and not yet marked or deleted (`lifecycle.max_unmarked`).
+    pub unmarked: Gauge,
     /// WAL between the server's current position and the slot's confirmed flush.
     pub confirmed_flush_lag: Gauge,
     /// WAL the slot holds (current position − restart_lsn).
@@ -210,6 +212,12 @@ impl Metrics {
             "Bytes the events received and not yet delivered or recorded hold (row, event, envelope)",
             Unit::Bytes,
             in_flight_bytes.clone(),
+        );
+        let unmarked = Gauge::default();
+        registry.register(
+            "outbox_relay_unmarked_rows",
+            "Rows published or filtered out and not yet marked or deleted in the table",
+            unmarked.clone(),
         );
         let confirmed_flush_lag = Gauge::default();
         registry.register_with_unit(
@@ -296,6 +304,7 @@ impl Metrics {
             end_to_end_latency,
             in_flight,
             in_flight_bytes,
+            unmarked,
             confirmed_flush_lag,
             retained_wal,
             safe_wal_size,

@@ -22,8 +22,8 @@
 //!
 //! # Backpressure
 //!
-//! The loop reads the socket only while two things are under their
-//! ceilings; at either it stops reading (status updates go on) and the
+//! The loop reads the socket only while three things are under their
+//! ceilings; at any of them it stops reading (status updates go on) and the
 //! walsender waits, so memory stays bounded however large the backlog:
 //!
 //! * the events between receipt and their final outcome: at most
@@ -32,7 +32,11 @@
 //!   shares, the encoded envelope, and a fixed share for the rest): at most
 //!   `[stream] max_in_flight_bytes`. The check comes before each message,
 //!   so one event larger than the whole budget still passes (the budget is
-//!   exceeded by at most one event), and the stream never deadlocks.
+//!   exceeded by at most one event), and the stream never deadlocks;
+//! * the rows published but not yet marked or deleted
+//!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
+//!   behind without bound; it does not hold the confirmed position
+//!   (see [`crate::marking`]).
 //!
 //! # Graceful shutdown
 //!
@@ -335,6 +339,7 @@ async fn session<S: Sink>(
         &table_info,
         config.lifecycle.on_published,
         Backoff::new(&config.retry),
+        config.lifecycle.max_unmarked,
     );
     let (marker, marking_task) = match marking {
         Some((marker, task)) => (Some(marker), Some(task)),
@@ -404,6 +409,8 @@ async fn session<S: Sink>(
 
     let max_in_flight = config.stream.max_in_flight;
     let max_bytes = config.stream.max_in_flight_bytes;
+    // For the read condition and to wake when marking makes room.
+    let marking = stream.marker.clone();
     let receive_timeout = config.postgres.receive_timeout;
     let mut deadline: Option<tokio::time::Instant> = None;
     let heartbeat = config.stream.heartbeat_interval;
@@ -425,10 +432,12 @@ async fn session<S: Sink>(
     let status = tokio::time::sleep(interval);
     tokio::pin!(status);
     // Draining: read on only to the end of the open transaction.
+    let marking_full = || marking.as_ref().is_some_and(Marker::full);
     let may_read = |tracker: &AckTracker, draining: bool| {
         (!draining || tracker.in_transaction())
             && tracker.unfinished() < max_in_flight
             && tracker.held_bytes() < max_bytes
+            && !marking_full()
     };
     loop {
         let draining = deadline.is_some();
@@ -437,6 +446,7 @@ async fn session<S: Sink>(
             break;
         }
         let read = may_read(tracker, draining);
+        let wait_for_marking = !read && marking_full();
         tokio::select! {
             biased;
             () = &mut status => {
@@ -461,6 +471,7 @@ async fn session<S: Sink>(
                 Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
                 None => return Err(publisher.stopped().await),
             },
+            () = room(marking.as_ref()), if wait_for_marking => {}
             _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
                 // Non-transactional: it comes back through the stream at once.
                 let client = Arc::clone(&sql_client);
@@ -532,6 +543,9 @@ async fn session<S: Sink>(
         metrics
             .in_flight_bytes
             .set(stream.tracker.held_bytes() as i64);
+        if let Some(marker) = &marking {
+            metrics.unmarked.set(marker.unmarked() as i64);
+        }
         metrics.status_updates_total(wal.status_updates());
     }
 
@@ -791,6 +805,14 @@ impl Stream<'_> {
             Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
         }
         Ok(())
+    }
+}
+
+/// Resolves when marking has made room ([`Marker::room`]); never without marking.
+async fn room(marker: Option<&Marker>) {
+    match marker {
+        Some(marker) => marker.room().await,
+        None => std::future::pending().await,
     }
 }
 
