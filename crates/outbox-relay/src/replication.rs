@@ -550,6 +550,8 @@ async fn session<S: Sink>(
     }
 
     let confirmed = stream.tracker.confirmed();
+    // Every marker goes, so that marking writes what it holds and ends.
+    drop(marking);
     drop(stream);
     drop(publisher);
     // Reported before waiting for marking, which does not hold the position
