@@ -405,7 +405,7 @@ pub struct StreamConfig {
     /// ceiling the relay stops reading the stream (backpressure).
     pub max_in_flight: usize,
     /// Bytes those events hold (the replicated row, the event, the encoded
-    /// envelope), at most; at the ceiling the relay stops reading too. An
+    /// envelope and the sink's copy of it), at most; at the ceiling the relay stops reading too. An
     /// event larger than the whole budget still passes: it may exceed it by
     /// one event.
     pub max_in_flight_bytes: usize,

@@ -209,7 +209,7 @@ impl Metrics {
         let in_flight_bytes = Gauge::default();
         registry.register_with_unit(
             "outbox_relay_in_flight",
-            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope)",
+            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope, the sink's copy)",
             Unit::Bytes,
             in_flight_bytes.clone(),
         );

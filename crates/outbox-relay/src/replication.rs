@@ -29,7 +29,8 @@
 //! * the events between receipt and their final outcome: at most
 //!   `[stream] max_in_flight`;
 //! * the bytes they hold ([`held_bytes`]: the pgoutput message the event
-//!   shares, the encoded envelope, and a fixed share for the rest): at most
+//!   shares, the encoded envelope and the sink's copy of it, and a fixed
+//!   share for the rest): at most
 //!   `[stream] max_in_flight_bytes`. The check comes before each message,
 //!   so one event larger than the whole budget still passes (the budget is
 //!   exceeded by at most one event), and the stream never deadlocks;
@@ -99,9 +100,13 @@ const HELD_PER_EVENT: usize = 512;
 
 /// The bytes a message holds until its outcome: the replicated row (`row`
 /// bytes of pgoutput message, which the event's fields share), the encoded
-/// envelope, and [`HELD_PER_EVENT`].
+/// envelope twice (the sink copies it into the request or the output buffer
+/// of its batch: the SNS sink form-encoded, the stdout sink as a line), and
+/// [`HELD_PER_EVENT`]. Counting the copy for every event, not only for those
+/// in a batch in flight, is generous; without it the stdout sink's buffer
+/// of up to 1,024 large envelopes would double what the budget allows.
 fn held_bytes(row: usize, message: &Message) -> usize {
-    row + message.body.len() + HELD_PER_EVENT
+    row + 2 * message.body.len() + HELD_PER_EVENT
 }
 
 /// Most events the loop reads in one burst before it looks at completions,
