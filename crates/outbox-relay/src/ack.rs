@@ -35,17 +35,27 @@ use std::collections::VecDeque;
 /// A position in the write-ahead log.
 pub type Lsn = u64;
 
-/// Names one received event so its outcome can be reported back.
+/// Names one received event so its outcome can be reported back, and
+/// carries the bytes it holds until then ([`AckTracker::hold`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket {
     tx: u64,
+    bytes: usize,
 }
 
 impl Ticket {
     /// A ticket no tracker knows, for messages published outside the stream
     /// (the poller, replays): finishing it changes nothing.
     pub fn detached() -> Self {
-        Self { tx: u64::MAX }
+        Self {
+            tx: u64::MAX,
+            bytes: 0,
+        }
+    }
+
+    /// The bytes its event holds, as [`AckTracker::hold`] counted them.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -78,6 +88,8 @@ pub struct AckTracker {
     first: u64,
     open: bool,
     unfinished: usize,
+    /// Bytes the unfinished events hold ([`AckTracker::hold`]).
+    held: usize,
 }
 
 impl AckTracker {
@@ -89,6 +101,7 @@ impl AckTracker {
             first: 0,
             open: false,
             unfinished: 0,
+            held: 0,
         }
     }
 
@@ -100,6 +113,11 @@ impl AckTracker {
     /// Events received and not yet finished.
     pub fn unfinished(&self) -> usize {
         self.unfinished
+    }
+
+    /// Bytes the unfinished events hold, as [`AckTracker::hold`] was told.
+    pub fn held_bytes(&self) -> usize {
+        self.held
     }
 
     /// Whether a transaction is being received.
@@ -137,7 +155,17 @@ impl AckTracker {
         self.unfinished += 1;
         Ok(Ticket {
             tx: self.first + self.txs.len() as u64 - 1,
+            bytes: 0,
         })
+    }
+
+    /// The event behind `ticket` (unfinished, not held before) holds `bytes`
+    /// until it is finished: the ticket to carry with it, which gives them
+    /// back in [`AckTracker::finish`].
+    pub fn hold(&mut self, ticket: Ticket, bytes: usize) -> Ticket {
+        debug_assert_eq!(ticket.bytes, 0, "an event is held once");
+        self.held += bytes;
+        Ticket { bytes, ..ticket }
     }
 
     /// The open transaction committed, its commit record ending at `end_lsn`.
@@ -173,6 +201,7 @@ impl AckTracker {
         }
         tx.unfinished -= 1;
         self.unfinished -= 1;
+        self.held -= ticket.bytes;
         self.advance()
     }
 
@@ -309,8 +338,9 @@ mod tests {
                     Op::Tx(n) => {
                         t.begin().unwrap();
                         let index = model.len();
-                        for _ in 0..n {
-                            outstanding.push((t.event().unwrap(), index));
+                        for k in 0..n {
+                            let ticket = t.event().unwrap();
+                            outstanding.push((t.hold(ticket, 100 * k + index), index));
                         }
                         lsn += 10;
                         t.commit(lsn).unwrap();
@@ -341,6 +371,7 @@ mod tests {
                 let prefix_end = model.iter().take_while(|(_, n)| *n == 0).filter_map(|(e, _)| *e).max().unwrap_or(0);
                 prop_assert!(c >= prefix_end, "confirmed {} behind finished prefix {}", c, prefix_end);
                 prop_assert_eq!(t.unfinished(), outstanding.len());
+                prop_assert_eq!(t.held_bytes(), outstanding.iter().map(|(ticket, _)| ticket.bytes()).sum::<usize>());
             }
         }
     }

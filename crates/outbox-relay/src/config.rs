@@ -39,6 +39,11 @@ pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
 pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default ceiling of events received but not yet finished by the sink.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default ceiling of the bytes those events hold (`stream.max_in_flight_bytes`):
+/// with the relay's own few tens of MiB, it fits a 256 MiB container.
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+/// Default ceiling of rows published but not yet marked (`lifecycle.max_unmarked`).
+pub const DEFAULT_MAX_UNMARKED: usize = 50_000;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default pause after a small read of the stream (`stream.coalesce`).
@@ -465,6 +470,11 @@ pub struct StreamConfig {
     /// Events received but not yet finished by the sink, at most. At the
     /// ceiling the relay stops reading the stream (backpressure).
     pub max_in_flight: usize,
+    /// Bytes those events hold (the replicated row, the event, the encoded
+    /// envelope and the sink's copy of it), at most; at the ceiling the relay stops reading too. An
+    /// event larger than the whole budget still passes: it may exceed it by
+    /// one event.
+    pub max_in_flight_bytes: usize,
     /// How long a graceful shutdown waits for in-flight events before it
     /// exits without acknowledging them (they are sent again on restart).
     #[serde(deserialize_with = "de_duration")]
@@ -485,6 +495,7 @@ impl Default for StreamConfig {
             heartbeat_interval: Duration::ZERO,
             heartbeat_timeout: Duration::from_secs(60),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             coalesce: DEFAULT_COALESCE,
         }
@@ -505,14 +516,28 @@ pub enum OnPublished {
 }
 
 /// `[lifecycle]`: rows after publishing, and slot recovery.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LifecycleConfig {
     /// `mark`, `delete` or `none`.
     pub on_published: OnPublished,
+    /// Rows published (or filtered out) but not yet marked or deleted, at
+    /// most; at the ceiling the relay stops reading the stream until marking
+    /// catches up.
+    pub max_unmarked: usize,
     /// Create the slot when it is missing, or drop and create it when it is
     /// invalidated; the poller then sweeps the rows the old slot held.
     pub recreate_slot: bool,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        Self {
+            on_published: OnPublished::default(),
+            max_unmarked: DEFAULT_MAX_UNMARKED,
+            recreate_slot: false,
+        }
+    }
 }
 
 /// `[poller]`: the fallback poller (mark and delete modes).
@@ -970,6 +995,12 @@ impl Config {
         }
         if self.stream.max_in_flight == 0 {
             bad("stream.max_in_flight", "must be at least 1".into());
+        }
+        if self.stream.max_in_flight_bytes == 0 {
+            bad("stream.max_in_flight_bytes", "must be at least 1".into());
+        }
+        if self.lifecycle.max_unmarked == 0 {
+            bad("lifecycle.max_unmarked", "must be at least 1".into());
         }
         if self.stream.coalesce > MAX_COALESCE {
             bad(
@@ -1595,7 +1626,10 @@ table = "a.b.c"
 payload = ""
 [stream]
 max_in_flight = 0
+max_in_flight_bytes = 0
 coalesce = "50ms"
+[lifecycle]
+max_unmarked = 0
 [retry]
 jitter = 3.0
 [runtime]
@@ -1611,7 +1645,9 @@ worker_threads = 0
             "postgres.table",
             "columns.payload",
             "stream.max_in_flight",
+            "stream.max_in_flight_bytes",
             "stream.coalesce",
+            "lifecycle.max_unmarked",
             "retry.jitter",
             "runtime.worker_threads",
         ] {

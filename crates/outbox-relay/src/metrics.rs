@@ -128,6 +128,10 @@ pub struct Metrics {
     pub sink_concurrency_limit: Gauge,
     /// The concurrency limiter's baseline round-trip time of a sink call.
     pub sink_rtt: Gauge<f64, AtomicU64>,
+    /// Bytes those events hold (`stream.max_in_flight_bytes`).
+    pub in_flight_bytes: Gauge,
+    /// Rows published and not yet marked or deleted (`lifecycle.max_unmarked`).
+    pub unmarked: Gauge,
     /// WAL between the server's current position and the slot's confirmed flush.
     pub confirmed_flush_lag: Gauge,
     /// WAL the slot holds (current position − restart_lsn).
@@ -219,6 +223,19 @@ impl Metrics {
             Unit::Seconds,
             sink_rtt.clone(),
         );
+        let in_flight_bytes = Gauge::default();
+        registry.register_with_unit(
+            "outbox_relay_in_flight",
+            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope, the sink's copy)",
+            Unit::Bytes,
+            in_flight_bytes.clone(),
+        );
+        let unmarked = Gauge::default();
+        registry.register(
+            "outbox_relay_unmarked_rows",
+            "Rows published or filtered out and not yet marked or deleted in the table",
+            unmarked.clone(),
+        );
         let confirmed_flush_lag = Gauge::default();
         registry.register_with_unit(
             "outbox_relay_confirmed_flush_lag",
@@ -305,6 +322,8 @@ impl Metrics {
             in_flight,
             sink_concurrency_limit,
             sink_rtt,
+            in_flight_bytes,
+            unmarked,
             confirmed_flush_lag,
             retained_wal,
             safe_wal_size,

@@ -22,10 +22,22 @@
 //!
 //! # Backpressure
 //!
-//! At most `[stream] max_in_flight` events are between receipt and their final
-//! outcome; at the ceiling the loop stops reading the socket (status updates go
-//! on), and the walsender waits. Memory stays
-//! bounded however large the backlog.
+//! The loop reads the socket only while three things are under their
+//! ceilings; at any of them it stops reading (status updates go on) and the
+//! walsender waits, so memory stays bounded however large the backlog:
+//!
+//! * the events between receipt and their final outcome: at most
+//!   `[stream] max_in_flight`;
+//! * the bytes they hold ([`held_bytes`]: the pgoutput message the event
+//!   shares, the encoded envelope and the sink's copy of it, and a fixed
+//!   share for the rest): at most
+//!   `[stream] max_in_flight_bytes`. The check comes before each message,
+//!   so one event larger than the whole budget still passes (the budget is
+//!   exceeded by at most one event), and the stream never deadlocks;
+//! * the rows published but not yet marked or deleted
+//!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
+//!   behind without bound; it does not hold the confirmed position
+//!   (see [`crate::marking`]).
 //!
 //! # Graceful shutdown
 //!
@@ -64,6 +76,7 @@ use crate::publish::{self, Completion, Dispatch};
 use crate::readiness::{self, Admission, Names, Problem};
 use crate::record::Recorder;
 use crate::retry::Backoff;
+use crate::sink::Message;
 use crate::sink::Sink;
 use crate::walstream::{WalMessage, WireError};
 
@@ -78,6 +91,23 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long to wait for the server to show the final acknowledgement.
 const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an event holds besides its row and its envelope, counted against
+/// `stream.max_in_flight_bytes`: the message and event structs, their queue
+/// slots, the group key and the id marking keeps. An estimate, on the
+/// generous side (about half of this is measured in structs alone).
+const HELD_PER_EVENT: usize = 512;
+
+/// The bytes a message holds until its outcome: the replicated row (`row`
+/// bytes of pgoutput message, which the event's fields share), the encoded
+/// envelope twice (the sink copies it into the request or the output buffer
+/// of its batch: the SNS sink form-encoded, the stdout sink as a line), and
+/// [`HELD_PER_EVENT`]. Counting the copy for every event, not only for those
+/// in a batch in flight, is generous; without it the stdout sink's buffer
+/// of up to 1,024 large envelopes would double what the budget allows.
+fn held_bytes(row: usize, message: &Message) -> usize {
+    row + 2 * message.body.len() + HELD_PER_EVENT
+}
 
 /// Most events the loop reads in one burst before it looks at completions,
 /// the heartbeat and the stop signal again.
@@ -377,6 +407,7 @@ async fn session<S: Sink>(
         &table_info,
         config.lifecycle.on_published,
         Backoff::new(&config.retry),
+        config.lifecycle.max_unmarked,
     );
     let (marker, marking_task) = match marking {
         Some((marker, task)) => (Some(marker), Some(task)),
@@ -445,6 +476,9 @@ async fn session<S: Sink>(
     };
 
     let max_in_flight = config.stream.max_in_flight;
+    let max_bytes = config.stream.max_in_flight_bytes;
+    // For the read condition and to wake when marking makes room.
+    let marking = stream.marker.clone();
     let mut deadline: Option<tokio::time::Instant> = None;
     let heartbeat = config.stream.heartbeat_interval;
     metrics.health.heartbeat_timeout_ms.store(
@@ -465,8 +499,12 @@ async fn session<S: Sink>(
     let status = tokio::time::sleep(interval);
     tokio::pin!(status);
     // Draining: read on only to the end of the open transaction.
+    let marking_full = || marking.as_ref().is_some_and(Marker::full);
     let may_read = |tracker: &AckTracker, draining: bool| {
-        (!draining || tracker.in_transaction()) && tracker.unfinished() < max_in_flight
+        (!draining || tracker.in_transaction())
+            && tracker.unfinished() < max_in_flight
+            && tracker.held_bytes() < max_bytes
+            && !marking_full()
     };
     loop {
         let draining = deadline.is_some();
@@ -475,6 +513,7 @@ async fn session<S: Sink>(
             break;
         }
         let read = may_read(tracker, draining);
+        let wait_for_marking = !read && marking_full();
         tokio::select! {
             biased;
             () = &mut status => {
@@ -502,6 +541,7 @@ async fn session<S: Sink>(
                 Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
                 None => return Err(publisher.stopped().await),
             },
+            () = room(marking.as_ref()), if wait_for_marking => {}
             _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
                 // Non-transactional: it comes back through the stream at once.
                 let client = Arc::clone(&sql_client);
@@ -570,10 +610,18 @@ async fn session<S: Sink>(
             return Err(RelayError::SqlSessionClosed);
         }
         metrics.in_flight.set(stream.tracker.unfinished() as i64);
+        metrics
+            .in_flight_bytes
+            .set(stream.tracker.held_bytes() as i64);
+        if let Some(marker) = &marking {
+            metrics.unmarked.set(marker.unmarked() as i64);
+        }
         metrics.status_updates_total(wal.status_updates());
     }
 
     let confirmed = stream.tracker.confirmed();
+    // Every marker goes, so that marking writes what it holds and ends.
+    drop(marking);
     drop(stream);
     drop(publisher);
     // Reported before waiting for marking, which does not hold the position
@@ -714,6 +762,7 @@ impl Stream<'_> {
     }
 
     fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
+        let row = data.len();
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
             lsn: format_lsn(at),
             source,
@@ -771,7 +820,11 @@ impl Stream<'_> {
                 self.received_in_burst += 1;
                 let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
                     Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
-                        Prepared::Publish(message) => Dispatch::Publish(message),
+                        Prepared::Publish(mut message) => {
+                            let held = held_bytes(row, &message);
+                            message.ticket = self.tracker.hold(message.ticket, held);
+                            Dispatch::Publish(message)
+                        }
                         Prepared::Skip(id) => {
                             tracing::debug!(id = %id, "filtered out; not published");
                             self.summary.skipped += 1;
@@ -782,13 +835,17 @@ impl Stream<'_> {
                             self.tracker.finish(ticket);
                             return Ok(());
                         }
-                        Prepared::Fail(id, reason) => Dispatch::Reject { ticket, id, reason },
+                        Prepared::Fail(id, reason) => Dispatch::Reject {
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                            id,
+                            reason,
+                        },
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
                         tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
                         Dispatch::Reject {
-                            ticket,
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
                             id,
                             reason: e.to_string(),
                         }
@@ -820,6 +877,14 @@ impl Stream<'_> {
             Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
         }
         Ok(())
+    }
+}
+
+/// Resolves when marking has made room ([`Marker::room`]); never without marking.
+async fn room(marker: Option<&Marker>) {
+    match marker {
+        Some(marker) => marker.room().await,
+        None => std::future::pending().await,
     }
 }
 

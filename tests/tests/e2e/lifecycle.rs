@@ -8,7 +8,7 @@ use std::time::Duration;
 use harness::{wait_until, RelayProcess};
 use outbox_relay::sink::{Message, Outcome, Sink};
 
-use crate::outbox::{envelope_ids, Collect, Outbox, Running};
+use crate::outbox::{envelope_ids, metric, Collect, Outbox, Running};
 
 /// A quick poller for tests.
 const FAST_POLLER: &str = "[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\nbackoff_initial = \"100ms\"\nbackoff_max = \"200ms\"\n";
@@ -553,5 +553,87 @@ async fn a_debezium_style_table_streams_through_column_mapping_alone() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 1, "the table is left alone");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marking_that_cannot_keep_up_stops_the_stream_at_its_ceiling_and_every_row_ends_published()
+{
+    const CEILING: usize = 500;
+    const IN_FLIGHT: usize = 100;
+    let outbox = Outbox::new().await;
+    let ids = outbox.insert_many(30, 100, 50).await;
+    // Marking waits behind this lock; reading the stream does not.
+    let mut blocker = outbox.db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE outbox IN SHARE MODE")
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "[lifecycle]\nmax_unmarked = {CEILING}\n[stream]\nmax_in_flight = {IN_FLIGHT}\n[poller]\nenabled = false"
+        )),
+        sink.clone(),
+    );
+    wait_until(
+        Duration::from_secs(20),
+        "the ceiling of unmarked rows is reached",
+        || async { sink.ids().len() >= CEILING },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Events in flight when the ceiling was reached still finish; no more are read.
+    let bound = CEILING + IN_FLIGHT;
+    let delivered = sink.ids().len();
+    assert!(
+        delivered <= bound,
+        "{delivered} delivered while marking was blocked, at most {bound}"
+    );
+    let unmarked = metric("outbox_relay_unmarked_rows");
+    assert!(
+        unmarked >= CEILING as f64 && unmarked <= bound as f64,
+        "{unmarked} rows unmarked"
+    );
+    assert_eq!(count_in_state(&outbox, "PENDING").await, 3000);
+
+    lock.rollback().await.unwrap();
+    wait_until(
+        Duration::from_secs(60),
+        "every row ends PUBLISHED",
+        || async { count_in_state(&outbox, "PUBLISHED").await == 3000 },
+    )
+    .await;
+    let delivered: HashSet<String> = sink.ids().into_iter().collect();
+    assert_eq!(delivered, ids.into_iter().collect::<HashSet<_>>());
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_rows_ends_with_every_row_published() {
+    let outbox = Outbox::new().await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
+    outbox.wait_slot_active(true).await;
+    // 60,000 rows in 12 transactions, as fast as the server takes them.
+    for _ in 0..12 {
+        outbox
+            .sql
+            .execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', 'o-' || (n % 100), 'Burst', jsonb_build_object('n', n) \
+                 FROM generate_series(1, 5000) n",
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    wait_until(
+        Duration::from_secs(120),
+        "every row ends PUBLISHED",
+        || async { count_in_state(&outbox, "PUBLISHED").await == 60_000 },
+    )
+    .await;
+    assert_eq!(sink.ids().len(), 60_000);
     relay.stop().await;
 }

@@ -407,3 +407,15 @@ impl Sink for Collect {
         vec![Outcome::Delivered; batch.len()]
     }
 }
+
+/// A metric of this process's relay (tests run one to a process), from
+/// its exposition text: the first sample whose name and labels start with
+/// `series`.
+pub fn metric(series: &str) -> f64 {
+    let text = outbox_relay::metrics::get().encode();
+    text.lines()
+        .find(|l| l.starts_with(series) && !l.starts_with('#'))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
+}

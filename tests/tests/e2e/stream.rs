@@ -7,7 +7,7 @@ use harness::wait_until;
 use outbox_relay::replication::ErrorClass;
 use outbox_relay::sink::Sink;
 
-use crate::outbox::{Collect, Outbox, Running};
+use crate::outbox::{metric, Collect, Outbox, Running};
 
 fn start<S: Sink>(outbox: &Outbox, extra: &str, sink: S) -> Running {
     Running::start(outbox.config(extra), sink)
@@ -237,4 +237,87 @@ async fn a_table_that_does_not_fit_the_mapping_stops_the_relay_at_start_naming_t
         before,
         "nothing acknowledged"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_rows_stop_the_stream_at_the_byte_budget_until_the_sink_takes_them() {
+    const BUDGET: usize = 1 << 20;
+    const ROW: usize = 64 << 10;
+    let outbox = Outbox::new().await;
+    let sink = Collect::holding(|_| true);
+    let relay = start(
+        &outbox,
+        &format!("[stream]\nmax_in_flight_bytes = {BUDGET}"),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    // 40 rows of 64 KiB in one transaction: 5 MiB of rows, 10 MiB with their
+    // envelopes, against a 1 MiB budget (a transaction larger than the
+    // budget flows event by event).
+    outbox
+        .sql
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'o-' || n, 'Big', jsonb_build_object('blob', repeat(md5(n::text), $1::int / 32)) \
+             FROM generate_series(1, 40) n",
+            &[&(ROW as i32)],
+        )
+        .await
+        .unwrap();
+    let commit = outbox.commits().await[0].end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the sink holds the first event",
+        || async { !sink.waiting.lock().unwrap().is_empty() },
+    )
+    .await;
+    // What the relay has read while the sink holds everything stays at the budget.
+    let mut most = 0.0f64;
+    for _ in 0..20 {
+        most = most.max(metric(
+            "outbox_relay_events_received_total{path=\"replication\"",
+        ));
+        let held = metric("outbox_relay_in_flight_bytes");
+        // Under the budget, plus at most one event read at its edge.
+        assert!(
+            held <= (BUDGET + 3 * ROW + 8192) as f64,
+            "{held} bytes held against a budget of {BUDGET}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Each event counts its row and its envelope twice (~192 KiB): about 5 fit.
+    let fit = BUDGET / (3 * ROW) + 1;
+    assert!(
+        (1.0..=fit as f64).contains(&most),
+        "{most} events read with the sink holding all, budget for {fit}"
+    );
+    assert!(outbox.confirmed_flush().await < commit);
+
+    sink.release();
+    wait_until(
+        Duration::from_secs(30),
+        "every large event is delivered",
+        || async { sink.ids().len() == 40 },
+    )
+    .await;
+    // One event larger than the whole budget still passes, alone.
+    outbox
+        .sql
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'huge', 'Huge', jsonb_build_object('blob', repeat('x', $1::int)))",
+            &[&(2 * BUDGET as i32)],
+        )
+        .await
+        .unwrap();
+    let last = outbox.commits().await[1].end_lsn;
+    wait_until(
+        Duration::from_secs(30),
+        "the event larger than the budget is delivered and confirmed",
+        || async { sink.ids().len() == 41 && outbox.confirmed_flush().await >= last },
+    )
+    .await;
+    assert_eq!(metric("outbox_relay_in_flight_bytes"), 0.0);
+    let summary = relay.stop().await;
+    assert_eq!(summary.delivered, 41);
 }
