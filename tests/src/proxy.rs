@@ -407,25 +407,13 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
                 };
                 match answer {
                     Ok(answer) => with_failed_entries(answer, &failed, &code),
-                    Err(e) => simple_response(
-                        502,
-                        "Bad Gateway",
-                        "text/plain",
-                        &[],
-                        format!("FaultProxy: upstream {}: {e}\n", shared.upstream).as_bytes(),
-                    ),
+                    Err(e) => bad_gateway(shared.upstream, &e),
                 }
             }
             Mode::Pass | Mode::RefuseMarkedRequests | Mode::FailMarkedEntries => {
                 match forward(shared.upstream, &head, &body) {
                     Ok(resp) => resp,
-                    Err(e) => simple_response(
-                        502,
-                        "Bad Gateway",
-                        "text/plain",
-                        &[],
-                        format!("FaultProxy: upstream {}: {e}\n", shared.upstream).as_bytes(),
-                    ),
+                    Err(e) => bad_gateway(shared.upstream, &e),
                 }
             }
         };
@@ -652,6 +640,17 @@ fn error_response(request: &Head, status: u16, kind: &str, code: &str, message: 
             body.as_bytes(),
         )
     }
+}
+
+/// The proxy's answer when the upstream cannot be reached.
+fn bad_gateway(upstream: SocketAddr, error: &dyn fmt::Display) -> Vec<u8> {
+    simple_response(
+        502,
+        "Bad Gateway",
+        "text/plain",
+        &[],
+        format!("FaultProxy: upstream {upstream}: {error}\n").as_bytes(),
+    )
 }
 
 fn simple_response(

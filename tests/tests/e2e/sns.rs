@@ -391,12 +391,16 @@ async fn marked_row(outbox: &Outbox) -> (String, i32, String) {
     (row.get(0), row.get(1), row.get(2))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
+/// A FIFO topic behind a fault proxy that refuses what carries `POISON`
+/// with `code` in `mode`, and a relay publishing to it through the proxy.
+async fn refusing_poison(
+    code: &str,
+    mode: Mode,
+) -> (sns::SharedEndpoint, FaultProxy, Outbox, Topic, Running) {
     let moto = sns::moto_endpoint().await;
     let proxy = FaultProxy::start(moto.as_str());
-    proxy.set_refusal("POISON", "InvalidParameter");
-    proxy.set_mode(Mode::FailMarkedEntries);
+    proxy.set_refusal("POISON", code);
+    proxy.set_mode(mode);
     let outbox = Outbox::new().await;
     let topic = fifo(&outbox, moto.as_str()).await;
     let relay = start(
@@ -404,6 +408,25 @@ async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
         &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
     )
     .await;
+    (moto, proxy, outbox, topic, relay)
+}
+
+/// Wait until the slot is confirmed past the last commit (a refused event
+/// does not hold it).
+async fn slot_moves_past_the_last_commit(outbox: &Outbox) {
+    let last = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(10),
+        "the slot moves past the refused event",
+        || async { outbox.confirmed_flush().await >= last },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
+    let (moto, proxy, outbox, topic, relay) =
+        refusing_poison("InvalidParameter", Mode::FailMarkedEntries).await;
     let nine = ten_with_one_marked(&outbox, "POISON").await;
     let sqs = sns::sqs_client(moto.as_str()).await;
     let received = next(&sqs, &topic, nine.len()).await;
@@ -421,30 +444,15 @@ async fn a_batch_with_one_entry_sns_refuses_publishes_the_other_nine() {
     let (state, attempts, error) = marked_row(&outbox).await;
     assert_eq!((state.as_str(), attempts), ("FAILED", 1), "{error}");
     assert!(error.contains("InvalidParameter"), "{error}");
-    let last = outbox.commits().await.last().unwrap().end_lsn;
-    wait_until(
-        Duration::from_secs(10),
-        "the slot moves past the refused entry",
-        || async { outbox.confirmed_flush().await >= last },
-    )
-    .await;
+    slot_moves_past_the_last_commit(&outbox).await;
     let summary = relay.stop().await;
     assert_eq!((summary.delivered, summary.rejected), (9, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_validation_exception_does_not_hold_the_slot() {
-    let moto = sns::moto_endpoint().await;
-    let proxy = FaultProxy::start(moto.as_str());
-    proxy.set_refusal("POISON", "ValidationException");
-    proxy.set_mode(Mode::RefuseMarkedRequests);
-    let outbox = Outbox::new().await;
-    let topic = fifo(&outbox, moto.as_str()).await;
-    let relay = start(
-        &outbox,
-        &sns_toml(&proxy.endpoint(), &topic.arn, "linger = \"200ms\""),
-    )
-    .await;
+    let (moto, proxy, outbox, topic, relay) =
+        refusing_poison("ValidationException", Mode::RefuseMarkedRequests).await;
     let mut good = ten_with_one_marked(&outbox, "POISON").await;
     good.extend(insert(&outbox, 3, 2, 2).await);
     let sqs = sns::sqs_client(moto.as_str()).await;
@@ -457,13 +465,7 @@ async fn a_validation_exception_does_not_hold_the_slot() {
         proxy.faults_injected() >= 2,
         "the whole request was refused, then the entry alone"
     );
-    let last = outbox.commits().await.last().unwrap().end_lsn;
-    wait_until(
-        Duration::from_secs(10),
-        "the slot moves past the refused event",
-        || async { outbox.confirmed_flush().await >= last },
-    )
-    .await;
+    slot_moves_past_the_last_commit(&outbox).await;
     let summary = relay.stop().await;
     assert_eq!(
         (summary.delivered, summary.rejected),
