@@ -17,6 +17,7 @@
 //! invariants and why they hold.
 
 pub mod ack;
+pub mod aws;
 pub mod check;
 pub mod cli;
 pub mod concurrency;

@@ -146,7 +146,7 @@ pub enum Configured {
 
 impl Configured {
     /// Build the configured sink.
-    pub async fn new(config: &crate::config::Config) -> Result<Self, sns::SnsSetupError> {
+    pub async fn new(config: &crate::config::Config) -> Result<Self, crate::aws::SetupError> {
         Ok(match config.sink.kind {
             crate::config::SinkKind::Stdout => Self::Stdout(StdoutSink::new()),
             crate::config::SinkKind::Sns => Self::Sns(Box::new(SnsSink::new(&config.sns).await?)),

@@ -29,8 +29,8 @@ use std::borrow::Cow;
 
 use aws_smithy_xml::decode::{try_data, Document};
 
-use super::client::{CallError, Client};
 use super::errors::{self, Class};
+use crate::aws::{Client, Request};
 
 /// The pointer's class name, first in the body.
 pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
@@ -47,7 +47,7 @@ pub struct ClaimCheck {
 }
 
 impl ClaimCheck {
-    /// Payloads go to `bucket` through `client` (made with [`Client::s3`]).
+    /// Payloads go to `bucket` through `client` (for S3, at the bucket's endpoint: [`crate::aws::endpoint::s3_bucket`]).
     pub fn new(client: Client, bucket: String) -> Self {
         Self { client, bucket }
     }
@@ -63,17 +63,15 @@ impl ClaimCheck {
             .map_err(|error| (Class::Access, error.to_string()))?;
         let stored = self
             .client
-            .put_object(&identity, &key, "application/json", payload.to_vec())
+            .send(
+                &identity,
+                Request::put(&key, "application/json", payload.to_vec()),
+            )
             .await;
         let where_ = || format!("s3://{}/{key}", self.bucket);
         let (status, body) = stored.map_err(|error| {
-            let class = match error {
-                CallError::Timeout { .. } => Class::TimedOut,
-                CallError::Credentials(_) | CallError::Signing(_) => Class::Access,
-                CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
-            };
             (
-                class,
+                Class::of(&error),
                 format!("storing the payload at {}: {error}", where_()),
             )
         })?;

@@ -56,6 +56,17 @@ impl Class {
         }
     }
 
+    /// The class of a call that got no answer: credentials and signing are
+    /// an operator's to fix, a timeout and a broken connection are outages.
+    pub fn of(error: &crate::aws::CallError) -> Self {
+        use crate::aws::CallError;
+        match error {
+            CallError::Timeout { .. } => Self::TimedOut,
+            CallError::Credentials(_) | CallError::Signing(_) => Self::Access,
+            CallError::Connect { .. } | CallError::Io { .. } => Self::Unavailable,
+        }
+    }
+
     /// Whether the entries are recorded as failed at once.
     pub fn rejects(self) -> bool {
         matches!(self, Self::Invalid | Self::NoTopic)

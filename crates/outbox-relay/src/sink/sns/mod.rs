@@ -43,34 +43,51 @@
 //! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
 //! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 //!
-//! The calls are made by a small client of the relay's own (`client.rs`):
-//! the request body is written once into one buffer (`protocol.rs`), signed
-//! by `aws-sigv4`, sent on kept-alive HTTP/1.1 connections; region,
-//! endpoint settings and credentials come from `aws-config`'s standard chain
-//! and SNS's endpoint rules. This replaced the AWS SDK's SNS client, whose
-//! per-call work cost more CPU than the rest of the relay
-//! (docs/benchmarks.md).
+//! The calls go through the AWS layer ([`crate::aws`]: endpoint settings,
+//! credentials, signing, pooled connections, proxies); this folder adds the
+//! Query protocol's request bodies and answers (`protocol.rs`, one buffer
+//! per request), SNS's error classes ([`errors`]) and limits ([`limits`]).
+//! SNS's own endpoint rules (every partition, FIPS, dual-stack) come from the
+//! SNS SDK's resolver when no endpoint is configured ([`rules`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
-use aws_config::{BehaviorVersion, Region};
+use aws_config::SdkConfig;
 
-use self::client::{CallError, Client};
 use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
 use super::{Cause, Concurrency, Message, Outcome, Sink};
+use crate::aws::{self, CallError, Client, SetupError};
 use crate::config::SnsConfig;
 
 pub mod claim_check;
-mod client;
 pub mod errors;
 pub mod limits;
 mod protocol;
-mod proxy;
+
+/// SNS's endpoint for `region` by its rules (the SNS SDK's resolver: every
+/// partition, GovCloud, China, ISO; the FIPS and dual-stack settings of
+/// `sdk`), when no endpoint is configured.
+async fn rules(sdk: &SdkConfig, region: &str) -> Result<String, SetupError> {
+    use aws_sdk_sns::config::endpoint::{DefaultResolver, Params, ResolveEndpoint as _};
+    let unusable = |e: &dyn std::fmt::Display| SetupError {
+        key: "sns.region",
+        message: format!("no SNS endpoint for region {region:?}: {e}"),
+    };
+    let params = Params::builder()
+        .region(region)
+        .use_fips(sdk.use_fips().unwrap_or(false))
+        .use_dual_stack(sdk.use_dual_stack().unwrap_or(false))
+        .build()
+        .map_err(|e| unusable(&e))?;
+    let endpoint = DefaultResolver::new()
+        .resolve_endpoint(&params)
+        .await
+        .map_err(|e| unusable(&e))?;
+    Ok(endpoint.url().to_owned())
+}
 
 /// SNS's limit of entries in one PublishBatch.
 pub const MAX_BATCH_ENTRIES: usize = 10;
@@ -87,57 +104,52 @@ pub struct SnsSink {
     claim_check: Option<claim_check::ClaimCheck>,
 }
 
-/// The SNS client cannot be built from the configuration.
-#[derive(Debug, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SnsSetupError {
-    /// The configuration key.
-    pub key: &'static str,
-    /// What to do.
-    pub message: String,
-}
-
 impl SnsSink {
-    /// Build the client: the standard AWS region, endpoint and credential
-    /// settings, explicit timeouts, no retries but the publisher's.
-    pub async fn new(config: &SnsConfig) -> Result<Self, SnsSetupError> {
-        // The timeouts and retries here are those of the credential providers
-        // that call out (instance metadata, STS, SSO).
-        let timeouts = TimeoutConfig::builder()
-            .operation_timeout(config.operation_timeout)
-            .operation_attempt_timeout(config.attempt_timeout)
-            .connect_timeout(config.attempt_timeout.min(Duration::from_secs(3)))
-            .build();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest())
-            .timeout_config(timeouts)
-            .retry_config(RetryConfig::standard());
-        if let Some(region) = config.region_or_arn() {
-            loader = loader.region(Region::new(region.to_owned()));
-        }
-        let sdk = loader.load().await;
-        let Some(region) = sdk.region() else {
-            return Err(SnsSetupError {
-                key: "sns.region",
-                message: "no AWS region: set sns.region, or AWS_REGION".into(),
-            });
-        };
-        let client = Client::new(
-            &sdk,
-            region.as_ref(),
-            &config.endpoint_url,
-            config.max_in_flight_batches,
+    /// Build the clients: the standard AWS region, endpoint and credential
+    /// settings ([`aws::load`]), explicit timeouts, no retries but the publisher's.
+    pub async fn new(config: &SnsConfig) -> Result<Self, SetupError> {
+        let (sdk, region) = aws::load(
+            config.region_or_arn(),
+            "sns.region",
+            config.operation_timeout,
             config.attempt_timeout,
         )
         .await?;
+        let (key, url) = match aws::endpoint::configured(
+            &sdk,
+            &aws::SNS,
+            ("sns.endpoint_url", &config.endpoint_url),
+        ) {
+            Some(configured) => configured,
+            None => ("sns.region", rules(&sdk, &region).await?),
+        };
+        let client = Client::new(
+            &sdk,
+            aws::SNS,
+            &region,
+            (key, &url),
+            config.max_in_flight_batches,
+            config.attempt_timeout,
+        )?;
         tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
         let claim_check = if config.large_payload_bucket.is_empty() {
             None
         } else {
-            let s3 = Client::s3(
+            let (key, url) = aws::endpoint::s3_bucket(
                 &sdk,
-                region.as_ref(),
-                &config.large_payload_endpoint_url,
+                &region,
+                (
+                    "sns.large_payload_endpoint_url",
+                    &config.large_payload_endpoint_url,
+                ),
                 &config.large_payload_bucket,
+                "sns.large_payload_bucket",
+            );
+            let s3 = Client::new(
+                &sdk,
+                aws::S3,
+                &region,
+                (key, &url),
                 config.max_in_flight_batches,
                 config.attempt_timeout,
             )?;
@@ -170,18 +182,14 @@ impl SnsSink {
             .identity()
             .await
             .map_err(|error| (Class::Access, error.to_string()))?;
-        let call = self
-            .client
-            .call(&identity, protocol::get_topic_attributes_body(topic));
+        let call = self.client.send(
+            &identity,
+            aws::Request::form(protocol::get_topic_attributes_body(topic)),
+        );
         let (status, body) = match tokio::time::timeout(self.operation_timeout, call).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(error)) => {
-                let class = match error {
-                    CallError::Timeout { .. } => Class::TimedOut,
-                    CallError::Credentials(_) | CallError::Signing(_) => Class::Access,
-                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
-                };
-                return Err((class, error.to_string()));
+                return Err((Class::of(&error), error.to_string()));
             }
             Err(_) => {
                 return Err((
@@ -309,7 +317,7 @@ impl SnsSink {
             }
         };
         let body = protocol::publish_batch_body(topic, entries);
-        let call = self.client.call(&identity, body);
+        let call = self.client.send(&identity, aws::Request::form(body));
         let answer = match tokio::time::timeout(self.operation_timeout, call).await {
             Ok(answer) => answer,
             Err(_) => Err(CallError::Timeout {
@@ -321,15 +329,10 @@ impl SnsSink {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
-                let class = match error {
-                    CallError::Signing(_) => {
-                        tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
-                        Class::Access
-                    }
-                    CallError::Credentials(_) => Class::Access,
-                    CallError::Timeout { .. } => Class::TimedOut,
-                    CallError::Connect { .. } | CallError::Io { .. } => Class::Unavailable,
-                };
+                if let CallError::Signing(_) = error {
+                    tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
+                }
+                let class = Class::of(&error);
                 retry_all(entries, verdicts, class, &reason);
                 return;
             }
@@ -673,6 +676,35 @@ impl SnsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn endpoints_follow_the_sdk_rules_for_every_partition() {
+        let resolve = |region: &'static str, fips: bool| async move {
+            let sdk = SdkConfig::builder().use_fips(fips).build();
+            rules(&sdk, region).await.unwrap()
+        };
+        assert_eq!(
+            resolve("eu-west-1", false).await,
+            "https://sns.eu-west-1.amazonaws.com"
+        );
+        assert_eq!(
+            resolve("us-east-1", true).await,
+            "https://sns-fips.us-east-1.amazonaws.com"
+        );
+        assert_eq!(
+            resolve("cn-north-1", false).await,
+            "https://sns.cn-north-1.amazonaws.com.cn"
+        );
+        // GovCloud's SNS endpoints are FIPS ones already.
+        assert_eq!(
+            resolve("us-gov-west-1", true).await,
+            "https://sns.us-gov-west-1.amazonaws.com"
+        );
+        assert_eq!(
+            resolve("us-iso-east-1", false).await,
+            "https://sns.us-iso-east-1.c2s.ic.gov"
+        );
+    }
 
     #[test]
     fn fifo_ids_that_sns_would_refuse_are_hashed_stably() {

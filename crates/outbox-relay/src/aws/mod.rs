@@ -1,0 +1,100 @@
+//! The AWS layer every AWS destination shares: settings, endpoints,
+//! credentials, signing and connections, for any service named by a
+//! [`Service`].
+//!
+//! * [`load`]: region, credentials chain and endpoint settings from
+//!   `aws-config`'s standard chain (environment, profiles, web identity,
+//!   container and instance roles), with the sink's timeouts for the
+//!   providers that call out.
+//! * [`endpoint`]: where a service's requests go, by the AWS SDK's own order
+//!   of settings (the relay's key, `AWS_ENDPOINT_URL_<SERVICE>`,
+//!   `AWS_ENDPOINT_URL`, profiles), else the service's rules for the region.
+//! * [`Client`]: signed requests (`aws-sigv4`) on hyper-util's pooled
+//!   HTTP/1.1 client, with cached credentials, the endpoint's clock when this
+//!   host's is off, and a bound on every call.
+//! * [`connect`]: TCP, proxies from the standard variables (hyper-util's
+//!   tunnel and matcher), TLS with `AWS_CA_BUNDLE` or the system's roots
+//!   (hyper-rustls).
+//!
+//! What a destination adds in its own folder: its wire protocol (request
+//! bodies, answers), its error classes and its limits. The concurrency
+//! control all destinations share is [`crate::concurrency`].
+
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, Region, SdkConfig};
+
+mod client;
+pub mod connect;
+pub mod endpoint;
+
+pub use client::{CallError, Client, Request, IDLE};
+
+/// An AWS service as the layer needs to know it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Service {
+    /// The SigV4 signing name (`sns`, `s3`, `sqs`, `events`, `kinesis`).
+    pub signing_name: &'static str,
+    /// The SDK's service id, which names its endpoint settings
+    /// (`AWS_ENDPOINT_URL_<ID>`, a profile's `services` section).
+    pub service_id: &'static str,
+    /// The environment variable of its endpoint, for messages.
+    pub endpoint_variable: &'static str,
+}
+
+/// Amazon SNS.
+pub const SNS: Service = Service {
+    signing_name: "sns",
+    service_id: "SNS",
+    endpoint_variable: "AWS_ENDPOINT_URL_SNS",
+};
+
+/// Amazon S3.
+pub const S3: Service = Service {
+    signing_name: "s3",
+    service_id: "S3",
+    endpoint_variable: "AWS_ENDPOINT_URL_S3",
+};
+
+/// An AWS client cannot be built from the configuration.
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct SetupError {
+    /// The configuration key (or environment variable).
+    pub key: &'static str,
+    /// What to do.
+    pub message: String,
+}
+
+/// The AWS settings for a destination: the standard chain, `region` (a
+/// relay setting) over `AWS_REGION` and profiles, and the timeouts of the
+/// credential providers that call out (instance metadata, STS, SSO). Fails,
+/// naming `region_key`, when no region is set anywhere.
+pub async fn load(
+    region: Option<&str>,
+    region_key: &'static str,
+    operation_timeout: Duration,
+    attempt_timeout: Duration,
+) -> Result<(SdkConfig, String), SetupError> {
+    let timeouts = TimeoutConfig::builder()
+        .operation_timeout(operation_timeout)
+        .operation_attempt_timeout(attempt_timeout)
+        .connect_timeout(attempt_timeout.min(Duration::from_secs(3)))
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .timeout_config(timeouts)
+        .retry_config(RetryConfig::standard());
+    if let Some(region) = region {
+        loader = loader.region(Region::new(region.to_owned()));
+    }
+    let sdk = loader.load().await;
+    let Some(region) = sdk.region().map(ToString::to_string) else {
+        return Err(SetupError {
+            key: region_key,
+            message: format!("no AWS region: set {region_key}, or AWS_REGION"),
+        });
+    };
+    Ok((sdk, region))
+}
