@@ -77,6 +77,10 @@ struct Args {
     /// SNS's quota for the quota run, messages/s; calls above it are throttled.
     #[arg(long, default_value_t = 10_000.0)]
     sns_quota: f64,
+    /// The topics' `MaximumMessageSize` that the SNS endpoint answers
+    /// `GetTopicAttributes` with, bytes (SNS: 1024 to 1048576).
+    #[arg(long, default_value_t = sns::DEFAULT_MAX_MESSAGE_SIZE)]
+    sns_max_message_size: usize,
     /// Backlog rows for the default-lifecycle run (marking every row).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
@@ -341,11 +345,16 @@ async fn drain(
     let end_lsn = backlog(sql, url, args.rows, args.per_tx, &start_lsn, "drain").await?;
     let rows = args.rows;
 
-    let local = sns::Endpoint::start(sns::Model::LOCAL).await?;
+    let local = sns::Endpoint::start(sns::Model {
+        max_message_size: args.sns_max_message_size,
+        ..sns::Model::LOCAL
+    })
+    .await?;
     let distant = sns::Endpoint::start(sns::Model {
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     println!(
@@ -515,6 +524,7 @@ async fn lifecycle(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     // The default configuration: nothing but where to connect and publish.
@@ -580,6 +590,7 @@ async fn quota(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: Some(args.sns_quota),
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     let config = relay_config(
@@ -786,6 +797,7 @@ async fn steady(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     let port = {
