@@ -189,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
         quota(&args, &sql, &url, &relay).await?;
     }
     if !args.no_large {
-        large(&args, &sql, &url, &relay).await?;
+        large(&args, &sql, &url, &relay, &pg_bin).await?;
     }
     if !args.no_steady {
         steady(&args, &sql, &url, &relay).await?;
@@ -678,11 +678,14 @@ fn large_payload(kib: u64) -> String {
 /// endpoint received. For each payload size, a topic of
 /// `--sns-max-message-size`, and one of 1 MiB too when the payload alone is
 /// not under that limit (a topic configured for large messages).
+/// `pg_recvlogical` drains a copy of each slot first: the rate at which
+/// PostgreSQL streams these rows at all.
 async fn large(
     args: &Args,
     sql: &tokio_postgres::Client,
     url: &str,
     relay: &std::path::Path,
+    pg_bin: &std::path::Path,
 ) -> anyhow::Result<()> {
     const MAX_LIMIT: usize = 1024 * 1024;
     let rows = args.large_rows;
@@ -698,7 +701,11 @@ async fn large(
             // states counted are this drain's.
             sql.batch_execute("TRUNCATE outbox").await?;
             let slot = format!("bench_large_{kib}_{limit}");
-            let start_lsn = slots(sql, std::slice::from_ref(&slot)).await?;
+            let names = [
+                format!("bench_recvlogical_large_{kib}_{limit}"),
+                slot.clone(),
+            ];
+            let start_lsn = slots(sql, &names).await?;
             let end_lsn = backlog_of(
                 sql,
                 url,
@@ -719,6 +726,7 @@ async fn large(
                 )
                 .await?
                 .get(0);
+            let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
             let endpoint = sns::Endpoint::start(sns::Model {
                 latency: args.sns_latency,
                 jitter: args.sns_jitter,
@@ -753,7 +761,12 @@ async fn large(
                 .filter(|l| l.contains("learned the topic's MaximumMessageSize"))
                 .filter_map(|l| l.rsplit_once("limit=").map(|(_, v)| v.trim()))
                 .collect();
-            let others: Vec<&str> = text.lines().filter(|l| !l.contains(" DEBUG ")).collect();
+            let rejected = "event rejected and recorded as failed";
+            let rejections = text.lines().filter(|l| l.contains(rejected)).count();
+            let others: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.contains(" DEBUG ") && !l.contains(rejected))
+                .collect();
             let (messages, calls, _) = endpoint.counts.snapshot();
             let attribute_calls = endpoint
                 .counts
@@ -785,15 +798,23 @@ async fn large(
                 .await?
                 .map(|r| r.get(0));
             let secs = usage.wall.as_secs_f64();
+            let base = baseline.wall.as_secs_f64();
+            println!(
+                "pg_recvlogical: {:.0} rows/s, {:.1} MiB/s of payload",
+                rows as f64 / base,
+                payload_bytes / 1048576.0 / base
+            );
             println!(
                 "relay learned MaximumMessageSize {} ({attribute_calls} GetTopicAttributes calls)",
                 learned.first().copied().unwrap_or("? (not in its log)")
             );
             println!(
                 "slot confirmed after {secs:.1} s: {:.0} rows/s, {:.1} MiB/s of payload; \
-                 table settled after {:.1} s; {:.1} CPU s; {:.1} MiB peak RSS (target <= 160)",
+                 {:.2}x pg_recvlogical; table settled after {:.1} s; {:.1} CPU s; \
+                 {:.1} MiB peak RSS (target <= 160)",
                 rows as f64 / secs,
                 payload_bytes / 1048576.0 / secs,
+                base / secs,
                 settled.as_secs_f64(),
                 usage.cpu.as_secs_f64(),
                 usage.max_rss_kib as f64 / 1024.0
@@ -807,14 +828,19 @@ async fn large(
             if let Some(error) = error {
                 println!("a row's last_error: {error}");
             }
+            if rejections > 0 {
+                println!("relay log: {rejections} times \"{rejected}\"");
+            }
             if !others.is_empty() {
-                println!("relay log ({} lines besides debug):", others.len());
+                println!("relay log, {} other lines:", others.len());
                 for line in others.iter().take(3) {
                     println!("  {line}");
                 }
             }
-            sql.execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-                .await?;
+            for name in &names {
+                sql.execute("SELECT pg_drop_replication_slot($1)", &[name])
+                    .await?;
+            }
         }
     }
     Ok(())
