@@ -18,7 +18,13 @@
 //! 3. **Quota**: a fresh backlog of `--quota-rows`, drained `--sns-latency`
 //!    away from an endpoint that throttles above `--sns-quota` messages/s:
 //!    delivered rate against the quota, throttled calls, lost messages.
-//! 4. **Steady state**: a producer commits single-row transactions at fixed
+//! 4. **Large rows**: for each of `--large-kib`, a fresh backlog of
+//!    `--large-rows` rows with payloads of that many KiB (hex digests, not
+//!    compressible), drained `--sns-latency` away with the default
+//!    configuration, to a topic whose `MaximumMessageSize` is
+//!    `--sns-max-message-size`, and also 1 MiB when the payload does not fit
+//!    it: peak RSS, rows/s, messages at the endpoint, rows by state.
+//! 5. **Steady state**: a producer commits single-row transactions at fixed
 //!    rates while the relay streams to the endpoint `--sns-latency` away; p50,
 //!    p99 and max of commit-to-confirmed-publish latency from the relay's own
 //!    histogram, and the relay's concurrency limit.
@@ -77,6 +83,10 @@ struct Args {
     /// SNS's quota for the quota run, messages/s; calls above it are throttled.
     #[arg(long, default_value_t = 10_000.0)]
     sns_quota: f64,
+    /// The topics' `MaximumMessageSize` that the SNS endpoint answers
+    /// `GetTopicAttributes` with, bytes (SNS: 1024 to 1048576).
+    #[arg(long, default_value_t = sns::DEFAULT_MAX_MESSAGE_SIZE)]
+    sns_max_message_size: usize,
     /// Backlog rows for the default-lifecycle run (marking every row).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
@@ -89,6 +99,15 @@ struct Args {
     /// Skip the quota run.
     #[arg(long)]
     no_quota: bool,
+    /// Rows of each large-row drain.
+    #[arg(long, default_value_t = 5_000)]
+    large_rows: u64,
+    /// Payload sizes of the large-row drains, KiB.
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    large_kib: Vec<u64>,
+    /// Skip the large-row drains.
+    #[arg(long)]
+    no_large: bool,
     /// The relay binary (default: target/release/outbox-relay next to this one).
     #[arg(long)]
     relay: Option<PathBuf>,
@@ -169,6 +188,9 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_quota {
         quota(&args, &sql, &url, &relay).await?;
     }
+    if !args.no_large {
+        large(&args, &sql, &url, &relay, &pg_bin).await?;
+    }
     if !args.no_steady {
         steady(&args, &sql, &url, &relay).await?;
     }
@@ -227,7 +249,7 @@ async fn slots(sql: &tokio_postgres::Client, names: &[String]) -> anyhow::Result
 }
 
 /// Commit a backlog of `rows` (`per_tx` a transaction, from two
-/// connections), print what it is, checkpoint; the LSN after it.
+/// connections) of [`PAYLOAD`]s, print what it is, checkpoint; the LSN after it.
 async fn backlog(
     sql: &tokio_postgres::Client,
     url: &str,
@@ -236,11 +258,24 @@ async fn backlog(
     start_lsn: &str,
     what: &str,
 ) -> anyhow::Result<String> {
+    backlog_of(sql, url, rows, per_tx, PAYLOAD, start_lsn, what).await
+}
+
+/// [`backlog`] with `payload`, an SQL expression of the row number `n`.
+async fn backlog_of(
+    sql: &tokio_postgres::Client,
+    url: &str,
+    rows: u64,
+    per_tx: u64,
+    payload: &str,
+    start_lsn: &str,
+    what: &str,
+) -> anyhow::Result<String> {
     let loading = Instant::now();
     let txs = rows.div_ceil(per_tx);
     let insert = format!(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-         SELECT 'order', 'order-' || (n % 1000), 'OrderPlaced', {PAYLOAD} \
+         SELECT 'order', 'order-' || (n % 1000), 'OrderPlaced', {payload} \
          FROM generate_series($1::bigint, $2::bigint) AS n"
     );
     // Two loaders (one per core); each statement is one transaction.
@@ -341,11 +376,16 @@ async fn drain(
     let end_lsn = backlog(sql, url, args.rows, args.per_tx, &start_lsn, "drain").await?;
     let rows = args.rows;
 
-    let local = sns::Endpoint::start(sns::Model::LOCAL).await?;
+    let local = sns::Endpoint::start(sns::Model {
+        max_message_size: args.sns_max_message_size,
+        ..sns::Model::LOCAL
+    })
+    .await?;
     let distant = sns::Endpoint::start(sns::Model {
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     println!(
@@ -515,6 +555,7 @@ async fn lifecycle(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     // The default configuration: nothing but where to connect and publish.
@@ -531,6 +572,7 @@ async fn lifecycle(
         &names[1],
         &end_lsn,
         true,
+        None,
     )
     .await?;
     let settled = settled.expect("waited for the table");
@@ -580,6 +622,7 @@ async fn quota(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: Some(args.sns_quota),
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     let config = relay_config(
@@ -610,6 +653,196 @@ async fn quota(
         rows.saturating_sub(messages),
         usage.max_rss_kib as f64 / 1024.0
     );
+    Ok(())
+}
+
+/// Rows a transaction in the large-row backlogs: 25 MiB at 256 KiB, within
+/// `logical_decoding_work_mem` (64 MiB), so the walsender does not spill.
+const LARGE_PER_TX: u64 = 100;
+
+/// A payload of about `kib` KiB: `{"order_id": n, "blob": "<hex>"}`, the blob
+/// SHA-512 digests of distinct inputs in hex (128 characters each), so
+/// neither TOAST nor anything else compresses it, and every character is
+/// form-encoded as itself.
+fn large_payload(kib: u64) -> String {
+    format!(
+        "jsonb_build_object('order_id', n, 'blob', (SELECT string_agg(\
+         encode(sha512((n::text || '/' || i::text)::bytea), 'hex'), '') \
+         FROM generate_series(1, {}) AS i))",
+        kib * 8
+    )
+}
+
+/// Drains of large rows at a distance with the default configuration: peak
+/// RSS (issue 18: at most 160 MiB at 64 and 256 KiB), rate, and what the
+/// endpoint received. For each payload size, a topic of
+/// `--sns-max-message-size`, and one of 1 MiB too when the payload alone is
+/// not under that limit (a topic configured for large messages).
+/// `pg_recvlogical` drains a copy of each slot first: the rate at which
+/// PostgreSQL streams these rows at all.
+async fn large(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+    pg_bin: &std::path::Path,
+) -> anyhow::Result<()> {
+    const MAX_LIMIT: usize = 1024 * 1024;
+    let rows = args.large_rows;
+    for &kib in &args.large_kib {
+        let mut limits = vec![args.sns_max_message_size];
+        if (kib as usize) * 1024 >= args.sns_max_message_size
+            && args.sns_max_message_size < MAX_LIMIT
+        {
+            limits.push(MAX_LIMIT);
+        }
+        for limit in limits {
+            // Only this backlog's rows: "settled" is "none PENDING", and the
+            // states counted are this drain's.
+            sql.batch_execute("TRUNCATE outbox").await?;
+            let slot = format!("bench_large_{kib}_{limit}");
+            let names = [
+                format!("bench_recvlogical_large_{kib}_{limit}"),
+                slot.clone(),
+            ];
+            let start_lsn = slots(sql, &names).await?;
+            let end_lsn = backlog_of(
+                sql,
+                url,
+                rows,
+                LARGE_PER_TX,
+                &large_payload(kib),
+                &start_lsn,
+                &format!(
+                    "large rows: {kib} KiB payloads, SNS {:?} away, topic MaximumMessageSize {limit}",
+                    args.sns_latency
+                ),
+            )
+            .await?;
+            let payload_bytes: f64 = sql
+                .query_one(
+                    "SELECT sum(octet_length(payload::text))::float8 FROM outbox",
+                    &[],
+                )
+                .await?
+                .get(0);
+            let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
+            let endpoint = sns::Endpoint::start(sns::Model {
+                latency: args.sns_latency,
+                jitter: args.sns_jitter,
+                quota: None,
+                max_message_size: limit,
+            })
+            .await?;
+            // The default configuration: nothing but where to connect and
+            // publish (the HTTP listener off, so no port is shared), and the
+            // SNS sink's debug log, which says what limit the relay learned.
+            let config = format!(
+                "[postgres]\nurl = \"{url}\"\nslot = \"{slot}\"\n\
+                 [log]\nlevel = \"warn,outbox_relay::sink::sns=debug\"\n[http]\nlisten = \"\"\n{}",
+                sns_sink(&endpoint.url, "bench")
+            );
+            let log = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.log"));
+            let (usage, settled) = run_relay_until(
+                relay,
+                sql,
+                &config,
+                &aws_env(&endpoint.url),
+                &slot,
+                &end_lsn,
+                true,
+                Some(&log),
+            )
+            .await?;
+            let settled = settled.expect("waited for the table");
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let learned: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("learned the topic's MaximumMessageSize"))
+                .filter_map(|l| l.rsplit_once("limit=").map(|(_, v)| v.trim()))
+                .collect();
+            let rejected = "event rejected and recorded as failed";
+            let rejections = text.lines().filter(|l| l.contains(rejected)).count();
+            let others: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.contains(" DEBUG ") && !l.contains(rejected))
+                .collect();
+            let (messages, calls, _) = endpoint.counts.snapshot();
+            let attribute_calls = endpoint
+                .counts
+                .attribute_calls
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let bytes = endpoint
+                .counts
+                .bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let largest = endpoint
+                .counts
+                .largest
+                .load(std::sync::atomic::Ordering::Relaxed);
+            let states: Vec<String> = sql
+                .query(
+                    "SELECT publish_state::text || ' ' || count(*) FROM outbox \
+                     GROUP BY publish_state ORDER BY 1",
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let error: Option<String> = sql
+                .query_opt(
+                    "SELECT last_error FROM outbox WHERE last_error IS NOT NULL LIMIT 1",
+                    &[],
+                )
+                .await?
+                .map(|r| r.get(0));
+            let secs = usage.wall.as_secs_f64();
+            let base = baseline.wall.as_secs_f64();
+            println!(
+                "pg_recvlogical: {:.0} rows/s, {:.1} MiB/s of payload",
+                rows as f64 / base,
+                payload_bytes / 1048576.0 / base
+            );
+            println!(
+                "relay learned MaximumMessageSize {} ({attribute_calls} GetTopicAttributes calls)",
+                learned.first().copied().unwrap_or("? (not in its log)")
+            );
+            println!(
+                "slot confirmed after {secs:.1} s: {:.0} rows/s, {:.1} MiB/s of payload; \
+                 {:.2}x pg_recvlogical; table settled after {:.1} s; {:.1} CPU s; \
+                 {:.1} MiB peak RSS (target <= 160)",
+                rows as f64 / secs,
+                payload_bytes / 1048576.0 / secs,
+                base / secs,
+                settled.as_secs_f64(),
+                usage.cpu.as_secs_f64(),
+                usage.max_rss_kib as f64 / 1024.0
+            );
+            println!(
+                "SNS endpoint: {messages} messages in {calls} publish calls, {:.1} MiB of requests, \
+                 the largest {largest} bytes; rows {}",
+                bytes as f64 / 1048576.0,
+                states.join(", ")
+            );
+            if let Some(error) = error {
+                println!("a row's last_error: {error}");
+            }
+            if rejections > 0 {
+                println!("relay log: {rejections} times \"{rejected}\"");
+            }
+            if !others.is_empty() {
+                println!("relay log, {} other lines:", others.len());
+                for line in others.iter().take(3) {
+                    println!("  {line}");
+                }
+            }
+            for name in &names {
+                sql.execute("SELECT pg_drop_replication_slot($1)", &[name])
+                    .await?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -667,7 +900,7 @@ async fn run_relay(
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
     Ok(
-        run_relay_until(relay, sql, config, envs, slot, end_lsn, false)
+        run_relay_until(relay, sql, config, envs, slot, end_lsn, false, None)
             .await?
             .0,
     )
@@ -675,7 +908,9 @@ async fn run_relay(
 
 /// Run the relay until `slot` confirmed `end_lsn` (and, with `settle`, until
 /// no outbox row is PENDING), then stop it; what it cost (its wall time to
-/// the confirmation) and the wall time until the table settled.
+/// the confirmation) and the wall time until the table settled. Its log goes
+/// to `log` when given, else to the bench's standard error.
+#[allow(clippy::too_many_arguments)]
 async fn run_relay_until(
     relay: &std::path::Path,
     sql: &tokio_postgres::Client,
@@ -684,9 +919,14 @@ async fn run_relay_until(
     slot: &str,
     end_lsn: &str,
     settle: bool,
+    log: Option<&std::path::Path>,
 ) -> anyhow::Result<(Usage, Option<Duration>)> {
     let path = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.toml"));
     std::fs::write(&path, config)?;
+    let stderr = match log {
+        Some(log) => Stdio::from(std::fs::File::create(log).context("the relay's log file")?),
+        None => Stdio::inherit(),
+    };
     let started = Instant::now();
     let child = Command::new(relay)
         .arg("--config")
@@ -694,7 +934,7 @@ async fn run_relay_until(
         .arg("run")
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .context("spawn the relay")?;
     let pid = child.id() as libc::pid_t;
@@ -786,6 +1026,7 @@ async fn steady(
         latency: args.sns_latency,
         jitter: args.sns_jitter,
         quota: None,
+        max_message_size: args.sns_max_message_size,
     })
     .await?;
     let port = {

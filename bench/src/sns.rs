@@ -3,6 +3,11 @@
 //! the messages. moto manages a few hundred calls per second and would
 //! measure itself; this one costs microseconds per call.
 //!
+//! It answers `GetTopicAttributes` too, as SNS does, with the topic's
+//! `MaximumMessageSize` ([`Model::max_message_size`]): the relay asks once per
+//! topic and sizes its batches, and refuses larger messages, by it. The
+//! endpoint itself does not check the sizes of what it is sent.
+//!
 //! It models the network and SNS's quota ([`Model`]): every answer leaves
 //! after the latency (± its jitter), and above the quota a call is refused
 //! whole as SNS refuses it: HTTP 400 with the Query protocol's
@@ -29,6 +34,12 @@ pub struct Counts {
     pub calls: AtomicU64,
     /// Calls refused with `Throttling`.
     pub throttled: AtomicU64,
+    /// `GetTopicAttributes` calls answered (not among `calls`).
+    pub attribute_calls: AtomicU64,
+    /// Bytes of request bodies received, in every call.
+    pub bytes: AtomicU64,
+    /// The largest request body received, in bytes.
+    pub largest: AtomicU64,
 }
 
 impl Counts {
@@ -51,6 +62,9 @@ pub struct Model {
     pub jitter: f64,
     /// Messages per second accepted; calls above it are throttled.
     pub quota: Option<f64>,
+    /// The topics' `MaximumMessageSize` attribute, in bytes (SNS: 1,024 to
+    /// 1,048,576; 262,144 unless set).
+    pub max_message_size: usize,
 }
 
 impl Model {
@@ -59,8 +73,12 @@ impl Model {
         latency: Duration::ZERO,
         jitter: 0.0,
         quota: None,
+        max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
     };
 }
+
+/// SNS's `MaximumMessageSize` of a topic that does not set it.
+pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 256 * 1024;
 
 /// Messages that may be accepted now.
 struct Bucket {
@@ -163,6 +181,17 @@ const THROTTLED: &str = "<ErrorResponse xmlns=\"http://sns.amazonaws.com/doc/201
 
 fn respond(body: &Bytes, state: &State) -> Response<Full<Bytes>> {
     let counts = &state.counts;
+    counts.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
+    counts
+        .largest
+        .fetch_max(body.len() as u64, Ordering::Relaxed);
+    if body.starts_with(b"Action=GetTopicAttributes&")
+        || memchr::memmem::find(body, b"&Action=GetTopicAttributes&").is_some()
+        || body.ends_with(b"&Action=GetTopicAttributes")
+    {
+        counts.attribute_calls.fetch_add(1, Ordering::Relaxed);
+        return topic_attributes(body, state.model.max_message_size);
+    }
     counts.calls.fetch_add(1, Ordering::Relaxed);
     // It stands in for SNS, which runs elsewhere; here its CPU competes with
     // the relay and the walsender, so it reads only what it answers with:
@@ -238,8 +267,83 @@ fn respond(body: &Bytes, state: &State) -> Response<Full<Bytes>> {
         .expect("a response")
 }
 
+/// The answer to `GetTopicAttributes`, as SNS gives it for a topic with one
+/// confirmed subscription: `MaximumMessageSize` among the usual attributes
+/// (and `FifoTopic` for a `.fifo` topic).
+fn topic_attributes(body: &[u8], max_message_size: usize) -> Response<Full<Bytes>> {
+    let form = String::from_utf8_lossy(body);
+    let arn = form
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("TopicArn="))
+        .map(outbox_relay::tls::percent_decode)
+        .unwrap_or_default();
+    let owner = arn.split(':').nth(4).unwrap_or("123456789012").to_owned();
+    let mut attributes = vec![
+        ("Owner", owner),
+        ("TopicArn", arn.clone()),
+        ("DisplayName", String::new()),
+        ("SubscriptionsPending", "0".into()),
+        ("SubscriptionsConfirmed", "1".into()),
+        ("SubscriptionsDeleted", "0".into()),
+        ("MaximumMessageSize", max_message_size.to_string()),
+    ];
+    if arn.ends_with(".fifo") {
+        attributes.push(("FifoTopic", "true".into()));
+        attributes.push(("ContentBasedDeduplication", "false".into()));
+    }
+    let mut xml = String::from(
+        "<GetTopicAttributesResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\">\
+         <GetTopicAttributesResult><Attributes>",
+    );
+    for (key, value) in attributes {
+        xml.push_str("<entry><key>");
+        xml.push_str(key);
+        xml.push_str("</key><value>");
+        xml.push_str(&escape(&value));
+        xml.push_str("</value></entry>");
+    }
+    xml.push_str(
+        "</Attributes></GetTopicAttributesResult>\
+         <ResponseMetadata><RequestId>bench</RequestId></ResponseMetadata></GetTopicAttributesResponse>",
+    );
+    Response::builder()
+        .header("content-type", "text/xml")
+        .body(Full::new(Bytes::from(xml)))
+        .expect("a response")
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_attributes_carry_the_maximum_message_size_and_the_topic() {
+        let body = b"Action=GetTopicAttributes&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3At.fifo";
+        let answer = topic_attributes(body, 1_048_576);
+        let xml = body_text(answer);
+        assert!(xml.starts_with("<GetTopicAttributesResponse"));
+        assert!(xml.contains("<entry><key>MaximumMessageSize</key><value>1048576</value></entry>"));
+        assert!(xml.contains(
+            "<entry><key>TopicArn</key><value>arn:aws:sns:us-east-1:1:t.fifo</value></entry>"
+        ));
+        assert!(xml.contains("<entry><key>Owner</key><value>1</value></entry>"));
+        assert!(xml.contains("<key>FifoTopic</key><value>true</value>"));
+    }
+
+    fn body_text(response: Response<Full<Bytes>>) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        let bytes = rt
+            .block_on(response.into_body().collect())
+            .expect("a body")
+            .to_bytes();
+        String::from_utf8(bytes.to_vec()).expect("UTF-8")
+    }
 }
