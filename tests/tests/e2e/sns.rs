@@ -153,6 +153,36 @@ async fn two_thousand_events_of_twenty_aggregates_reach_a_fifo_queue_each_aggreg
     assert_eq!(summary.delivered, 2_000);
 }
 
+/// The first batches of a backlog start together; they wait for one answer
+/// about the topic's size limit instead of each asking SNS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_asks_sns_for_the_topics_size_limit_once() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = FaultProxy::start(moto.as_str());
+    let outbox = Outbox::new().await;
+    let topic = fifo(&outbox, moto.as_str()).await;
+    let expected = insert(&outbox, 20, 10, 20).await;
+    let relay = start(&outbox, &sns_toml(&proxy.endpoint(), &topic.arn, "")).await;
+    let sqs = sns::sqs_client(moto.as_str()).await;
+    let got = sns::receive_all(
+        &sqs,
+        &topic.queue_url,
+        expected.len(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_per_aggregate_order(&expected, &envelopes(&got));
+    let actions = proxy.actions();
+    let publishes = actions.iter().filter(|a| *a == "PublishBatch").count();
+    assert!(publishes >= 20, "a backlog of batches: {actions:?}");
+    let asks = actions
+        .iter()
+        .filter(|a| *a == "GetTopicAttributes")
+        .count();
+    assert_eq!(asks, 1, "{actions:?}");
+    relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
     let moto = sns::moto_endpoint().await;

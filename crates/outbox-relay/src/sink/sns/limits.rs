@@ -1,6 +1,7 @@
 //! Each topic's message size limit: its `MaximumMessageSize` attribute
 //! (1,024 to 1,048,576 bytes; 262,144 unless set), learned with
-//! `GetTopicAttributes` on the first publish to the topic and kept.
+//! `GetTopicAttributes` on the first publish to the topic and kept (batches
+//! that start while it is asked wait for that answer: one call a topic).
 //!
 //! SNS applies it to the message body and attributes together (names, types
 //! and values, in bytes), and to the sum of them in a `PublishBatch`. The

@@ -101,6 +101,10 @@ pub struct SnsSink {
     operation_timeout: Duration,
     unknown: errors::UnknownSince,
     limits: limits::TopicLimits,
+    /// Held while a topic's limit is asked of SNS, so batches that start
+    /// meanwhile wait for that answer instead of asking again; holds the
+    /// last ask's failure, which is theirs too.
+    asking: tokio::sync::Mutex<Option<(Arc<str>, Class, String)>>,
     claim_check: Option<claim_check::ClaimCheck>,
 }
 
@@ -167,6 +171,7 @@ impl SnsSink {
             operation_timeout: config.operation_timeout,
             unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
             limits: limits::TopicLimits::new(config.max_message_size),
+            asking: tokio::sync::Mutex::new(None),
             claim_check,
         })
     }
@@ -177,6 +182,37 @@ impl SnsSink {
         if let Some(limit) = self.limits.known(topic) {
             return Ok(limit);
         }
+        let mut asking = match self.asking.try_lock() {
+            Ok(asking) => asking,
+            Err(_) => {
+                // Another batch is asking: its answer, not a second call.
+                let failed = self.asking.lock().await;
+                return match (self.limits.known(topic), failed.as_ref()) {
+                    (Some(limit), _) => Ok(limit),
+                    (None, Some((asked, class, reason))) if asked == topic => {
+                        Err((*class, reason.clone()))
+                    }
+                    // It asked for another topic.
+                    _ => {
+                        drop(failed);
+                        Box::pin(self.topic_limit(topic)).await
+                    }
+                };
+            }
+        };
+        if let Some(limit) = self.limits.known(topic) {
+            return Ok(limit);
+        }
+        let answer = self.ask_topic_limit(topic).await;
+        *asking = answer
+            .as_ref()
+            .err()
+            .map(|(class, reason)| (Arc::clone(topic), *class, reason.clone()));
+        answer
+    }
+
+    /// [`Self::topic_limit`]'s call to SNS.
+    async fn ask_topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
         let identity = self
             .client
             .identity()
