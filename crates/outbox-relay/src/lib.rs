@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod outgoing;
 pub mod poller;
+pub mod position;
 pub mod postgres;
 pub mod publish;
 pub mod readiness;

@@ -289,6 +289,7 @@ impl ConnInfo {
         slot: &str,
         publication: &str,
         start: u64,
+        kept: Option<&crate::position::Kept>,
     ) -> Result<WalStream, WireError> {
         let io = match &self.host {
             Endpoint::Unix(dir) => Transport::unix(dir, self.port).await?,
@@ -317,6 +318,7 @@ impl ConnInfo {
             slot,
             publication,
             lsn: start,
+            kept,
         };
         WalStream::start(io, &startup, &start).await
     }

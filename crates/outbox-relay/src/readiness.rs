@@ -146,6 +146,13 @@ pub enum Problem {
         /// The dead-letter table looked for, quoted.
         dead_letter: String,
     },
+    /// There is no position table the relay may write
+    /// ([`crate::position`]): after a PostgreSQL crash or fast restart the
+    /// relay may publish again what it had published.
+    NoPositionTable {
+        /// The position table looked for, quoted.
+        position: String,
+    },
     /// `postgres.publication` does not exist.
     PublicationMissing,
     /// The table is partitioned and the publication sends its partitions
@@ -189,9 +196,9 @@ impl Problem {
         match self {
             Problem::SlotMissing | Problem::Invalidated { .. } => Effect::StopsUnlessRecreated,
             Problem::Busy { .. } => Effect::StandsBy,
-            Problem::OptionalColumnMissing { .. } | Problem::NoDeadLetterTable { .. } => {
-                Effect::Warns
-            }
+            Problem::OptionalColumnMissing { .. }
+            | Problem::NoDeadLetterTable { .. }
+            | Problem::NoPositionTable { .. } => Effect::Warns,
             Problem::ColumnList { required, .. } => {
                 if *required {
                     Effect::Stops
@@ -232,7 +239,8 @@ impl Problem {
             | Problem::OptionalColumnMissing { .. }
             | Problem::ManagedColumnsMissing
             | Problem::NowhereToRecord { .. }
-            | Problem::NoDeadLetterTable { .. } => Area::Table,
+            | Problem::NoDeadLetterTable { .. }
+            | Problem::NoPositionTable { .. } => Area::Table,
             Problem::PublicationMissing
             | Problem::NotViaRoot
             | Problem::TableNotPublished
@@ -296,6 +304,11 @@ impl Problem {
                 "there is no {dead_letter} table: a rejected event whose row is gone (deleted in its \
                  own transaction) could not be recorded, and the relay would stop at it"
             ),
+            Problem::NoPositionTable { position } => format!(
+                "there is no {position} table the relay may write: after a crash or a fast restart \
+                 of PostgreSQL the slot can come back behind what the relay confirmed, and those \
+                 events would be published again"
+            ),
             Problem::PublicationMissing => format!("publication {publication:?} does not exist"),
             Problem::NotViaRoot => format!(
                 "table {table} is partitioned but publication {publication:?} publishes its partitions \
@@ -356,6 +369,11 @@ impl Problem {
             Problem::Mapping(_) | Problem::NowhereToRecord { .. } => return None,
             Problem::NoDeadLetterTable { .. } => {
                 "create it with `outbox-relay setup --config FILE --apply` (sql/005_dead_letter.sql)".into()
+            }
+            Problem::NoPositionTable { .. } => {
+                "create it with `outbox-relay setup --config FILE --apply` (sql/006_position.sql), \
+                 which also grants the relay's role INSERT and UPDATE on it"
+                    .into()
             }
             Problem::OptionalColumnMissing { key, .. } => {
                 format!("set columns.{key} = \"\" if that is intended")
@@ -736,6 +754,16 @@ async fn inspect_table(
             Problem::NoDeadLetterTable { dead_letter }
         } else {
             Problem::NowhereToRecord { dead_letter }
+        });
+    }
+    let position = format!(
+        "{}.{}",
+        quote_ident(&table_name.schema),
+        quote_ident(&crate::position::table_name(&table_name.name))
+    );
+    if !crate::position::writable(client, &position).await? {
+        problems.push(Problem::NoPositionTable {
+            position: quote_literal(&crate::position::table_name(&table_name.name)),
         });
     }
     Ok(())

@@ -71,6 +71,7 @@ pub use crate::error::{ErrorClass, RelayError};
 use crate::event::RowMapping;
 use crate::marking::{self, Mark, Marker};
 use crate::outgoing::{Outgoing, Prepared};
+use crate::position;
 use crate::postgres::{self, format_lsn, ConnInfo};
 use crate::publish::{self, Completion, Dispatch};
 use crate::readiness::{self, Admission, Names, Problem};
@@ -354,6 +355,10 @@ async fn session<S: Sink>(
         }
     }
     let sweepable = ready.sweepable();
+    let keep = !ready
+        .problems
+        .iter()
+        .any(|p| matches!(p, Problem::NoPositionTable { .. }));
     let (table_info, start) = match ready.admit() {
         Admission::Start { table, start } => (table, start),
         Admission::SlotLost { table, problem }
@@ -425,9 +430,20 @@ async fn session<S: Sink>(
         done_tx,
         Backoff::new(&config.retry),
     )));
+    // The position the relay kept (crate::position): the start when the
+    // slot is behind it and its provenance is certain.
+    let name = config.table();
+    let position_table = format!(
+        "{}.{}",
+        crate::setup::quote_ident(&name.schema),
+        crate::setup::quote_ident(&position::table_name(&name.name))
+    );
+    let kept = position::load(&sql_client, &position_table, slot)
+        .await
+        .map_err(sql("reading the kept position"))?;
     // Opened once everything else is ready: from here on the loop answers the
     // walsender (status updates), which nothing before it would.
-    let opening = conn.replicate(slot, &config.postgres.publication, start);
+    let opening = conn.replicate(slot, &config.postgres.publication, start, kept.as_ref());
     let mut wal = tokio::select! {
         opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
             Ok(opened) => opened.map_err(RelayError::from)?,
@@ -439,6 +455,23 @@ async fn session<S: Sink>(
         _ = stop.cancelled() => return Ok(()),
     };
     summary.sessions += 1;
+    let choice = wal.choice().clone();
+    match &choice.why {
+        Some(why) if choice.doubt => tracing::warn!(slot = %slot, "{why}"),
+        Some(why) => tracing::info!(slot = %slot, "{why}"),
+        None => {}
+    }
+    let start = choice.lsn;
+    let mut keeper = keep.then(|| {
+        position::Keeper::new(
+            Arc::clone(&sql_client),
+            &position_table,
+            slot,
+            wal.system().clone(),
+            start,
+            summary.delivered + summary.rejected,
+        )
+    });
     let metrics = crate::metrics::get();
     metrics.set_streaming(true);
     metrics.status_updates_total(0); // this stream counts from zero
@@ -534,7 +567,11 @@ async fn session<S: Sink>(
                     return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
                 }
                 let ask = bounded && quiet >= 2 * interval;
-                wal.send_status(stream.tracker.confirmed(), ask).await?;
+                let confirmed = stream.tracker.confirmed();
+                wal.send_status(confirmed, ask).await?;
+                if let Some(keeper) = &mut keeper {
+                    keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
+                }
                 status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             completions = done.recv() => match completions {
@@ -647,6 +684,11 @@ async fn session<S: Sink>(
             false
         }
     };
+    if let Some(keeper) = keeper {
+        // Kept whether or not the server took it: every event before it is
+        // published or recorded.
+        keeper.finish(confirmed, Duration::from_secs(5)).await;
+    }
     if let Some(task) = marking_task {
         // Every marker is gone now: the task writes what it holds, then ends.
         if tokio::time::timeout(Duration::from_secs(5), task)

@@ -24,6 +24,10 @@ pub const FILES: &[(&str, &str)] = &[
         "005_dead_letter.sql",
         include_str!("../../../sql/005_dead_letter.sql"),
     ),
+    (
+        "006_position.sql",
+        include_str!("../../../sql/006_position.sql"),
+    ),
 ];
 
 /// The table file for a partitioned outbox (`setup --partitioned`).
@@ -73,6 +77,10 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
             format!("{}_id_idx", table.name),
         ),
         ("dead_letter".to_owned(), dead_letter.clone()),
+        (
+            "position".to_owned(),
+            crate::position::table_name(&table.name),
+        ),
         (
             "dead_letter_index".to_owned(),
             format!("{dead_letter}_failed_idx"),

@@ -45,6 +45,7 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
+use crate::position;
 use crate::tls::{ChannelBindingMode, MakeRustls, RustlsStream, TlsError};
 
 /// Size of the read buffer: one `recv` takes up to this much of the stream.
@@ -234,8 +235,11 @@ pub struct Start<'a> {
     pub slot: &'a str,
     /// The publication.
     pub publication: &'a str,
-    /// Where to start (the slot's confirmed position, normally).
+    /// The slot's confirmed position.
     pub lsn: u64,
+    /// The position the relay kept ([`crate::position`]): the start when it
+    /// is later and its provenance certain ([`position::choose`]).
+    pub kept: Option<&'a position::Kept>,
 }
 
 /// A logical replication stream after START_REPLICATION.
@@ -258,6 +262,10 @@ pub struct WalStream {
     heard: tokio::time::Instant,
     /// The SASL mechanism of the login, if it was SCRAM.
     mechanism: Option<&'static str>,
+    /// What `IDENTIFY_SYSTEM` said.
+    system: position::System,
+    /// Where the stream started, and why.
+    choice: position::Choice,
 }
 
 impl WalStream {
@@ -277,12 +285,17 @@ impl WalStream {
             status_updates: 0,
             heard: tokio::time::Instant::now(),
             mechanism: None,
+            system: position::System::default(),
+            choice: position::choose(start.lsn, None, &position::System::default()),
         };
         stream.log_in(startup).await?;
+        stream.system = stream.identify_system().await?;
+        stream.choice = position::choose(start.lsn, start.kept, &stream.system);
+        stream.confirmed = stream.choice.lsn;
         let sql = format!(
             "START_REPLICATION SLOT \"{}\" LOGICAL {} (proto_version '1', publication_names '{}', messages 'true')",
             start.slot.replace('"', "\"\""),
-            crate::postgres::format_lsn(start.lsn),
+            crate::postgres::format_lsn(stream.choice.lsn),
             start.publication.replace('\'', "''"),
         );
         frontend::query(&sql, &mut stream.out)?;
@@ -415,6 +428,34 @@ impl WalStream {
                 _ => {}                // ParameterStatus, BackendKeyData, notices
             }
         }
+    }
+
+    /// `IDENTIFY_SYSTEM`: the cluster's identifier, its timeline and where
+    /// its WAL ends.
+    async fn identify_system(&mut self) -> Result<position::System, WireError> {
+        frontend::query("IDENTIFY_SYSTEM", &mut self.out)?;
+        self.write_out().await?;
+        let mut system = None;
+        loop {
+            let (tag, body) = self.frame().await?;
+            match tag {
+                b'D' => system = Some(identified(&body)?),
+                b'E' => return Err(server_error(&body)),
+                b'Z' => break,
+                _ => {} // RowDescription, CommandComplete, notices
+            }
+        }
+        system.ok_or_else(|| WireError::Protocol("IDENTIFY_SYSTEM returned no row".into()))
+    }
+
+    /// What `IDENTIFY_SYSTEM` said about the server.
+    pub fn system(&self) -> &position::System {
+        &self.system
+    }
+
+    /// Where the stream started, and why ([`position::choose`]).
+    pub fn choice(&self) -> &position::Choice {
+        &self.choice
     }
 
     /// The SASL mechanism the login used: `SCRAM-SHA-256-PLUS` when it was
@@ -661,6 +702,40 @@ fn be_u64(bytes: &[u8]) -> u64 {
 }
 
 /// An ErrorResponse's message and SQLSTATE.
+/// `IDENTIFY_SYSTEM`'s row: systemid, timeline, xlogpos, dbname (text).
+fn identified(body: &[u8]) -> Result<position::System, WireError> {
+    let bad = |what: &str| WireError::Protocol(format!("IDENTIFY_SYSTEM: {what}"));
+    let mut rest = body;
+    let mut take = |n: usize| {
+        if rest.len() < n {
+            return Err(bad("short row"));
+        }
+        let (head, tail) = rest.split_at(n);
+        rest = tail;
+        Ok(head)
+    };
+    let count = u16::from_be_bytes(take(2)?.try_into().expect("two bytes"));
+    let mut fields = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let len = i32::from_be_bytes(take(4)?.try_into().expect("four bytes"));
+        let field = match usize::try_from(len) {
+            Ok(len) => Some(std::str::from_utf8(take(len)?).map_err(|_| bad("not UTF-8"))?),
+            Err(_) => None, // NULL
+        };
+        fields.push(field);
+    }
+    let field = |i: usize| fields.get(i).copied().flatten();
+    Ok(position::System {
+        id: field(0).ok_or_else(|| bad("no systemid"))?.to_owned(),
+        timeline: field(1)
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| bad("no timeline"))?,
+        wal_end: field(2)
+            .and_then(crate::postgres::parse_lsn)
+            .ok_or_else(|| bad("no xlogpos"))?,
+    })
+}
+
 fn server_error(body: &[u8]) -> WireError {
     let (mut code, mut message) = (String::new(), String::new());
     let mut rest = body;
@@ -697,8 +772,49 @@ mod tests {
             status_updates: 0,
             heard: tokio::time::Instant::now(),
             mechanism: None,
+            system: position::System::default(),
+            choice: position::choose(0x10, None, &position::System::default()),
         };
         (stream, theirs)
+    }
+
+    #[test]
+    fn identify_system_rows_are_read_and_bad_ones_refused() {
+        let row = |fields: &[Option<&str>]| {
+            let mut body = (fields.len() as u16).to_be_bytes().to_vec();
+            for field in fields {
+                match field {
+                    Some(text) => {
+                        body.extend_from_slice(&(text.len() as i32).to_be_bytes());
+                        body.extend_from_slice(text.as_bytes());
+                    }
+                    None => body.extend_from_slice(&(-1i32).to_be_bytes()),
+                }
+            }
+            body
+        };
+        let system = identified(&row(&[
+            Some("7441018406417473822"),
+            Some("3"),
+            Some("0/1A2B3C8"),
+            Some("app"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            system,
+            position::System {
+                id: "7441018406417473822".into(),
+                timeline: 3,
+                wal_end: 0x1A2B3C8,
+            }
+        );
+        assert!(identified(&row(&[Some("1"), Some("x"), Some("0/1"), None])).is_err());
+        assert!(identified(&row(&[Some("1"), Some("1")])).is_err());
+        let mut cut = row(&[Some("1"), Some("1"), Some("0/1"), None]);
+        cut.truncate(cut.len() - 3);
+        for n in 0..cut.len() {
+            let _ = identified(&cut[..n]); // never panics
+        }
     }
 
     fn xlog(start: u64, data: &[u8]) -> Vec<u8> {
@@ -819,6 +935,7 @@ mod tests {
         slot: "s",
         publication: "p",
         lsn: 0,
+        kept: None,
     };
 
     /// A server that starts SCRAM and then says the login succeeded, never

@@ -87,6 +87,7 @@ async fn replication_login(config: &Config) -> Result<WalStream, WireError> {
         config.postgres.slot.as_str(),
         &config.postgres.publication,
         0,
+        None,
     )
     .await
 }
@@ -265,7 +266,7 @@ async fn a_wrong_ca_or_host_name_is_refused_with_a_message_that_says_so() {
     // The replication connection explains it in the same words.
     let conn = outbox_relay::postgres::ConnInfo::new(&wrong.postgres).unwrap();
     let failure = match conn
-        .replicate(&outbox.slot, &wrong.postgres.publication, 0)
+        .replicate(&outbox.slot, &wrong.postgres.publication, 0, None)
         .await
     {
         Err(outbox_relay::walstream::WireError::Tls(e)) => e,
