@@ -457,6 +457,9 @@ async fn status_cmd(config: &Config, json: bool) -> ExitCode {
             .and_then(|r| r.get(0)),
         _ => None,
     };
+    let failover = crate::failover::State::read(&client, &config.postgres.slot)
+        .await
+        .unwrap_or_default();
     let max_lag = config.http.ready_max_lag_bytes;
     let mut problems = Vec::new();
     match slot.wal_status.as_str() {
@@ -486,6 +489,8 @@ async fn status_cmd(config: &Config, json: bool) -> ExitCode {
             "retained_wal_bytes": slot.retained_bytes,
             "safe_wal_size_bytes": slot.safe_wal_size,
             "oldest_pending_seconds": oldest_pending,
+            "failover": failover.failover,
+            "synchronized_standby_slots": failover.standby_slots,
             "rows": counts.iter().map(|(s, n)| (s.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "healthy": problems.is_empty(),
             "problems": problems,
@@ -517,6 +522,7 @@ async fn status_cmd(config: &Config, json: bool) -> ExitCode {
                 format!("{} bytes", slot.safe_wal_size)
             }
         );
+        println!("failover             {}", failover.describe());
         println!(
             "oldest PENDING row   {}",
             opt(oldest_pending.map(|s| format!("{s:.1} s")))

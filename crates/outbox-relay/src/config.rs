@@ -130,6 +130,10 @@ pub struct PostgresConfig {
     /// sends. `0s` switches the bound off (TCP's own limits remain).
     #[serde(deserialize_with = "de_duration")]
     pub receive_timeout: Duration,
+    /// Create the slot with `failover = true` (PostgreSQL 17+), so a standby
+    /// with `sync_replication_slots = on` keeps a copy and a promoted standby
+    /// has it (`setup`, and `lifecycle.recreate_slot`).
+    pub failover_slot: bool,
     /// TLS mode of both connections: `disable`, `prefer` (default), `require`,
     /// `verify-ca`, `verify-full` (or `sslmode=` in the URL).
     pub ssl_mode: Option<String>,
@@ -190,6 +194,7 @@ impl Default for PostgresConfig {
             table: DEFAULT_TABLE.to_owned(),
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
             receive_timeout: DEFAULT_RECEIVE_TIMEOUT,
+            failover_slot: false,
             ssl_mode: None,
             ssl_root_cert: None,
             ssl_cert: None,
@@ -1281,8 +1286,23 @@ fn check_url(url: &str) -> Result<(), String> {
     if parsed.get_hosts().is_empty() {
         return Err("names no host: postgres://user@HOST/database".into());
     }
-    if parsed.get_hosts().len() > 1 {
-        return Err("names several hosts; the relay connects to one".into());
+    use tokio_postgres::config::TargetSessionAttrs;
+    match parsed.get_target_session_attrs() {
+        TargetSessionAttrs::ReadOnly => {
+            return Err(
+                "asks for target_session_attrs=read-only; the relay writes (the slot, marking): \
+                 use read-write"
+                    .into(),
+            )
+        }
+        TargetSessionAttrs::Any if parsed.get_hosts().len() > 1 => {
+            return Err(
+                "names several hosts without target_session_attrs=read-write: add it, so that the \
+                 relay connects to the primary among them (after a failover, the promoted one)"
+                    .into(),
+            )
+        }
+        _ => {}
     }
     if parsed.get_dbname().is_none() {
         return Err("names no database: postgres://user@host/DATABASE".into());
@@ -1614,6 +1634,31 @@ url = "postgres://relay:secret@localhost:5432/app"
         assert!(!p[0].message.contains("hunter2"), "{}", p[0].message);
         let p = problems(load("[postgres]\nurl = \"mysql://u@h/db\"\n", &[]).unwrap_err());
         assert_eq!(p[0].key, "postgres.url");
+    }
+
+    #[test]
+    fn several_hosts_need_read_write_and_read_only_is_refused() {
+        let url = |u: &str| format!("[postgres]\nurl = \"{u}\"\n");
+        let p = problems(load(&url("postgres://u@a,b/db"), &[]).unwrap_err());
+        assert_eq!(p[0].key, "postgres.url");
+        assert!(
+            p[0].message.contains("target_session_attrs=read-write"),
+            "{}",
+            p[0].message
+        );
+        let p = problems(
+            load(
+                &url("postgres://u@a/db?target_session_attrs=read-only"),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        assert!(p[0].message.contains("use read-write"), "{}", p[0].message);
+        load(
+            &url("postgres://u@a:5432,b:5433/db?target_session_attrs=read-write"),
+            &[],
+        )
+        .expect("several hosts with read-write");
     }
 
     #[test]

@@ -180,7 +180,8 @@ impl RelayError {
                 | WireError::Ended
                 | WireError::Silent(_)
                 | WireError::Tls(_)
-                | WireError::Protocol(_) => Transient,
+                | WireError::Protocol(_)
+                | WireError::ReadOnly => Transient,
             },
             RelayError::Unusable { transient, .. } => {
                 if *transient {

@@ -25,6 +25,7 @@ pub mod config;
 pub mod envelope;
 pub mod error;
 pub mod event;
+pub mod failover;
 pub mod http;
 pub mod marking;
 pub mod metrics;

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use tokio::net::{TcpStream, UnixStream};
-use tokio_postgres::config::Host;
+use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::config::{PostgresConfig, Secret};
@@ -22,8 +22,10 @@ use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
     sql: tokio_postgres::Config,
-    host: Endpoint,
-    port: u16,
+    /// The hosts of the URL with their ports, tried in order.
+    hosts: Vec<(Endpoint, u16)>,
+    /// `target_session_attrs=read-write`: only a primary will do.
+    read_write: bool,
     user: String,
     password: Option<Secret>,
     /// The database.
@@ -67,6 +69,12 @@ pub enum SqlError {
     /// TLS could not be set up (the message says why and what to do).
     #[error(transparent)]
     Tls(crate::tls::TlsError),
+    /// `target_session_attrs=read-write` and no host of the URL was the primary.
+    #[error("{endpoint} accepts no writes (a standby, or read-only): target_session_attrs=read-write looks for the primary among the URL's hosts")]
+    ReadOnly {
+        /// `host:port/database`.
+        endpoint: String,
+    },
     /// Postgres refused, or the session broke.
     #[error(transparent)]
     Postgres(#[from] tokio_postgres::Error),
@@ -133,12 +141,29 @@ impl ConnInfo {
             sql.password(password.expose());
         }
         sql.application_name(&pg.application_name);
-        let host = match sql.get_hosts().first() {
-            Some(Host::Tcp(h)) => Endpoint::Tcp(h.clone()),
-            Some(Host::Unix(p)) => Endpoint::Unix(p.clone()),
-            None => return Err(ConnInfoError::Url("names no host".into())),
+        let ports = sql.get_ports();
+        let hosts: Vec<(Endpoint, u16)> = sql
+            .get_hosts()
+            .iter()
+            .enumerate()
+            .map(|(i, host)| {
+                // One port for every host, or one each (libpq's rule).
+                let port = match ports.len() {
+                    0 => 5432,
+                    1 => ports[0],
+                    _ => ports.get(i).copied().unwrap_or(5432),
+                };
+                let host = match host {
+                    Host::Tcp(h) => Endpoint::Tcp(h.clone()),
+                    Host::Unix(p) => Endpoint::Unix(p.clone()),
+                };
+                (host, port)
+            })
+            .collect();
+        let Some((host, _)) = hosts.first() else {
+            return Err(ConnInfoError::Url("names no host".into()));
         };
-        let port = sql.get_ports().first().copied().unwrap_or(5432);
+        let read_write = sql.get_target_session_attrs() == TargetSessionAttrs::ReadWrite;
         // libpq ignores sslmode on unix sockets; so do we (and tokio-postgres
         // would ask the connector for a host name a socket does not have).
         let unix = matches!(host, Endpoint::Unix(_));
@@ -174,8 +199,8 @@ impl ConnInfo {
                 .ok_or_else(|| ConnInfoError::Url("names no database".into()))?
                 .to_owned(),
             sql,
-            host,
-            port,
+            hosts,
+            read_write,
             password,
             tls,
             connector,
@@ -186,11 +211,43 @@ impl ConnInfo {
 
     /// Open an ordinary SQL session; its connection task runs in the background.
     ///
-    /// The socket is the relay's own (the first host of the URL, as for the
-    /// replication connection), with TCP keepalives and a bound on unanswered
-    /// requests ([`crate::silence`]): a session on a connection that went
-    /// silent ends instead of waiting forever.
+    /// The hosts of the URL are tried in order, as libpq does; with
+    /// `target_session_attrs=read-write` a host that accepts no writes (a
+    /// standby) is passed over, so after a failover the relay finds the new
+    /// primary. The socket is the relay's own, with TCP keepalives and a
+    /// bound on unanswered requests ([`crate::silence`]): a session on a
+    /// connection that went silent ends instead of waiting forever.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, SqlError> {
+        let mut last = None;
+        for (host, port) in &self.hosts {
+            let client = match self.connect_to(host, *port).await {
+                Ok(client) => client,
+                Err(error) => {
+                    last = Some(error);
+                    continue;
+                }
+            };
+            if !self.read_write {
+                return Ok(client);
+            }
+            match client.query_one("SHOW transaction_read_only", &[]).await {
+                Ok(row) if row.get::<_, &str>(0) == "off" => return Ok(client),
+                Ok(_) => {
+                    last = Some(SqlError::ReadOnly {
+                        endpoint: self.display_one(host, *port),
+                    })
+                }
+                Err(error) => last = Some(error.into()),
+            }
+        }
+        Err(last.expect("ConnInfo::new checks there is a host"))
+    }
+
+    async fn connect_to(
+        &self,
+        host: &Endpoint,
+        port: u16,
+    ) -> Result<tokio_postgres::Client, SqlError> {
         let mut sql = self.sql.clone();
         if !self.receive_timeout.is_zero() {
             // A lock wait is silence too: end it with an error (55P03, retried)
@@ -204,12 +261,12 @@ impl ConnInfo {
             sql.options(&options);
         }
         let socket_error = |source| SqlError::Socket {
-            endpoint: self.display(),
+            endpoint: self.display_one(host, port),
             source,
         };
-        match &self.host {
+        match host {
             Endpoint::Unix(dir) => {
-                let path = dir.join(format!(".s.PGSQL.{}", self.port));
+                let path = dir.join(format!(".s.PGSQL.{port}"));
                 let socket = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path))
                     .await
                     .unwrap_or_else(|_| Err(connect_timed_out()))
@@ -222,7 +279,7 @@ impl ConnInfo {
             Endpoint::Tcp(host) => {
                 let socket = tokio::time::timeout(
                     CONNECT_TIMEOUT,
-                    TcpStream::connect((host.as_str(), self.port)),
+                    TcpStream::connect((host.as_str(), port)),
                 )
                 .await
                 .unwrap_or_else(|_| Err(connect_timed_out()))
@@ -273,11 +330,24 @@ impl ConnInfo {
         }
     }
 
-    /// `host:port/database` for logs (no credentials).
+    /// `host:port/database` for logs (no credentials); every host, comma
+    /// separated, when the URL names several.
     pub fn display(&self) -> String {
-        match &self.host {
-            Endpoint::Tcp(h) => format!("{h}:{}/{}", self.port, self.dbname),
-            Endpoint::Unix(p) => format!("{}:{}/{}", p.display(), self.port, self.dbname),
+        let hosts: Vec<String> = self
+            .hosts
+            .iter()
+            .map(|(host, port)| match host {
+                Endpoint::Tcp(h) => format!("{h}:{port}"),
+                Endpoint::Unix(p) => format!("{}:{port}", p.display()),
+            })
+            .collect();
+        format!("{}/{}", hosts.join(","), self.dbname)
+    }
+
+    fn display_one(&self, host: &Endpoint, port: u16) -> String {
+        match host {
+            Endpoint::Tcp(h) => format!("{h}:{port}/{}", self.dbname),
+            Endpoint::Unix(p) => format!("{}:{port}/{}", p.display(), self.dbname),
         }
     }
 
@@ -291,13 +361,40 @@ impl ConnInfo {
         start: u64,
         kept: Option<&crate::position::Kept>,
     ) -> Result<WalStream, WireError> {
-        let io = match &self.host {
-            Endpoint::Unix(dir) => Transport::unix(dir, self.port).await?,
+        let mut last = None;
+        for (host, port) in &self.hosts {
+            match self
+                .replicate_at(host, *port, slot, publication, start, kept)
+                .await
+            {
+                Ok(stream) => return Ok(stream),
+                // Another host may be the one: unreachable, or a standby.
+                Err(error @ (WireError::Io(_) | WireError::ReadOnly)) if self.hosts.len() > 1 => {
+                    tracing::debug!(host = %self.display_one(host, *port), error = %error, "trying the next host");
+                    last = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last.expect("ConnInfo::new checks there is a host"))
+    }
+
+    async fn replicate_at(
+        &self,
+        host: &Endpoint,
+        port: u16,
+        slot: &str,
+        publication: &str,
+        start: u64,
+        kept: Option<&crate::position::Kept>,
+    ) -> Result<WalStream, WireError> {
+        let io = match host {
+            Endpoint::Unix(dir) => Transport::unix(dir, port).await?,
             Endpoint::Tcp(host) => {
                 let required = self.tls.mode != crate::tls::SslMode::Prefer;
                 Transport::tcp(
                     host,
-                    self.port,
+                    port,
                     self.connector.as_ref(),
                     required,
                     self.receive_timeout,
@@ -313,6 +410,7 @@ impl ConnInfo {
             // Values arrive as text: fix the formats they are printed in.
             options: "-c TimeZone=UTC -c DateStyle=ISO -c bytea_output=hex -c extra_float_digits=3",
             channel_binding: self.tls.channel_binding,
+            read_write: self.read_write,
         };
         let start = Start {
             slot,
@@ -510,8 +608,24 @@ mod tests {
         };
         let info = ConnInfo::new(&pg).unwrap();
         assert_eq!(info.password.as_ref().unwrap().expose(), "from-file");
-        assert_eq!(info.port, 5433);
         assert_eq!(info.display(), "h:5433/db");
         std::fs::remove_file(dir).unwrap();
+    }
+
+    #[test]
+    fn several_hosts_are_tried_in_order_with_their_ports() {
+        let info = |url: &str| {
+            ConnInfo::new(&PostgresConfig {
+                url: Some(Secret::new(url)),
+                ..PostgresConfig::default()
+            })
+            .unwrap()
+        };
+        let one_port_each = info("postgres://u@a:5433,b:5434/db?target_session_attrs=read-write");
+        assert_eq!(one_port_each.display(), "a:5433,b:5434/db");
+        assert!(one_port_each.read_write);
+        let shared = info("postgres://u@a,b/db");
+        assert_eq!(shared.display(), "a:5432,b:5432/db");
+        assert!(!shared.read_write);
     }
 }

@@ -114,6 +114,9 @@ pub enum Problem {
     },
     /// The slot decodes two-phase transactions, which the relay does not.
     TwoPhase,
+    /// The slot would not survive a database failover
+    /// ([`crate::failover`]).
+    Failover(crate::failover::Problem),
     /// Another backend streams from the slot.
     Busy {
         /// Its process id.
@@ -198,7 +201,8 @@ impl Problem {
             Problem::Busy { .. } => Effect::StandsBy,
             Problem::OptionalColumnMissing { .. }
             | Problem::NoDeadLetterTable { .. }
-            | Problem::NoPositionTable { .. } => Effect::Warns,
+            | Problem::NoPositionTable { .. }
+            | Problem::Failover(_) => Effect::Warns,
             Problem::ColumnList { required, .. } => {
                 if *required {
                     Effect::Stops
@@ -232,6 +236,7 @@ impl Problem {
             | Problem::OtherDatabase { .. }
             | Problem::Invalidated { .. }
             | Problem::TwoPhase
+            | Problem::Failover(_)
             | Problem::Busy { .. }
             | Problem::NoConfirmedPosition => Area::Slot,
             Problem::TableMissing
@@ -304,6 +309,20 @@ impl Problem {
                 "there is no {dead_letter} table: a rejected event whose row is gone (deleted in its \
                  own transaction) could not be recorded, and the relay would stop at it"
             ),
+            Problem::Failover(crate::failover::Problem::Unsupported) => {
+                "postgres.failover_slot is set, but failover slots came with PostgreSQL 17: a promoted \
+                 standby of this server will not have the slot"
+                    .to_owned()
+            }
+            Problem::Failover(crate::failover::Problem::NotFailover) => format!(
+                "postgres.failover_slot is set, but replication slot {slot:?} was created without \
+                 failover: a promoted standby will not have it"
+            ),
+            Problem::Failover(crate::failover::Problem::NoStandbyWaited) => format!(
+                "replication slot {slot:?} is a failover slot, but synchronized_standby_slots is empty: \
+                 the relay may publish a transaction a standby does not have yet, and a promoted \
+                 standby's copy of the slot may be behind what the relay confirmed"
+            ),
             Problem::NoPositionTable { position } => format!(
                 "there is no {position} table the relay may write: after a crash or a fast restart \
                  of PostgreSQL the slot can come back behind what the relay confirmed, and those \
@@ -369,6 +388,20 @@ impl Problem {
             Problem::Mapping(_) | Problem::NowhereToRecord { .. } => return None,
             Problem::NoDeadLetterTable { .. } => {
                 "create it with `outbox-relay setup --config FILE --apply` (sql/005_dead_letter.sql)".into()
+            }
+            Problem::Failover(crate::failover::Problem::Unsupported) => {
+                "upgrade to PostgreSQL 17 or later, or set postgres.failover_slot = false and \
+                 recreate the slot after a failover (docs/recovery.md)"
+                    .into()
+            }
+            Problem::Failover(crate::failover::Problem::NotFailover) => format!(
+                "make it one on a replication connection: psql \"dbname=… replication=database\" -c \
+                 'ALTER_REPLICATION_SLOT {slot} (FAILOVER true)' (docs/recovery.md)"
+            ),
+            Problem::Failover(crate::failover::Problem::NoStandbyWaited) => {
+                "set synchronized_standby_slots on the primary to the standbys' physical slots \
+                 (docs/recovery.md, database failover)"
+                    .into()
             }
             Problem::NoPositionTable { .. } => {
                 "create it with `outbox-relay setup --config FILE --apply` (sql/006_position.sql), \
@@ -562,6 +595,14 @@ pub async fn inspect(
         });
     }
     let slot = inspect_slot(client, &names, &mut problems).await?;
+    if slot.is_some() {
+        let failover = crate::failover::State::read(client, &names.slot).await?;
+        problems.extend(
+            failover
+                .problem(config.postgres.failover_slot)
+                .map(Problem::Failover),
+        );
+    }
     let table = Table::inspect(client, config).await?;
     let mut publication = Vec::new();
     let published = inspect_publication(client, &names, table.as_ref(), &mut publication).await?;
@@ -850,6 +891,26 @@ mod tests {
             ),
             (Problem::TwoPhase, Stops, Error, Error),
             (Problem::Busy { pid: 7 }, StandsBy, Warning, Warning),
+            (
+                Problem::Failover(crate::failover::Problem::NotFailover),
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::Failover(crate::failover::Problem::NoStandbyWaited),
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::NoPositionTable {
+                    position: "'outbox_position'".into(),
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
             (Problem::NoConfirmedPosition, Stops, Error, Error),
             (Problem::TableMissing, Stops, Error, Error),
             (Problem::Mapping(mapping_error()), Stops, Error, Error),

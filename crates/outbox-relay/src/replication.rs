@@ -276,6 +276,7 @@ fn can_sweep(config: &Config, sweepable: bool) -> bool {
 async fn recreate_slot(
     client: &tokio_postgres::Client,
     slot: &str,
+    failover: bool,
 ) -> Result<(u64, String), RelayError> {
     client
         .execute(
@@ -301,11 +302,14 @@ async fn recreate_slot(
                 }
             }
         })?;
+    let create = if failover {
+        // postgres.failover_slot, as sql/003_slot_failover.sql creates it.
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
     let row = client
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
+        .query_one(create, &[&slot])
         .await
         .map_err(|source| {
             // 42710: another relay created it first (duplicate object):
@@ -368,7 +372,8 @@ async fn session<S: Sink>(
             // Creating a slot waits for every running transaction, perhaps
             // for minutes: on a session without the silence bound.
             let creating = conn.without_silence_bound().connect().await?;
-            let (start, before) = recreate_slot(&creating, slot).await?;
+            let (start, before) =
+                recreate_slot(&creating, slot, config.postgres.failover_slot).await?;
             tracing::error!(
                 slot = %slot,
                 start_lsn = %format_lsn(start),

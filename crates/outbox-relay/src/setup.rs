@@ -36,6 +36,12 @@ pub const PARTITIONED_TABLE: (&str, &str) = (
     include_str!("../../../sql/001_outbox_table_partitioned.sql"),
 );
 
+/// The slot file with `postgres.failover_slot` (PostgreSQL 17+).
+pub const FAILOVER_SLOT: (&str, &str) = (
+    "003_slot.sql",
+    include_str!("../../../sql/003_slot_failover.sql"),
+);
+
 /// Default name of the least-privilege role.
 pub const DEFAULT_ROLE: &str = "outbox_relay";
 
@@ -108,6 +114,8 @@ pub fn render(
         .map(|&(file, text)| {
             let (file, text) = if partitioned && file.starts_with("001") {
                 PARTITIONED_TABLE
+            } else if config.postgres.failover_slot && file.starts_with("003") {
+                FAILOVER_SLOT
             } else {
                 (file, text)
             };
@@ -317,10 +325,16 @@ mod tests {
 
     #[test]
     fn every_shipped_file_renders_with_the_default_names() {
-        let config = Config::default();
-        for partitioned in [false, true] {
-            for (file, sql) in render(&config, DEFAULT_ROLE, partitioned).unwrap() {
-                assert!(!sql.contains("{{"), "{file} left a placeholder");
+        let mut config = Config::default();
+        for failover in [false, true] {
+            config.postgres.failover_slot = failover;
+            for partitioned in [false, true] {
+                for (file, sql) in render(&config, DEFAULT_ROLE, partitioned).unwrap() {
+                    assert!(!sql.contains("{{"), "{file} left a placeholder");
+                    if file == "003_slot.sql" {
+                        assert_eq!(sql.contains("false, false, true"), failover, "{sql}");
+                    }
+                }
             }
         }
     }

@@ -95,6 +95,9 @@ pub enum WireError {
     /// The server sent what the protocol does not allow here.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// `target_session_attrs=read-write` and the server accepts no writes.
+    #[error("the server accepts no writes (a standby, or read-only): target_session_attrs=read-write looks for the primary")]
+    ReadOnly,
 }
 
 /// What the walsender streams.
@@ -227,6 +230,8 @@ pub struct Startup<'a> {
     pub options: &'a str,
     /// Whether SCRAM is bound to the TLS session (see [`crate::tls`]).
     pub channel_binding: ChannelBindingMode,
+    /// Only a server that accepts writes will do (`target_session_attrs=read-write`).
+    pub read_write: bool,
 }
 
 /// What START_REPLICATION asks for.
@@ -289,6 +294,9 @@ impl WalStream {
             choice: position::choose(start.lsn, None, &position::System::default()),
         };
         stream.log_in(startup).await?;
+        if startup.read_write && stream.show("transaction_read_only").await? != "off" {
+            return Err(WireError::ReadOnly);
+        }
         stream.system = stream.identify_system().await?;
         stream.choice = position::choose(start.lsn, start.kept, &stream.system);
         stream.confirmed = stream.choice.lsn;
@@ -428,6 +436,30 @@ impl WalStream {
                 _ => {}                // ParameterStatus, BackendKeyData, notices
             }
         }
+    }
+
+    /// `SHOW name` on the replication connection (a walsender of a database
+    /// runs such SQL).
+    async fn show(&mut self, name: &str) -> Result<String, WireError> {
+        frontend::query(&format!("SHOW {name}"), &mut self.out)?;
+        self.write_out().await?;
+        let mut value = None;
+        loop {
+            let (tag, body) = self.frame().await?;
+            match tag {
+                b'D' => {
+                    // One column: count (2), length (4), text.
+                    value = body
+                        .get(6..)
+                        .and_then(|text| std::str::from_utf8(text).ok())
+                        .map(str::to_owned);
+                }
+                b'E' => return Err(server_error(&body)),
+                b'Z' => break,
+                _ => {}
+            }
+        }
+        value.ok_or_else(|| WireError::Protocol(format!("SHOW {name} returned no row")))
     }
 
     /// `IDENTIFY_SYSTEM`: the cluster's identifier, its timeline and where
@@ -928,6 +960,7 @@ mod tests {
             application_name: "outbox-relay",
             options: "",
             channel_binding,
+            read_write: false,
         }
     }
 
