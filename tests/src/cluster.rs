@@ -271,6 +271,126 @@ impl Cluster {
 
     /// Program and leading arguments that run PostgreSQL tool `name` from
     /// [`pg_bin`]: through `runuser -u postgres --` when we are root.
+    /// A streaming standby of `primary`, from a cold copy of its data
+    /// directory (`primary` is stopped for the copy and started again):
+    /// `standby.signal`, `primary_conninfo` with a `dbname` (for slot
+    /// synchronization), the physical slot `physical_slot` (created on the
+    /// primary here), `hot_standby_feedback = on`, and `settings` appended.
+    /// The copy's own replication slots are removed: a standby gets its
+    /// logical slots by synchronization only. Blocking.
+    pub fn standby_of(primary: &Cluster, physical_slot: &str, settings: &str) -> Cluster {
+        primary.psql(&format!(
+            "SELECT pg_create_physical_replication_slot('{physical_slot}') \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '{physical_slot}')"
+        ));
+        primary.stop(StopMode::Fast);
+        let dir = tempfile::Builder::new()
+            .prefix("outbox-relay-pg-standby-")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("cannot create a temp dir under /tmp: {e}"));
+        let data_dir = dir.path().join("data");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(&primary.data_dir)
+            .arg(&data_dir)
+            .output();
+        run_result("cp -a (the standby's data directory)", copied)
+            .unwrap_or_else(|e| panic!("{e}"));
+        primary.start_again();
+        let _ = fs::remove_file(data_dir.join("postmaster.pid"));
+        for entry in fs::read_dir(data_dir.join("pg_replslot")).expect("pg_replslot") {
+            let path = entry.expect("a slot directory").path();
+            fs::remove_dir_all(&path).unwrap_or_else(|e| panic!("remove {}: {e}", path.display()));
+        }
+        let owner = primary.run_as_postgres.then(postgres_ids);
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .unwrap_or_else(|e| panic!("chown {}: {e}", dir.path().display()));
+        }
+        fs::write(data_dir.join("standby.signal"), "").expect("standby.signal");
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(data_dir.join("standby.signal"), Some(uid), Some(gid))
+                .expect("chown standby.signal");
+        }
+        let standby = Cluster {
+            data_dir,
+            log_file: dir.path().join("server.log"),
+            dir,
+            port: free_port(),
+            run_as_postgres: primary.run_as_postgres,
+            watchdog: Mutex::new(None),
+        };
+        standby.spawn_watchdog();
+        append(
+            &standby.data_dir.join("postgresql.conf"),
+            &format!(
+                "\n# standby of 127.0.0.1:{primary_port}\nport = {port}\nunix_socket_directories = '{sockets}'\n\
+                 primary_conninfo = 'host=127.0.0.1 port={primary_port} user={SUPERUSER} password={PASSWORD} dbname=postgres'\n\
+                 primary_slot_name = '{physical_slot}'\nhot_standby_feedback = on\n{settings}\n",
+                primary_port = primary.port,
+                port = standby.port,
+                sockets = standby.dir.path().display(),
+            ),
+        );
+        if let Err(msg) = standby.pg_ctl_start() {
+            standby.fail(&msg);
+        }
+        eprintln!(
+            "harness: standby of 127.0.0.1:{} on 127.0.0.1:{}, data in {}",
+            primary.port,
+            standby.port,
+            standby.dir.path().display()
+        );
+        standby
+    }
+
+    /// Promote this standby (`pg_ctl promote`, waiting until it is done).
+    pub fn promote(&self) {
+        let out = self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.data_dir)
+            .args(["-w", "-t", "60", "promote"])
+            .output();
+        run_result("pg_ctl promote", out).unwrap_or_else(|msg| self.fail(&msg));
+    }
+
+    /// Run `sql` as the superuser through `psql` on the unix socket; its
+    /// output, or `None` when it failed.
+    pub fn try_psql(&self, sql: &str) -> Option<String> {
+        let out = self
+            .tool("psql")
+            .arg("-h")
+            .arg(self.dir.path())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-U", SUPERUSER, "-d", "postgres", "-XAtqc", sql])
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// Run `sql` as the superuser through `psql` on the unix socket.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = self
+            .tool("psql")
+            .arg("-h")
+            .arg(self.dir.path())
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args(["-U", SUPERUSER, "-d", "postgres", "-XAtqc", sql])
+            .output();
+        match out {
+            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+            other => {
+                let msg = run_result("psql", other).err().unwrap_or_default();
+                self.fail(&msg)
+            }
+        }
+    }
+
     fn tool_argv(&self, name: &str) -> Vec<OsString> {
         let bin = pg_bin().join(name).into_os_string();
         if self.run_as_postgres {

@@ -24,6 +24,9 @@ pub struct State {
     pub failover: Option<bool>,
     /// `synchronized_standby_slots` (empty when unset or before 17).
     pub standby_slots: String,
+    /// The slots it names that are not physical slots of this server: its
+    /// logical walsenders wait for them forever.
+    pub missing_standby_slots: Vec<String>,
 }
 
 impl State {
@@ -36,7 +39,13 @@ impl State {
             .query_one(
                 "SELECT current_setting('server_version_num')::int, \
                    (SELECT (to_jsonb(s) ->> 'failover')::bool FROM pg_replication_slots s WHERE s.slot_name = $1), \
-                   coalesce(current_setting('synchronized_standby_slots', true), '')",
+                   coalesce(current_setting('synchronized_standby_slots', true), ''), \
+                   coalesce((SELECT array_agg(name) FROM ( \
+                       SELECT trim(name) AS name \
+                       FROM unnest(string_to_array(coalesce(current_setting('synchronized_standby_slots', true), ''), ',')) AS name) n \
+                     WHERE name NOT IN ('', '*') AND NOT EXISTS ( \
+                       SELECT 1 FROM pg_replication_slots p \
+                       WHERE p.slot_name = n.name AND p.slot_type = 'physical')), '{}')",
                 &[&slot],
             )
             .await?;
@@ -44,6 +53,7 @@ impl State {
             server_version: row.get(0),
             failover: row.get(1),
             standby_slots: row.get(2),
+            missing_standby_slots: row.get(3),
         })
     }
 
@@ -51,6 +61,11 @@ impl State {
     pub fn problem(&self, wanted: bool) -> Option<Problem> {
         if wanted && self.server_version < 170_000 {
             return Some(Problem::Unsupported);
+        }
+        if !self.missing_standby_slots.is_empty() {
+            return Some(Problem::StandbySlotMissing(
+                self.missing_standby_slots.clone(),
+            ));
         }
         match self.failover {
             Some(false) if wanted => Some(Problem::NotFailover),
@@ -88,6 +103,10 @@ pub enum Problem {
     NotFailover,
     /// A failover slot, but no standby slot is waited for.
     NoStandbyWaited,
+    /// `synchronized_standby_slots` names slots this server does not have
+    /// (e.g. a promoted standby that kept its old primary's setting): its
+    /// logical walsenders wait for them, and the relay receives nothing.
+    StandbySlotMissing(Vec<String>),
 }
 
 #[cfg(test)]
@@ -100,7 +119,16 @@ mod tests {
             server_version: version,
             failover,
             standby_slots: standby.into(),
+            missing_standby_slots: Vec::new(),
         };
+        let gone = State {
+            missing_standby_slots: vec!["standby1".into()],
+            ..state(170_002, Some(true), "standby1")
+        };
+        assert_eq!(
+            gone.problem(false),
+            Some(Problem::StandbySlotMissing(vec!["standby1".into()]))
+        );
         assert_eq!(
             state(160_004, None, "").problem(true),
             Some(Problem::Unsupported)

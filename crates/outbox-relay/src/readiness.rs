@@ -323,6 +323,11 @@ impl Problem {
                  the relay may publish a transaction a standby does not have yet, and a promoted \
                  standby's copy of the slot may be behind what the relay confirmed"
             ),
+            Problem::Failover(crate::failover::Problem::StandbySlotMissing(missing)) => format!(
+                "synchronized_standby_slots names {} that this server does not have as physical \
+                 slots: its logical walsenders wait for them, and the relay receives nothing",
+                missing.join(", ")
+            ),
             Problem::NoPositionTable { position } => format!(
                 "there is no {position} table the relay may write: after a crash or a fast restart \
                  of PostgreSQL the slot can come back behind what the relay confirmed, and those \
@@ -401,6 +406,11 @@ impl Problem {
             Problem::Failover(crate::failover::Problem::NoStandbyWaited) => {
                 "set synchronized_standby_slots on the primary to the standbys' physical slots \
                  (docs/recovery.md, database failover)"
+                    .into()
+            }
+            Problem::Failover(crate::failover::Problem::StandbySlotMissing(_)) => {
+                "set synchronized_standby_slots to this server's standbys' physical slots, or empty \
+                 it (a promoted standby keeps its old primary's setting)"
                     .into()
             }
             Problem::NoPositionTable { .. } => {

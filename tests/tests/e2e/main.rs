@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod check;
+mod failover;
 mod harness_smoke;
 mod lifecycle;
 mod operations;
