@@ -10,7 +10,7 @@
 //! | Amazon RDS, Aurora | member of `rds_superuser` | membership in `rds_replication` | `rds.logical_replication = 1` in the (cluster) parameter group + reboot |
 //! | Cloud SQL | member of `cloudsqlsuperuser` | `ALTER ROLE … WITH REPLICATION` | the flag `cloudsql.logical_decoding = on` |
 //! | Azure flexible server | member of `azure_pg_admin` | `ALTER ROLE … WITH REPLICATION` | the server parameter `wal_level = logical` + restart |
-//! | Supabase | `postgres` (the platform's own is `supabase_admin`) | `ALTER ROLE … WITH REPLICATION` | on already |
+//! | Supabase | `postgres` (the platform's own is `supabase_admin`) | `ALTER ROLE … WITH REPLICATION` | nothing: its replication guide has no such step |
 //! | Neon | member of `neon_superuser` | `ALTER ROLE … WITH REPLICATION` (or a role made in Neon's Console) | Project settings → Logical Replication |
 //!
 //! docs/managed-postgres.md says where each row comes from.
@@ -134,8 +134,8 @@ impl Platform {
             }
             Platform::Rds => {
                 "set rds.logical_replication = 1 in the instance's DB parameter group (a custom \
-                 group: the default one cannot be edited) and reboot the instance, the parameter \
-                 is static; wal_level then becomes logical"
+                 group: the default one cannot be edited) and reboot the instance (the parameter \
+                 is static); wal_level then becomes logical"
             }
             Platform::Aurora => {
                 "set rds.logical_replication = 1 in the DB cluster parameter group (a custom \
