@@ -62,7 +62,7 @@ enum Command {
         /// the server's roles), self-managed, rds, aurora, cloud-sql, azure, supabase or
         /// neon. Default: auto with --apply, self-managed when only printing.
         #[arg(long, value_name = "PLATFORM")]
-        platform: Option<crate::platform::Choice>,
+        platform: Option<Choice>,
     },
     /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
     Check,

@@ -103,7 +103,8 @@ async fn relay_delivers_an_event(config: &Path, writer: &tokio_postgres::Client)
 /// Shown: `check`, run as that admin, tells RDS from the roles and names
 /// `rds.logical_replication` when `wal_level` is not logical; `setup
 /// --apply` as that admin tells RDS, renders sql/004_role_rds.sql, and it
-/// applies without a superuser, twice: the relay's role can log in, is a
+/// applies without a superuser, twice (after a first run stopped at the slot,
+/// which needs the master user's `rds_replication`, with a hint saying so): the relay's role can log in, is a
 /// member of `rds_replication`, and has no REPLICATION attribute (which RDS
 /// refuses to give).
 ///
@@ -158,6 +159,17 @@ async fn setup_as_an_rds_master_user_grants_rds_replication_and_check_names_rds_
     );
     set_wal_level(&cluster, "logical").await;
     let superuser = harness::connect(&cluster.admin_url()).await;
+
+    // Without rds_replication (here: REPLICATION) the slot is refused, and
+    // setup says what the master user needs.
+    let (code, _, stderr) = command(&["setup", "--apply", "--role", "relay_rds"], &master).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: 003_slot.sql failed")
+            && stderr.contains("hint: creating a slot needs rds_replication")
+            && stderr.contains("GRANT rds_replication TO CURRENT_USER"),
+        "{stderr}"
+    );
 
     // Stands in for the master user's rds_replication: slots need it.
     superuser
