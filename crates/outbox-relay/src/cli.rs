@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::check::{self, Severity};
 use crate::config::{Config, LogFormat};
+use crate::platform::{self, Choice, Platform};
 use crate::postgres::ConnInfo;
 use crate::replication::ErrorClass;
 use crate::setup;
@@ -57,6 +58,11 @@ enum Command {
         /// Create the outbox table partitioned by range of created_at.
         #[arg(long)]
         partitioned: bool,
+        /// Render the role for this service's admin role: auto (connect and tell it from
+        /// the server's roles), self-managed, rds, aurora, cloud-sql, azure, supabase or
+        /// neon. Default: auto with --apply, self-managed when only printing.
+        #[arg(long, value_name = "PLATFORM")]
+        platform: Option<Choice>,
     },
     /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
     Check,
@@ -148,7 +154,8 @@ pub fn main() -> ExitCode {
                 apply,
                 role,
                 partitioned,
-            } => setup_cmd(&config, apply, &role, partitioned).await,
+                platform,
+            } => setup_cmd(&config, apply, &role, partitioned, platform).await,
             Command::Check => check_cmd(&config).await,
             Command::Replay {
                 selection,
@@ -226,24 +233,59 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
     })
 }
 
-async fn setup_cmd(config: &Config, apply: bool, role: &str, partitioned: bool) -> ExitCode {
-    let files = match setup::render(config, role, partitioned) {
+async fn setup_cmd(
+    config: &Config,
+    apply: bool,
+    role: &str,
+    partitioned: bool,
+    choice: Option<Choice>,
+) -> ExitCode {
+    // Printing needs no server unless asked to tell the platform from it.
+    let client = match (apply, choice) {
+        (true, _) | (false, Some(Choice::Auto)) => match connect(config).await {
+            Ok(c) => Some(c),
+            Err(code) => return code,
+        },
+        (false, _) => None,
+    };
+    let (platform, why) = match (choice, &client) {
+        (Some(Choice::Given(platform)), _) => (platform, "--platform".to_owned()),
+        (_, Some(client)) => match platform::detect_on(client).await {
+            Ok(d) => (d.platform, format!("detected: {}", d.evidence)),
+            Err(e) => {
+                eprintln!(
+                    "warning: cannot tell the platform ({}); --platform names it",
+                    crate::postgres::Chain(&e)
+                );
+                (Platform::SelfManaged, "could not tell".to_owned())
+            }
+        },
+        (_, None) => (
+            Platform::SelfManaged,
+            "the default; --platform auto tells it from the server".to_owned(),
+        ),
+    };
+    let files = match setup::render_for(config, role, partitioned, platform) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    if !apply {
+    let role_file = files
+        .iter()
+        .map(|(file, _)| *file)
+        .find(|file| file.starts_with("004"))
+        .unwrap_or_default();
+    let rendered = format!("for {platform} ({why}): role from {role_file}");
+    let Some(client) = client.filter(|_| apply) else {
+        println!("-- outbox-relay setup {rendered}");
         for (file, sql) in &files {
             println!("-- ==== {file}\n{sql}");
         }
         return ExitCode::SUCCESS;
-    }
-    let client = match connect(config).await {
-        Ok(c) => c,
-        Err(code) => return code,
     };
+    eprintln!("setup {rendered}");
     match setup::apply(&client, &files).await {
         Ok(()) => {
             eprintln!(
@@ -261,6 +303,9 @@ async fn setup_cmd(config: &Config, apply: bool, role: &str, partitioned: bool) 
                 .map(|d| d.message().to_owned())
                 .unwrap_or_else(|| e.to_string());
             eprintln!("error: {file} failed: {detail}");
+            if let Some(hint) = e.code().and_then(|code| platform.setup_hint(file, code)) {
+                eprintln!("hint: {hint}");
+            }
             ExitCode::from(EXIT_FAILURE)
         }
     }

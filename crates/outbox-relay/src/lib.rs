@@ -31,6 +31,7 @@ pub mod marking;
 pub mod metrics;
 pub mod monitor;
 pub mod outgoing;
+pub mod platform;
 pub mod poller;
 pub mod position;
 pub mod postgres;

@@ -20,6 +20,7 @@
 
 use crate::config::{Config, OnPublished, TableName};
 use crate::event::{MappingError, RowMapping};
+use crate::platform::Platform;
 use crate::postgres::{format_lsn, parse_lsn};
 use crate::record::{dead_letter_table, RecordError};
 use crate::setup::{quote_ident, quote_literal};
@@ -93,6 +94,8 @@ pub enum Problem {
     WalLevel {
         /// Its value.
         level: String,
+        /// Where the server runs: the fix is its setting.
+        platform: Platform,
     },
     /// `postgres.slot` does not exist.
     SlotMissing,
@@ -264,7 +267,7 @@ impl Problem {
             database,
         } = at;
         match self {
-            Problem::WalLevel { level } => format!(
+            Problem::WalLevel { level, .. } => format!(
                 "wal_level = {level}; logical replication needs wal_level = logical"
             ),
             Problem::SlotMissing => format!("replication slot {slot:?} does not exist"),
@@ -366,9 +369,7 @@ impl Problem {
             "SELECT pg_drop_replication_slot('{slot}'), then SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
         );
         Some(match self {
-            Problem::WalLevel { .. } => {
-                "ALTER SYSTEM SET wal_level = logical, then restart Postgres".into()
-            }
+            Problem::WalLevel { platform, .. } => platform.logical_decoding_fix(),
             Problem::SlotMissing => format!(
                 "create it with `outbox-relay setup --config FILE --apply`, or run \
                  SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), or set \
@@ -602,6 +603,7 @@ pub async fn inspect(
     if wal_level != "logical" {
         problems.push(Problem::WalLevel {
             level: wal_level.clone(),
+            platform: crate::platform::detect_or_self_managed(client).await,
         });
     }
     let slot = inspect_slot(client, &names, &mut problems).await?;
@@ -862,6 +864,16 @@ mod tests {
             (
                 Problem::WalLevel {
                     level: "replica".into(),
+                    platform: Platform::SelfManaged,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::WalLevel {
+                    level: "replica".into(),
+                    platform: Platform::Rds,
                 },
                 Stops,
                 Error,
@@ -1025,6 +1037,43 @@ mod tests {
                 && two_phase.contains("pg_create_logical_replication_slot('s', 'pgoutput')"),
             "{two_phase}"
         );
+    }
+
+    #[test]
+    fn wal_level_below_logical_is_fixed_with_the_platforms_own_setting() {
+        let text = |platform| {
+            Problem::WalLevel {
+                level: "replica".into(),
+                platform,
+            }
+            .describe(&names())
+        };
+        assert_eq!(
+            text(Platform::SelfManaged),
+            "wal_level = replica; logical replication needs wal_level = logical: \
+             ALTER SYSTEM SET wal_level = logical, then restart Postgres"
+        );
+        for (platform, setting) in [
+            (
+                Platform::Rds,
+                "rds.logical_replication = 1 in the instance's DB parameter group",
+            ),
+            (
+                Platform::Aurora,
+                "rds.logical_replication = 1 in the DB cluster parameter group",
+            ),
+            (Platform::CloudSql, "cloudsql.logical_decoding"),
+            (Platform::Azure, "server parameter wal_level to logical"),
+            (Platform::Neon, "Logical Replication, Enable"),
+        ] {
+            let text = text(platform);
+            assert!(
+                text.contains(setting)
+                    && text.contains(platform.name())
+                    && !text.contains("ALTER SYSTEM"),
+                "{text}"
+            );
+        }
     }
 
     #[test]

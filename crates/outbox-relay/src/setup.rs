@@ -5,8 +5,13 @@
 //! the configuration, so what is printed is exactly what `--apply` runs. Each
 //! file is applied in its own transaction, in order, and each is idempotent
 //! (`IF NOT EXISTS`), so `--apply` can be run again safely.
+//!
+//! On a managed service the admin role is no superuser, and the role file
+//! differs ([`render_for`], [`crate::platform`]); the other files are the same
+//! everywhere.
 
 use crate::config::Config;
+use crate::platform::Platform;
 
 /// The shipped files, in order.
 pub const FILES: &[(&str, &str)] = &[
@@ -102,11 +107,22 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
 }
 
 /// Render every file: `(file name, SQL)`; with `partitioned`, the table is
-/// partitioned by range of created_at.
+/// partitioned by range of created_at. The role file is the self-managed
+/// one, for a superuser.
 pub fn render(
     config: &Config,
     role: &str,
     partitioned: bool,
+) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
+    render_for(config, role, partitioned, Platform::SelfManaged)
+}
+
+/// [`render`], with the role file that `platform`'s admin role can run.
+pub fn render_for(
+    config: &Config,
+    role: &str,
+    partitioned: bool,
+    platform: Platform,
 ) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
     let names = names(config, role);
     FILES
@@ -116,6 +132,8 @@ pub fn render(
                 PARTITIONED_TABLE
             } else if config.postgres.failover_slot && file.starts_with("003") {
                 FAILOVER_SLOT
+            } else if file.starts_with("004") {
+                platform.role_file().unwrap_or((file, text))
             } else {
                 (file, text)
             };
@@ -337,6 +355,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_platform_gets_a_role_file_its_admin_role_can_run_and_the_rest_alike() {
+        let config = Config::default();
+        let plain = render(&config, "r", false).unwrap();
+        for platform in crate::platform::ALL {
+            let files = render_for(&config, "r", false, platform).unwrap();
+            let names: Vec<&str> = files.iter().map(|(f, _)| *f).collect();
+            let role = &files[3].1;
+            let expected: &[&str] = match platform {
+                Platform::SelfManaged => &["CREATE ROLE r WITH LOGIN REPLICATION;"],
+                Platform::Rds | Platform::Aurora => {
+                    &["CREATE ROLE r WITH LOGIN;", "GRANT rds_replication TO r;"]
+                }
+                Platform::CloudSql | Platform::Azure | Platform::Supabase | Platform::Neon => &[
+                    "CREATE ROLE r WITH LOGIN;",
+                    "IF NOT (SELECT rolreplication FROM pg_roles WHERE rolname = 'r') THEN",
+                    "ALTER ROLE r WITH REPLICATION;",
+                ],
+            };
+            for line in expected {
+                assert!(
+                    role.contains(line),
+                    "{platform:?} {}: no {line:?}",
+                    names[3]
+                );
+            }
+            // Nothing a managed admin role may not do.
+            if platform != Platform::SelfManaged {
+                assert!(!role.contains("LOGIN REPLICATION"), "{platform:?}");
+            }
+            // The same grants, and every other file as for a superuser.
+            for grant in [
+                "GRANT USAGE ON SCHEMA public TO r;",
+                "GRANT SELECT, UPDATE, DELETE ON public.outbox TO r;",
+            ] {
+                assert!(role.contains(grant), "{platform:?}: no {grant}");
+            }
+            for (i, (file, sql)) in files.iter().enumerate().filter(|(i, _)| *i != 3) {
+                assert_eq!((*file, sql), (plain[i].0, &plain[i].1), "{platform:?}");
+            }
+            assert!(!role.contains("{{"), "{platform:?}");
+        }
+        assert_eq!(plain[3].0, "004_role.sql");
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod lifecycle;
 mod operations;
 mod outbox;
 mod packaging;
+mod platforms;
 mod position;
 mod process;
 mod sns;
