@@ -358,22 +358,15 @@ impl Cluster {
     /// Run `sql` as the superuser through `psql` on the unix socket; its
     /// output, or `None` when it failed.
     pub fn try_psql(&self, sql: &str) -> Option<String> {
-        let out = self
-            .tool("psql")
-            .arg("-h")
-            .arg(self.dir.path())
-            .arg("-p")
-            .arg(self.port.to_string())
-            .args(["-U", SUPERUSER, "-d", "postgres", "-XAtqc", sql])
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        self.run_psql(sql).ok()
     }
 
     /// Run `sql` as the superuser through `psql` on the unix socket.
     pub fn psql(&self, sql: &str) -> String {
+        self.run_psql(sql).unwrap_or_else(|msg| self.fail(&msg))
+    }
+
+    fn run_psql(&self, sql: &str) -> Result<String, String> {
         let out = self
             .tool("psql")
             .arg("-h")
@@ -383,11 +376,8 @@ impl Cluster {
             .args(["-U", SUPERUSER, "-d", "postgres", "-XAtqc", sql])
             .output();
         match out {
-            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_owned(),
-            other => {
-                let msg = run_result("psql", other).err().unwrap_or_default();
-                self.fail(&msg)
-            }
+            Ok(o) if o.status.success() => Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned()),
+            other => Err(run_result("psql", other).err().unwrap_or_default()),
         }
     }
 
