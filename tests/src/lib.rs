@@ -48,7 +48,8 @@ pub use cluster::{
     ENV_PG_CACHE, ENV_PG_VERSION, PASSWORD, PG_VERSIONS, SUPERUSER,
 };
 pub use database::{
-    connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
+    connect, quote_ident, server_version_num, shared_admin_url, with_database, SharedAdminUrl,
+    TestDb, ENV_SHARED_URL,
 };
 pub use freeze::FreezingProxy;
 pub use https::{ConnectProxy, HttpsFront};
