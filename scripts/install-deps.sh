@@ -94,9 +94,13 @@ install_npm_major() {
     installed() { [ "$(cat "$dir/.installed" 2>/dev/null)" = "$version" ] && [ -x "$dir/native/bin/postgres" ]; }
     installed && return 0
     started=$(date +%s)
-    if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+    if ! command -v node >/dev/null 2>&1; then
         apt_install nodejs npm
         echo "install-deps: installed Node.js $(node --version) and npm $(npm --version) (Debian)"
+    elif ! command -v npm >/dev/null 2>&1; then
+        # Debian's npm needs Debian's nodejs; another Node.js (e.g. NodeSource's) brings its own npm.
+        echo "install-deps: Node.js $(node --version) is here without npm; install its npm (or remove it: Debian's nodejs and npm are installed then)" >&2
+        exit 1
     fi
     mkdir -p "$cache"
     local rc=0

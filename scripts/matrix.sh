@@ -70,7 +70,7 @@ if summary:
         if m and m.group(1) not in ("PASS", "SKIP", "FLAKY", "SLOW"):
             failed.append(m.group(3))
     failed = sorted(set(failed))
-    names = ", ".join(failed) if failed else ("" if rc == 0 else f"(exit {rc})")
+    names = ", ".join(failed) if failed else ("-" if rc == 0 else f"(exit {rc})")
 else:
     tail = [l for l in text.splitlines() if l.strip()][-1:] or ["no output"]
     names = f"did not run the tests (exit {rc}): {tail[0].strip()[:120]}"
