@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The README's "run it locally" command: an ephemeral PostgreSQL 15 and a
-# local SNS/SQS endpoint (moto), the shipped setup SQL, a FIFO topic with a
-# subscribed SQS queue, the relay publishing to it, a few sample outbox
-# inserts, and what arrived in the queue. Everything is removed when it ends.
+# The README's "run it locally" command: an ephemeral PostgreSQL (15, or the
+# major in PG_VERSION) and a local SNS/SQS endpoint (moto), the shipped setup
+# SQL, a FIFO topic with a subscribed SQS queue, the relay publishing to it, a
+# few sample outbox inserts, and what arrived in the queue. Everything is
+# removed when it ends.
 #
 #   bash scripts/demo.sh            # SNS (moto) -> SQS
 #   bash scripts/demo.sh --stdout   # the stdout sink instead

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Starts or stops an ephemeral PostgreSQL 15 cluster for the test run, with the
-# same settings as the harness's Cluster (tests/pg-test.conf).
+# Starts or stops an ephemeral PostgreSQL cluster for the test run, of the
+# major PG_VERSION (14 to 18, default 15; PG_BIN overrides the binaries, see
+# scripts/pg-versions.sh), with the same settings as the harness's Cluster
+# (tests/pg-test.conf).
 #
 #   scripts/pg-cluster.sh start DIR   # DIR: new or empty; last line printed:
 #                                     # OUTBOX_RELAY_TEST_PG_URL=postgres://…
@@ -10,8 +12,9 @@
 # As root, DIR is given to the postgres user and the server tools run as it.
 set -euo pipefail
 
-PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+. "$repo/scripts/pg-versions.sh"
+PG_BIN=$(pg_bin)
 cmd=${1:?usage: pg-cluster.sh start|stop|env DIR}
 dir=${2:?usage: pg-cluster.sh start|stop|env DIR}
 
@@ -52,7 +55,9 @@ start)
     } >> "$dir/data/postgresql.conf"
     pg pg_ctl -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null \
         || { echo "pg-cluster.sh: server did not start; tail of $dir/server.log:" >&2; tail -n 40 "$dir/server.log" >&2; exit 1; }
-    echo "pg-cluster.sh: PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$port, data in $dir"
+    version=$(pg psql -X -A -t -h "$dir" -p "$port" -U postgres -d postgres -c 'SHOW server_version') \
+        || { echo "pg-cluster.sh: the server does not answer; tail of $dir/server.log:" >&2; tail -n 40 "$dir/server.log" >&2; exit 1; }
+    echo "pg-cluster.sh: PostgreSQL $version ($PG_BIN) on 127.0.0.1:$port, data in $dir"
     url
     ;;
 env)

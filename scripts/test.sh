@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The project's test command: installs missing tools, builds the workspace,
-# starts one ephemeral PostgreSQL 15 cluster and one moto server (AWS mock)
+# starts one ephemeral PostgreSQL cluster and one moto server (AWS mock)
 # for the whole run and runs every test with cargo-nextest. Arguments go to
 # `cargo nextest run` (filters etc.):
 #
 #   scripts/test.sh                       # everything
 #   scripts/test.sh -p outbox-relay-tests # one package
 #   scripts/test.sh -E 'test(restart)'    # a filter expression
+#   PG_VERSION=18 scripts/test.sh         # on PostgreSQL 18 (14 to 18; default 15)
+#
+# PG_VERSION picks the major for the shared cluster and for every private
+# cluster a test starts (PG_BIN, exported here, points the harness at the
+# same binaries); scripts/pg-versions.sh says where each major comes from.
 #
 # Exits with the test result; the cluster and moto are always stopped and removed.
 set -euo pipefail
@@ -22,7 +27,11 @@ fi
 locked=()
 [ -f Cargo.lock ] && locked=(--locked)
 
+. scripts/pg-versions.sh
+pg_major >/dev/null # refuse an unknown PG_VERSION before anything else
 bash scripts/install-deps.sh
+PG_BIN=$(pg_bin)
+export PG_BIN
 
 cargo build --workspace --all-targets "${locked[@]}"
 

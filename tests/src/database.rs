@@ -269,6 +269,18 @@ pub async fn connect(url: &str) -> Client {
     client
 }
 
+/// The server's `server_version_num` (e.g. 180004 for 18.4): for the few
+/// tests whose expectation differs between majors.
+pub async fn server_version_num(client: &Client) -> u32 {
+    let text: String = client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .expect("SHOW server_version_num")
+        .get(0);
+    text.parse()
+        .unwrap_or_else(|e| panic!("server_version_num {text:?}: {e}"))
+}
+
 /// `url` with its database (path) replaced by `dbname`; query string kept.
 pub fn with_database(url: &str, dbname: &str) -> String {
     let after_scheme = url.find("://").map_or(0, |i| i + 3);

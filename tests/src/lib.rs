@@ -1,4 +1,4 @@
-//! Test harness of outbox-relay: ephemeral PostgreSQL 15 clusters with logical
+//! Test harness of outbox-relay: ephemeral PostgreSQL clusters (14 to 18) with logical
 //! replication, one fresh database per test, the relay binary as a child process,
 //! a polling helper, a throw-away CA for TLS ([`TestPki`]), a local SNS/SQS endpoint (moto) with topic/queue helpers
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
@@ -23,8 +23,9 @@
 //! ```
 //!
 //! Environment: `OUTBOX_RELAY_TEST_PG_URL` (use that cluster instead of starting
-//! one per test process), `PG_BIN` (PostgreSQL binaries, default
-//! `/usr/lib/postgresql/15/bin`), `OUTBOX_RELAY_BIN` (relay binary override),
+//! one per test process), `PG_VERSION` (the PostgreSQL major, 14 to 18, default
+//! 15: see [`pg_bin`]), `PG_BIN` (PostgreSQL binaries, overriding `PG_VERSION`),
+//! `OUTBOX_RELAY_BIN` (relay binary override),
 //! `OUTBOX_RELAY_TEST_SNS_URL` (use that moto server instead of starting one per
 //! test process).
 
@@ -42,9 +43,13 @@ use std::fmt::Display;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-pub use cluster::{pg_bin, Cluster, StopMode, DEFAULT_PG_BIN, ENV_PG_BIN, PASSWORD, SUPERUSER};
+pub use cluster::{
+    pg_bin, pg_version, Cluster, StopMode, DEFAULT_PG_BIN, DEFAULT_PG_VERSION, ENV_PG_BIN,
+    ENV_PG_CACHE, ENV_PG_VERSION, PASSWORD, PG_VERSIONS, SUPERUSER,
+};
 pub use database::{
-    connect, quote_ident, shared_admin_url, with_database, SharedAdminUrl, TestDb, ENV_SHARED_URL,
+    connect, quote_ident, server_version_num, shared_admin_url, with_database, SharedAdminUrl,
+    TestDb, ENV_SHARED_URL,
 };
 pub use freeze::FreezingProxy;
 pub use https::{ConnectProxy, HttpsFront};

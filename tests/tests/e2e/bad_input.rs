@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use harness::wait_until;
+use harness::{server_version_num, wait_until};
 use outbox_relay::replication::ErrorClass;
 
 use crate::outbox::{Collect, Outbox, Running};
@@ -236,6 +236,8 @@ async fn a_missing_or_wrong_publication_stops_the_relay_with_the_fix() {
     let outbox = Outbox::new().await;
     let ids = outbox.insert_tx(&[("a".into(), "Waiting".into())]).await;
     let before = outbox.confirmed_flush().await;
+    // Row filters came with PostgreSQL 15: on 14 a publication cannot have one.
+    let row_filters = server_version_num(&outbox.sql).await >= 150_000;
     for (change, expected) in [
         (
             "ALTER PUBLICATION outbox_relay SET TABLE outbox WHERE (aggregate_id <> 'x')",
@@ -248,6 +250,9 @@ async fn a_missing_or_wrong_publication_stops_the_relay_with_the_fix() {
         ),
         ("DROP PUBLICATION outbox_relay", "does not exist"),
     ] {
+        if change.contains(" WHERE ") && !row_filters {
+            continue;
+        }
         outbox.sql.batch_execute(change).await.unwrap();
         let relay = Running::start(outbox.config(""), Collect::default());
         let error = stopped(relay).await.expect_err("a fatal error");
@@ -283,6 +288,10 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
         sink.ids() == before
     })
     .await;
+    // And confirmed: otherwise the restart below may rightly send it again
+    // (seen once on PostgreSQL 14, when the walsender hit the bad row before
+    // it read the relay's status update).
+    acknowledged(&outbox).await;
     // A SQL_ASCII database stores the bytes 0xe9 and 0xff as they are; the
     // walsender cannot turn them into the UTF-8 the relay's session asks for.
     let bad: String = outbox

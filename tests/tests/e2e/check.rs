@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::wait_until;
+use harness::{server_version_num, wait_until};
 use outbox_relay::check::{Finding, Severity};
 use outbox_relay::config::Config;
 use outbox_relay::replication::ErrorClass;
@@ -135,6 +135,13 @@ async fn every_state_run_refuses_at_start_check_reports_as_an_error_in_the_same_
     ];
     for (what, change, fix) in states {
         let outbox = Outbox::new().await;
+        if what.starts_with("a row filter") || what.starts_with("a column list") {
+            // Row filters and column lists came with PostgreSQL 15: on 14 a
+            // publication cannot be in these states.
+            if server_version_num(&outbox.sql).await < 150_000 {
+                continue;
+            }
+        }
         outbox
             .sql
             .batch_execute(&change.replace("{slot}", &outbox.slot))

@@ -325,13 +325,13 @@ async fn a_child_process_is_read_while_running_then_signalled() {
         "echo ready; echo oops >&2; trap 'echo bye; exit 3' TERM; while :; do sleep 0.05; done";
     let mut child =
         RelayProcess::spawn_program(Path::new("/bin/sh"), &["-c", script], &[("GREETING", "x")]);
+    // The shell writes "oops" a moment after "ready": wait for both.
     wait_until(
         Duration::from_secs(5),
-        "the child printed ready",
-        || async { child.stdout_lines() == ["ready"] },
+        "the child printed ready, and oops on stderr",
+        || async { child.stdout_lines() == ["ready"] && child.stderr_text().contains("oops") },
     )
     .await;
-    assert!(child.stderr_text().contains("oops"));
     assert!(child.is_running());
 
     child.sigterm();

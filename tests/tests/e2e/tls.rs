@@ -5,13 +5,16 @@
 //! system's store and insists on the host name; SCRAM is bound to the TLS
 //! session (a front with another trusted certificate is caught), and
 //! `channel_binding = require` refuses what is not bound; direct TLS works
-//! through a front that does what PostgreSQL 17 does.
+//! through a front that does what PostgreSQL 17 does, and against 17 and
+//! later themselves.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{wait_until, Cluster, FrontStart, PgTlsFront, RelayProcess, TestPki};
+use harness::{
+    server_version_num, wait_until, Cluster, FrontStart, PgTlsFront, RelayProcess, TestPki,
+};
 use outbox_relay::config::{Config, Secret};
 use outbox_relay::replication::ErrorClass;
 use outbox_relay::tls::CHANNEL_BINDING_NOT_OFFERED;
@@ -515,10 +518,10 @@ async fn channel_binding_require_refuses_md5_password_and_trust_in_libpqs_words(
 }
 
 /// Direct TLS (PostgreSQL 17's `sslnegotiation=direct`) through a front
-/// that does what PostgreSQL 17 does in front of this 15: TLS from the first
-/// byte (an SSLRequest would fail its handshake), ALPN `postgresql` or the
-/// door. Against the 15 itself, the relay says what the closed connection
-/// means.
+/// that does what PostgreSQL 17 does, in front of any major: TLS from the
+/// first byte (an SSLRequest would fail its handshake), ALPN `postgresql` or
+/// the door. Then against the server itself: 17 and later stream over it;
+/// before 17 the relay says what the closed connection means.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_tls_starts_without_an_ssl_request_and_agrees_on_alpn_postgresql() {
     let (outbox, pki) = tls_outbox("scram-sha-256").await;
@@ -550,10 +553,25 @@ async fn direct_tls_starts_without_an_ssl_request_and_agrees_on_alpn_postgresql(
         "every session of both connections agreed on ALPN postgresql: {alpn:?}"
     );
 
-    // PostgreSQL 15 reads the TLS hello as a start-up packet and hangs up.
     let config = config(&outbox, "localhost", &direct);
+    if server_version_num(&outbox.sql).await >= 170_000 {
+        // PostgreSQL 17 and later take direct TLS themselves: both
+        // connections stream from the server, encrypted.
+        let (sessions, _) = stream_some(&outbox, config).await;
+        assert!(
+            sessions.iter().any(|(kind, _, _)| kind == "walsender")
+                && sessions.iter().any(|(kind, _, _)| kind == "client backend")
+                && sessions.iter().all(|(_, ssl, _)| *ssl),
+            "{sessions:?}"
+        );
+        return;
+    }
+    // Before 17 the server reads the TLS hello as a start-up packet and hangs up.
     let conn = outbox_relay::postgres::ConnInfo::new(&config.postgres).unwrap();
-    let sql = conn.connect().await.expect_err("15 has no direct TLS");
+    let sql = conn
+        .connect()
+        .await
+        .expect_err("no direct TLS before PostgreSQL 17");
     let text = outbox_relay::postgres::Chain(&sql).to_string();
     assert!(text.contains("PostgreSQL 16 and older"), "{text}");
     match replication_login(&config).await {
@@ -565,7 +583,7 @@ async fn direct_tls_starts_without_an_ssl_request_and_agrees_on_alpn_postgresql(
             )
         }
         Err(other) => panic!("a TLS error, not {other}"),
-        Ok(_) => panic!("15 has no direct TLS"),
+        Ok(_) => panic!("no direct TLS before PostgreSQL 17"),
     }
 }
 
