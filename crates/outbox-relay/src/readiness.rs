@@ -111,7 +111,8 @@ pub enum Problem {
     },
     /// The slot is invalidated (`wal_status = lost`).
     Invalidated {
-        /// `invalidation_reason` (PostgreSQL 17+), or `conflicting` on 16;
+        /// `invalidation_reason` (PostgreSQL 17+), or `conflicting` on a 16 standby (on a 16
+        /// primary `conflicting` is set for WAL removal too: no reason then);
         /// `None` where the server does not say (14–16: the WAL was removed).
         reason: Option<String>,
     },
@@ -647,7 +648,7 @@ async fn inspect_slot(
             "SELECT s.plugin::text, s.database::text, s.confirmed_flush_lsn::text, s.active_pid, s.wal_status, \
                coalesce((to_jsonb(s) ->> 'two_phase')::bool, false), \
                coalesce(to_jsonb(s) ->> 'invalidation_reason', \
-                 CASE WHEN (to_jsonb(s) ->> 'conflicting')::bool THEN $2 END) \
+                 CASE WHEN (to_jsonb(s) ->> 'conflicting')::bool AND pg_is_in_recovery() THEN $2 END) \
              FROM pg_replication_slots s WHERE s.slot_name = $1",
             &[&names.slot, &CONFLICTING],
         )
