@@ -91,6 +91,9 @@ pub enum Area {
 #[derive(Debug)]
 pub enum Problem {
     /// `wal_level` is not `logical`.
+    /// The server is a standby (in recovery): the relay writes (marking,
+    /// recording, its position) and needs the primary.
+    Standby,
     WalLevel {
         /// Its value.
         level: String,
@@ -215,6 +218,7 @@ impl Problem {
                 }
             }
             Problem::WalLevel { .. }
+            | Problem::Standby
             | Problem::WrongPlugin { .. }
             | Problem::OtherDatabase { .. }
             | Problem::TwoPhase
@@ -234,7 +238,7 @@ impl Problem {
     /// What it is about.
     pub fn area(&self) -> Area {
         match self {
-            Problem::WalLevel { .. } => Area::Server,
+            Problem::WalLevel { .. } | Problem::Standby => Area::Server,
             Problem::SlotMissing
             | Problem::WrongPlugin { .. }
             | Problem::OtherDatabase { .. }
@@ -271,6 +275,10 @@ impl Problem {
             Problem::WalLevel { level, .. } => format!(
                 "wal_level = {level}; logical replication needs wal_level = logical"
             ),
+            Problem::Standby => "the server is a standby (in recovery); the relay writes to the \
+                 database (marking, recording rejected events, its position) and streams from the \
+                 primary"
+                .to_owned(),
             Problem::SlotMissing => format!("replication slot {slot:?} does not exist"),
             Problem::WrongPlugin { plugin } => format!(
                 "replication slot {slot:?} uses plugin {:?}; the relay needs a logical slot with plugin pgoutput",
@@ -371,6 +379,9 @@ impl Problem {
         );
         Some(match self {
             Problem::WalLevel { platform, .. } => platform.logical_decoding_fix(),
+            Problem::Standby => "point postgres.url at the primary, or list every host with \
+                 target_session_attrs=read-write so the relay finds the primary among them"
+                .to_owned(),
             Problem::SlotMissing => format!(
                 "create it with `outbox-relay setup --config FILE --apply`, or run \
                  SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), or set \
@@ -589,7 +600,7 @@ pub async fn inspect(
 ) -> Result<Readiness, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT current_setting('wal_level'), current_database()::text",
+            "SELECT current_setting('wal_level'), current_database()::text, pg_is_in_recovery()",
             &[],
         )
         .await?;
@@ -601,6 +612,9 @@ pub async fn inspect(
     };
     let wal_level: String = row.get(0);
     let mut problems = Vec::new();
+    if row.get::<_, bool>(2) {
+        problems.push(Problem::Standby);
+    }
     if wal_level != "logical" {
         problems.push(Problem::WalLevel {
             level: wal_level.clone(),
@@ -913,6 +927,7 @@ mod tests {
                 Warning,
             ),
             (Problem::TwoPhase, Stops, Error, Error),
+            (Problem::Standby, Stops, Error, Error),
             (Problem::Busy { pid: 7 }, StandsBy, Warning, Warning),
             (
                 Problem::Failover(crate::failover::Problem::NotFailover),

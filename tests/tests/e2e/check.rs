@@ -308,3 +308,34 @@ async fn what_run_accepts_or_waits_out_check_does_not_call_an_error() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_is_refused_by_run_and_check_alike() {
+    let primary = Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .expect("start a cluster"),
+    );
+    let mut outbox = Outbox::on(&primary).await;
+    let standby = {
+        let primary = Arc::clone(&primary);
+        tokio::task::spawn_blocking(move || harness::Cluster::standby_of(&primary, "standby1", ""))
+            .await
+            .unwrap()
+    };
+    outbox.reconnect().await;
+    // The relay pointed at the standby alone.
+    let text = outbox.config_toml("").replacen(
+        &format!("127.0.0.1:{}", primary.port()),
+        &format!("127.0.0.1:{}", standby.port()),
+        1,
+    );
+    let config = Config::from_parts(&text, std::path::Path::new("test.toml"), std::iter::empty())
+        .expect("config");
+    both_refuse(
+        "a standby",
+        config,
+        "target_session_attrs=read-write so the relay finds the primary",
+    )
+    .await;
+}
