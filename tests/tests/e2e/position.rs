@@ -85,29 +85,30 @@ async fn restarts_of_postgres_do_not_send_again_what_was_published() {
         expected.extend(after);
     }
 
-    // With the relay stopped gracefully: a fast restart, then a new relay.
+    // With the relay stopped gracefully: a fast, then an immediate restart,
+    // each followed by a new relay.
     let ids = outbox.insert_many(3, 100, 10).await;
     delivered(&[&first], &ids, "the events came out").await;
     expected.extend(ids);
     first.stop_gracefully().await;
-    let restarting = Arc::clone(&cluster);
-    tokio::task::spawn_blocking(move || restarting.restart(StopMode::Fast))
-        .await
-        .unwrap();
-    outbox.reconnect().await;
-    let mut second = run();
-    outbox.wait_slot_active(true).await;
-    let after = outbox.insert_many(1, 1, 1).await;
-    delivered(
-        &[&first, &second],
-        &after,
-        "the event after the restart came out",
-    )
-    .await;
-    expected.extend(after);
-    second.stop_gracefully().await;
+    let mut relays = vec![first];
+    for mode in [StopMode::Fast, StopMode::Immediate] {
+        let restarting = Arc::clone(&cluster);
+        tokio::task::spawn_blocking(move || restarting.restart(mode))
+            .await
+            .unwrap();
+        outbox.reconnect().await;
+        let mut next = run();
+        outbox.wait_slot_active(true).await;
+        let after = outbox.insert_many(1, 100, 10).await;
+        let all: Vec<&RelayProcess> = relays.iter().chain([&next]).collect();
+        delivered(&all, &after, "the events after the restart came out").await;
+        expected.extend(after);
+        next.stop_gracefully().await;
+        relays.push(next);
+    }
 
-    let got = counts([&first, &second]);
+    let got = counts(&relays);
     let repeated: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         repeated.is_empty(),
@@ -115,7 +116,7 @@ async fn restarts_of_postgres_do_not_send_again_what_was_published() {
         repeated.len(),
         expected.len(),
         repeated.iter().take(5).collect::<Vec<_>>(),
-        second.stderr_text()
+        relays.last().unwrap().stderr_text()
     );
     assert!(expected.iter().all(|id| got.contains_key(id)));
     assert_eq!(got.len(), expected.len());
