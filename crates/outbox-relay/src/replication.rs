@@ -875,6 +875,16 @@ impl Stream<'_> {
                 tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
             }
             Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
+            Pgoutput::BeginPrepare(_)
+            | Pgoutput::Prepare(_)
+            | Pgoutput::CommitPrepared(_)
+            | Pgoutput::RollbackPrepared(_)
+            | Pgoutput::StreamPrepare(_) => {
+                return Err(crate::ack::FramingError::OutsideTransaction(
+                    "a two-phase message (not handled yet)",
+                )
+                .into())
+            }
         }
         Ok(())
     }
