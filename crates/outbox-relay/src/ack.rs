@@ -93,6 +93,9 @@ pub enum FramingError {
     /// closing one begun by Begin.
     #[error("{0} received for a transaction that began with {1}")]
     Mismatched(&'static str, &'static str),
+    /// A message the relay never asks for (Stream Prepare: streaming).
+    #[error("{0} received, but the relay does not ask for streaming")]
+    Unexpected(&'static str),
 }
 
 #[derive(Debug)]

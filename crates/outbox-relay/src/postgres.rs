@@ -16,7 +16,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 use crate::config::{PostgresConfig, Secret};
 use crate::silence::Watched;
 use crate::tls::{ChannelBindingMode, MakeRustls, TlsSettings};
-use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
+use crate::walstream::{Protocol, Start, Startup, Transport, WalStream, WireError};
 
 /// Where and as whom to connect, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -282,13 +282,27 @@ impl ConnInfo {
     }
 
     /// Open a replication session on `slot` for `publication`, streaming
-    /// from `start`: over TLS as the ordinary connection is (same modes, same
-    /// certificates, same explanations), authenticated as the same role.
+    /// from `start` with protocol version 1: over TLS as the ordinary
+    /// connection is (same modes, same certificates, same explanations),
+    /// authenticated as the same role.
     pub async fn replicate(
         &self,
         slot: &str,
         publication: &str,
         start: u64,
+    ) -> Result<WalStream, WireError> {
+        self.replicate_with(slot, publication, start, Protocol::V1)
+            .await
+    }
+
+    /// [`ConnInfo::replicate`], asking for `protocol` (two-phase decoding for
+    /// a slot created with `two_phase`, see [`Protocol`]).
+    pub async fn replicate_with(
+        &self,
+        slot: &str,
+        publication: &str,
+        start: u64,
+        protocol: Protocol,
     ) -> Result<WalStream, WireError> {
         let io = match &self.host {
             Endpoint::Unix(dir) => Transport::unix(dir, self.port).await?,
@@ -317,6 +331,7 @@ impl ConnInfo {
             slot,
             publication,
             lsn: start,
+            protocol,
         };
         WalStream::start(io, &startup, &start).await
     }
