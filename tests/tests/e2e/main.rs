@@ -12,3 +12,4 @@ mod sns;
 mod sns_fixture;
 mod stream;
 mod tls;
+mod two_phase;
