@@ -268,6 +268,40 @@ async fn a_prepare_on_another_table_does_not_stop_the_relay() {
     relay.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_transaction_larger_than_the_in_flight_budget_does_not_stop_the_stream() {
+    let outbox = two_phase_outbox().await;
+    let sink = Collect::default();
+    // Its events count against the budget, up to half of it: were they to
+    // fill it, the stream would wait for room only its COMMIT PREPARED,
+    // further on, can make.
+    let relay = Running::start(outbox.config("[stream]\nmax_in_flight = 10"), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let aggregates: Vec<String> = (0..50).map(|n| format!("big-{n}")).collect();
+    let aggregates: Vec<&str> = aggregates.iter().map(String::as_str).collect();
+    let (prepared, _) = prepare(&outbox.sql, "order-5", &aggregates).await;
+    let mut after = Vec::new();
+    for n in 0..30 {
+        after.extend(outbox.insert_tx(&one(&format!("flow-{}", n % 3))).await);
+    }
+    wait_until(
+        Duration::from_secs(30),
+        "what committed after the PREPARE flows past it",
+        || async { sink.ids() == after },
+    )
+    .await;
+    finish_prepared(&outbox.sql, "COMMIT", "order-5").await;
+    let commits = outbox.commits().await;
+    wait_until(
+        Duration::from_secs(30),
+        "the prepared transaction is delivered and confirmed",
+        || async { outbox.confirmed_flush().await >= commits.last().unwrap().end_lsn },
+    )
+    .await;
+    assert_eq!(sink.ids(), [after, prepared].concat());
+    relay.stop().await;
+}
+
 /// How the first relay process ends.
 #[derive(Debug, Clone, Copy)]
 enum Stop {
