@@ -31,6 +31,11 @@ async fn two_phase_outbox() -> Outbox {
     outbox
 }
 
+/// A gid of this test's own: they are unique in the cluster, which tests share.
+fn gid(outbox: &Outbox, label: &str) -> String {
+    format!("{}-{label}", outbox.db.name())
+}
+
 /// Whether the server decodes prepared transactions at PREPARE (15+).
 async fn decodes_at_prepare(sql: &Client) -> bool {
     let row = sql
@@ -84,7 +89,8 @@ async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_orde
     outbox.wait_slot_active(true).await;
 
     let first = outbox.insert_tx(&one("a-1")).await;
-    let (prepared, _) = prepare(&outbox.sql, "order-1", &["a-1", "a-2", "a-1"]).await;
+    let gid = gid(&outbox, "order-1");
+    let (prepared, _) = prepare(&outbox.sql, &gid, &["a-1", "a-2", "a-1"]).await;
     // Committed after the PREPARE, before the COMMIT PREPARED: it goes first,
     // also within the aggregate both write.
     let between = outbox.insert_tx(&one("a-1")).await;
@@ -101,7 +107,7 @@ async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_orde
         "nothing of the prepared transaction before its COMMIT PREPARED"
     );
 
-    finish_prepared(&outbox.sql, "COMMIT", "order-1").await;
+    finish_prepared(&outbox.sql, "COMMIT", &gid).await;
     let last = outbox.insert_tx(&one("a-2")).await;
     wait_until(
         Duration::from_secs(20),
@@ -142,9 +148,10 @@ async fn a_rolled_back_prepared_transaction_is_never_published() {
     let relay = Running::start(outbox.config(""), sink.clone());
     outbox.wait_slot_active(true).await;
 
-    let (rolled_back, _) = prepare(&outbox.sql, "order-2", &["r-1", "r-2"]).await;
+    let gid = gid(&outbox, "order-2");
+    let (rolled_back, _) = prepare(&outbox.sql, &gid, &["r-1", "r-2"]).await;
     let before = outbox.insert_tx(&one("p-1")).await;
-    finish_prepared(&outbox.sql, "ROLLBACK", "order-2").await;
+    finish_prepared(&outbox.sql, "ROLLBACK", &gid).await;
     let after = outbox.insert_tx(&one("p-2")).await;
     let commits = outbox.commits().await;
     assert_eq!(commits.len(), 2, "the witness saw no commit of it");
@@ -176,7 +183,8 @@ async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resol
         || async { outbox.confirmed_flush().await >= first_end },
     )
     .await;
-    let (prepared, before_prepare) = prepare(&outbox.sql, "order-3", &["c-2"]).await;
+    let gid = gid(&outbox, "order-3");
+    let (prepared, before_prepare) = prepare(&outbox.sql, &gid, &["c-2"]).await;
     let between = outbox.insert_tx(&one("c-3")).await;
     wait_until(
         Duration::from_secs(20),
@@ -204,15 +212,15 @@ async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resol
     let held: i64 = outbox
         .sql
         .query_one(
-            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'order-3'",
-            &[],
+            "SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1",
+            &[&gid],
         )
         .await
         .unwrap()
         .get(0);
     assert_eq!(held, 1, "still prepared");
 
-    finish_prepared(&outbox.sql, "COMMIT", "order-3").await;
+    finish_prepared(&outbox.sql, "COMMIT", &gid).await;
     let commits = outbox.commits().await;
     let last = commits.last().unwrap();
     assert_eq!(last.ids, prepared, "COMMIT PREPARED is the last commit");
@@ -238,11 +246,12 @@ async fn a_prepare_on_another_table_does_not_stop_the_relay() {
     let relay = Running::start(outbox.config(""), sink.clone());
     outbox.wait_slot_active(true).await;
 
+    let gid = gid(&outbox, "other-1");
     outbox
         .sql
-        .batch_execute(
-            "BEGIN; INSERT INTO other (note) VALUES ('x'); PREPARE TRANSACTION 'other-1'",
-        )
+        .batch_execute(&format!(
+            "BEGIN; INSERT INTO other (note) VALUES ('x'); PREPARE TRANSACTION '{gid}'"
+        ))
         .await
         .unwrap();
     let first = outbox.insert_tx(&one("o-1")).await;
@@ -254,7 +263,7 @@ async fn a_prepare_on_another_table_does_not_stop_the_relay() {
         || async { sink.ids() == first && outbox.confirmed_flush().await >= first_end },
     )
     .await;
-    finish_prepared(&outbox.sql, "COMMIT", "other-1").await;
+    finish_prepared(&outbox.sql, "COMMIT", &gid).await;
     let second = outbox.insert_tx(&one("o-2")).await;
     let second_end = outbox.commits().await[1].end_lsn;
     wait_until(
@@ -279,7 +288,8 @@ async fn a_prepared_transaction_larger_than_the_in_flight_budget_does_not_stop_t
     outbox.wait_slot_active(true).await;
     let aggregates: Vec<String> = (0..50).map(|n| format!("big-{n}")).collect();
     let aggregates: Vec<&str> = aggregates.iter().map(String::as_str).collect();
-    let (prepared, _) = prepare(&outbox.sql, "order-5", &aggregates).await;
+    let gid = gid(&outbox, "order-5");
+    let (prepared, _) = prepare(&outbox.sql, &gid, &aggregates).await;
     let mut after = Vec::new();
     for n in 0..30 {
         after.extend(outbox.insert_tx(&one(&format!("flow-{}", n % 3))).await);
@@ -290,7 +300,7 @@ async fn a_prepared_transaction_larger_than_the_in_flight_budget_does_not_stop_t
         || async { sink.ids() == after },
     )
     .await;
-    finish_prepared(&outbox.sql, "COMMIT", "order-5").await;
+    finish_prepared(&outbox.sql, "COMMIT", &gid).await;
     let commits = outbox.commits().await;
     wait_until(
         Duration::from_secs(30),
@@ -320,7 +330,8 @@ async fn restart_between_prepare_and_commit_prepared(stop: Stop) {
     let mut first = run();
     outbox.wait_slot_active(true).await;
     let before = outbox.insert_tx(&one("k-1")).await;
-    let (prepared, before_prepare) = prepare(&outbox.sql, "order-4", &["k-1", "k-2"]).await;
+    let gid = gid(&outbox, "order-4");
+    let (prepared, before_prepare) = prepare(&outbox.sql, &gid, &["k-1", "k-2"]).await;
     let between = outbox.insert_tx(&one("k-1")).await;
     wait_until(
         Duration::from_secs(30),
@@ -351,7 +362,7 @@ async fn restart_between_prepare_and_commit_prepared(stop: Stop) {
 
     let mut second = run();
     outbox.wait_slot_active(true).await;
-    finish_prepared(&outbox.sql, "COMMIT", "order-4").await;
+    finish_prepared(&outbox.sql, "COMMIT", &gid).await;
     let after = outbox.insert_tx(&one("k-2")).await;
     wait_until(
         Duration::from_secs(30),
