@@ -26,10 +26,10 @@
 //! `two_phase 'on'` from PostgreSQL 15 on ([`readiness::Readiness::protocol`];
 //! version 1 otherwise, and on 14, whose pgoutput sends prepared transactions
 //! at COMMIT PREPARED as ordinary ones). A prepared transaction then arrives
-//! at PREPARE TRANSACTION: its events are held (the `prepared` submodule) and parked in
-//! the tracker, which keeps the confirmed position before it; COMMIT PREPARED
-//! hands them to the publisher at its own place in the stream, after what
-//! committed in between, and ROLLBACK PREPARED drops them. A session that
+//! at PREPARE TRANSACTION: its events are held (the `prepared` submodule)
+//! and parked in the tracker, which keeps the confirmed position before it;
+//! COMMIT PREPARED hands them to the publisher at its own place in the
+//! stream, after what committed in between, and ROLLBACK PREPARED drops them. A session that
 //! ends meanwhile loses nothing: the walsender sends a prepared transaction
 //! again to a session that starts before its PREPARE record (and only its
 //! COMMIT PREPARED, without the rows, to one that starts after it, which is
@@ -1017,5 +1017,23 @@ impl AbortOnDrop<Result<(), crate::record::RecordError>> {
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under_budget;
+
+    #[test]
+    fn parked_events_take_at_most_half_of_a_budget() {
+        assert!(under_budget(9, 0, 10));
+        assert!(!under_budget(10, 0, 10));
+        // Parked alone never stop the stream, however many.
+        assert!(under_budget(1_000, 1_000, 10));
+        // Beyond half, they count as half: five in flight fill the rest.
+        assert!(under_budget(104, 100, 10));
+        assert!(!under_budget(105, 100, 10));
+        // Under half, they count whole.
+        assert!(!under_budget(10, 3, 10));
     }
 }
