@@ -179,6 +179,48 @@ async fn capture() -> anyhow::Result<()> {
         std::fs::write(out.join(format!("{i:03}-{}.bin", data[0] as char)), &data)?;
     }
     println!("captured {} messages into {}", rows.len(), out.display());
+    // Prepared transactions, as a slot created with two_phase sends them
+    // (protocol version 3): Begin Prepare, Prepare, Commit Prepared and
+    // Rollback Prepared.
+    // COMMIT PREPARED and ROLLBACK PREPARED may not share a simple query with
+    // other statements (they cannot run in a transaction block).
+    for statement in [
+        "SELECT pg_create_logical_replication_slot('capture_2pc', 'pgoutput', false, true)",
+        "BEGIN;
+         INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+            VALUES ('order', 'o-3', 'Prepared', '{}');
+         PREPARE TRANSACTION 'outbox-relay: ö ✓'",
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', 'b', 'c', '{}')",
+        "COMMIT PREPARED 'outbox-relay: ö ✓'",
+        "BEGIN; INSERT INTO kinds (big) VALUES ('rolled back'); PREPARE TRANSACTION 'g2'",
+        "ROLLBACK PREPARED 'g2'",
+    ] {
+        sql.batch_execute(statement).await?;
+    }
+    let rows = sql
+        .query(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes('capture_2pc', NULL, NULL, \
+             'proto_version', '3', 'two_phase', 'on', 'publication_names', 'p')",
+            &[],
+        )
+        .await?;
+    let mut two_phase = 0;
+    for (i, row) in rows.iter().enumerate() {
+        let data: Vec<u8> = row.get(0);
+        let kind = match data[0] {
+            b'b' => "begin-prepare",
+            b'P' => "prepare",
+            b'K' => "commit-prepared",
+            b'r' => "rollback-prepared",
+            _ => continue, // the version 1 messages are captured above
+        };
+        std::fs::write(out.join(format!("2pc-{i:03}-{kind}.bin")), &data)?;
+        two_phase += 1;
+    }
+    println!(
+        "captured {two_phase} two-phase messages into {}",
+        out.display()
+    );
     drop(cluster);
     Ok(())
 }

@@ -55,7 +55,7 @@ pub async fn run(
         ok(format!("wal_level = {}", ready.wal_level));
     }
     if let Some(view) = ready.slot.as_ref().filter(|_| fine(Area::Slot)) {
-        ok(readiness::slot_summary(names, view));
+        ok(readiness::slot_summary(&ready, view));
     }
     if ready.table.is_some() && fine(Area::Publication) {
         ok(format!(

@@ -16,7 +16,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 use crate::config::{PostgresConfig, Secret};
 use crate::silence::Watched;
 use crate::tls::{ChannelBindingMode, MakeRustls, TlsSettings};
-use crate::walstream::{Start, Startup, Transport, WalStream, WireError};
+use crate::walstream::{Protocol, Start, Startup, Transport, WalStream, WireError};
 
 /// Where and as whom to connect, resolved from the configuration.
 #[derive(Debug, Clone)]
@@ -352,8 +352,9 @@ impl ConnInfo {
     }
 
     /// Open a replication session on `slot` for `publication`, streaming
-    /// from `start`: over TLS as the ordinary connection is (same modes, same
-    /// certificates, same explanations), authenticated as the same role.
+    /// from `start` with protocol version 1: over TLS as the ordinary
+    /// connection is (same modes, same certificates, same explanations),
+    /// authenticated as the same role.
     pub async fn replicate(
         &self,
         slot: &str,
@@ -361,10 +362,25 @@ impl ConnInfo {
         start: u64,
         kept: Option<&crate::position::Kept>,
     ) -> Result<WalStream, WireError> {
+        self.replicate_with(slot, publication, start, kept, Protocol::V1)
+            .await
+    }
+
+    /// [`ConnInfo::replicate`], asking for `protocol` (two-phase decoding for
+    /// a slot created with `two_phase`, see [`Protocol`]). The URL's hosts
+    /// are tried in order, as for [`ConnInfo::connect`].
+    pub async fn replicate_with(
+        &self,
+        slot: &str,
+        publication: &str,
+        start: u64,
+        kept: Option<&crate::position::Kept>,
+        protocol: Protocol,
+    ) -> Result<WalStream, WireError> {
         let mut last = None;
         for (host, port) in &self.hosts {
             match self
-                .replicate_at(host, *port, slot, publication, start, kept)
+                .replicate_at(host, *port, slot, publication, start, kept, protocol)
                 .await
             {
                 Ok(stream) => return Ok(stream),
@@ -379,6 +395,7 @@ impl ConnInfo {
         Err(last.expect("ConnInfo::new checks there is a host"))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn replicate_at(
         &self,
         host: &Endpoint,
@@ -387,6 +404,7 @@ impl ConnInfo {
         publication: &str,
         start: u64,
         kept: Option<&crate::position::Kept>,
+        protocol: Protocol,
     ) -> Result<WalStream, WireError> {
         let io = match host {
             Endpoint::Unix(dir) => Transport::unix(dir, port).await?,
@@ -417,6 +435,7 @@ impl ConnInfo {
             publication,
             lsn: start,
             kept,
+            protocol,
         };
         WalStream::start(io, &startup, &start).await
     }

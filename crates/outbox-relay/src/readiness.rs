@@ -25,6 +25,7 @@ use crate::postgres::{format_lsn, parse_lsn};
 use crate::record::{dead_letter_table, RecordError};
 use crate::setup::{quote_ident, quote_literal};
 use crate::table::{Table, MANAGED};
+use crate::walstream::Protocol;
 
 /// How bad a finding is, for `check`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -119,8 +120,6 @@ pub enum Problem {
         /// `None` where the server does not say (14–16: the WAL was removed).
         reason: Option<String>,
     },
-    /// The slot decodes two-phase transactions, which the relay does not.
-    TwoPhase,
     /// The slot would not survive a database failover
     /// ([`crate::failover`]).
     Failover(crate::failover::Problem),
@@ -221,7 +220,6 @@ impl Problem {
             | Problem::Standby
             | Problem::WrongPlugin { .. }
             | Problem::OtherDatabase { .. }
-            | Problem::TwoPhase
             | Problem::NoConfirmedPosition
             | Problem::TableMissing
             | Problem::Mapping(_)
@@ -243,7 +241,6 @@ impl Problem {
             | Problem::WrongPlugin { .. }
             | Problem::OtherDatabase { .. }
             | Problem::Invalidated { .. }
-            | Problem::TwoPhase
             | Problem::Failover(_)
             | Problem::Busy { .. }
             | Problem::NoConfirmedPosition => Area::Slot,
@@ -290,10 +287,6 @@ impl Problem {
             Problem::Invalidated { reason } => format!(
                 "replication slot {slot:?} is invalidated (wal_status = lost): {}",
                 invalidation(reason.as_deref())
-            ),
-            Problem::TwoPhase => format!(
-                "replication slot {slot:?} was created with two_phase = true; the relay does not decode \
-                 two-phase transactions, and the first PREPARE TRANSACTION would stop it"
             ),
             Problem::Busy { pid } => format!(
                 "replication slot {slot:?} is in use by backend PID {pid} (another relay?)"
@@ -394,10 +387,6 @@ impl Problem {
             Problem::Invalidated { .. } => "drop and recreate it (or set lifecycle.recreate_slot = true); \
                  rows written meanwhile are still in the table for the poller"
                 .into(),
-            Problem::TwoPhase => format!(
-                "drop it and recreate it without two_phase: {recreate}; rows written meanwhile are in \
-                 the table for the poller"
-            ),
             Problem::Busy { .. } => "a relay stands by and takes over when it is free".into(),
             Problem::NoConfirmedPosition => format!("drop it and recreate it: {recreate}"),
             Problem::TableMissing => {
@@ -491,6 +480,10 @@ fn invalidation(reason: Option<&str>) -> String {
     }
 }
 
+/// The first `server_version_num` whose pgoutput decodes prepared
+/// transactions (`two_phase`, protocol version 3).
+pub const TWO_PHASE_PGOUTPUT: i32 = 150_000;
+
 /// What PostgreSQL 16 says of an invalidated slot in place of a reason.
 const CONFLICTING: &str = "conflicting";
 
@@ -501,6 +494,9 @@ pub struct SlotView {
     pub confirmed_flush: Option<u64>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub wal_status: Option<String>,
+    /// Created with `two_phase` (prepared transactions are decoded at
+    /// PREPARE TRANSACTION, from PostgreSQL 15 on).
+    pub two_phase: bool,
 }
 
 /// Everything [`inspect`] found.
@@ -510,6 +506,8 @@ pub struct Readiness {
     pub names: Names,
     /// `wal_level`.
     pub wal_level: String,
+    /// `server_version_num`, e.g. 150004.
+    pub server_version_num: i32,
     /// The slot, when it exists.
     pub slot: Option<SlotView>,
     /// The table, when it exists.
@@ -557,6 +555,20 @@ impl Readiness {
         self.recreate_slot && self.sweepable()
     }
 
+    /// The pgoutput protocol to stream the slot with: two-phase decoding
+    /// for a slot created with `two_phase` on PostgreSQL 15 and later.
+    /// PostgreSQL 14's pgoutput cannot decode prepared transactions; on such
+    /// a slot it sends them at COMMIT PREPARED as ordinary transactions
+    /// (Begin … Commit), which protocol version 1 reads as it is.
+    pub fn protocol(&self) -> Protocol {
+        match &self.slot {
+            Some(slot) if slot.two_phase && self.server_version_num >= TWO_PHASE_PGOUTPUT => {
+                Protocol::TwoPhase
+            }
+            _ => Protocol::V1,
+        }
+    }
+
     /// How `check` reports `problem`.
     pub fn severity(&self, problem: &Problem) -> Severity {
         problem.effect().severity(self.recreates())
@@ -600,7 +612,8 @@ pub async fn inspect(
 ) -> Result<Readiness, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT current_setting('wal_level'), current_database()::text, pg_is_in_recovery()",
+            "SELECT current_setting('wal_level'), current_database()::text, \
+               current_setting('server_version_num')::int, pg_is_in_recovery()",
             &[],
         )
         .await?;
@@ -611,8 +624,9 @@ pub async fn inspect(
         database: row.get(1),
     };
     let wal_level: String = row.get(0);
+    let server_version_num: i32 = row.get(2);
     let mut problems = Vec::new();
-    if row.get::<_, bool>(2) {
+    if row.get::<_, bool>(3) {
         problems.push(Problem::Standby);
     }
     if wal_level != "logical" {
@@ -645,6 +659,7 @@ pub async fn inspect(
     Ok(Readiness {
         names,
         wal_level,
+        server_version_num,
         slot,
         table,
         recreate_slot: config.lifecycle.recreate_slot,
@@ -676,6 +691,7 @@ async fn inspect_slot(
     let view = SlotView {
         confirmed_flush: row.get::<_, Option<&str>>(2).and_then(parse_lsn),
         wal_status: row.get(4),
+        two_phase: row.get(5),
     };
     if plugin.as_deref() != Some("pgoutput") {
         let physical = plugin.is_none();
@@ -692,9 +708,6 @@ async fn inspect_slot(
     let invalidated = view.wal_status.as_deref() == Some("lost");
     if invalidated {
         problems.push(Problem::Invalidated { reason: row.get(6) });
-    }
-    if row.get::<_, bool>(5) {
-        problems.push(Problem::TwoPhase);
     }
     let busy = row.get::<_, Option<i32>>(3);
     if let Some(pid) = busy {
@@ -838,10 +851,21 @@ async fn inspect_table(
 }
 
 /// `check`'s ok line for the slot.
-pub fn slot_summary(names: &Names, view: &SlotView) -> String {
+pub fn slot_summary(ready: &Readiness, view: &SlotView) -> String {
+    let two_phase = match (view.two_phase, ready.protocol()) {
+        (false, _) => "",
+        (true, Protocol::TwoPhase) => {
+            ", two_phase: prepared transactions are published at COMMIT PREPARED and hold the \
+             confirmed position until then"
+        }
+        (true, Protocol::V1) => {
+            ", two_phase: this server's pgoutput sends prepared transactions at COMMIT PREPARED, \
+             as ordinary ones"
+        }
+    };
     format!(
-        "replication slot {:?} (pgoutput, confirmed at {}, wal_status {})",
-        names.slot,
+        "replication slot {:?} (pgoutput{two_phase}, confirmed at {}, wal_status {})",
+        ready.names.slot,
         view.confirmed_flush.map(format_lsn).unwrap_or_default(),
         view.wal_status.as_deref().unwrap_or_default()
     )
@@ -926,7 +950,6 @@ mod tests {
                 Error,
                 Warning,
             ),
-            (Problem::TwoPhase, Stops, Error, Error),
             (Problem::Standby, Stops, Error, Error),
             (Problem::Busy { pid: 7 }, StandsBy, Warning, Warning),
             (
@@ -1047,12 +1070,6 @@ mod tests {
             }
             assert!(!text.contains("{}") && !text.is_empty(), "{text}");
         }
-        let two_phase = Problem::TwoPhase.describe(&at);
-        assert!(
-            two_phase.contains("two_phase")
-                && two_phase.contains("pg_create_logical_replication_slot('s', 'pgoutput')"),
-            "{two_phase}"
-        );
     }
 
     #[test]
@@ -1131,9 +1148,11 @@ mod tests {
         Readiness {
             names: names(),
             wal_level: "logical".into(),
+            server_version_num: 150_004,
             slot: Some(SlotView {
                 confirmed_flush: Some(42),
                 wal_status: Some("reserved".into()),
+                two_phase: false,
             }),
             table: Some(table()),
             recreate_slot,
@@ -1167,8 +1186,8 @@ mod tests {
             Admission::Refused(Problem::RowFilter { .. })
         ));
         assert!(matches!(
-            admitted(vec![Problem::TwoPhase, Problem::Busy { pid: 1 }]),
-            Admission::Refused(Problem::TwoPhase)
+            admitted(vec![Problem::NoInserts, Problem::Busy { pid: 1 }]),
+            Admission::Refused(Problem::NoInserts)
         ));
         assert!(matches!(
             admitted(vec![Problem::Busy { pid: 1 }]),
@@ -1178,6 +1197,28 @@ mod tests {
             admitted(vec![Problem::Invalidated { reason: None }]),
             Admission::SlotLost { .. }
         ));
+    }
+
+    #[test]
+    fn a_two_phase_slot_is_streamed_with_two_phase_decoding_from_postgresql_15() {
+        let two_phase = |version, slot: bool| {
+            let mut ready = readiness(vec![], false);
+            ready.server_version_num = version;
+            ready.slot.as_mut().unwrap().two_phase = slot;
+            let summary = slot_summary(&ready, ready.slot.as_ref().unwrap());
+            (ready.protocol(), summary)
+        };
+        for version in [150_000, 160_002, 180_001] {
+            let (protocol, summary) = two_phase(version, true);
+            assert_eq!(protocol, Protocol::TwoPhase);
+            assert!(summary.contains("hold the confirmed position"), "{summary}");
+            assert_eq!(two_phase(version, false).0, Protocol::V1);
+        }
+        // 14's pgoutput has no two-phase decoding: version 1 reads what it sends.
+        let (protocol, summary) = two_phase(140_019, true);
+        assert_eq!(protocol, Protocol::V1);
+        assert!(summary.contains("as ordinary ones"), "{summary}");
+        assert!(!two_phase(140_019, false).1.contains("two_phase"));
     }
 
     #[test]

@@ -20,6 +20,21 @@
 //! A session starts at the slot's `confirmed_flush_lsn` and reports that
 //! position until it confirms more, so a restart never moves the slot.
 //!
+//! # Prepared transactions
+//!
+//! A slot created with `two_phase` is streamed with protocol version 3 and
+//! `two_phase 'on'` from PostgreSQL 15 on ([`readiness::Readiness::protocol`];
+//! version 1 otherwise, and on 14, whose pgoutput sends prepared transactions
+//! at COMMIT PREPARED as ordinary ones). A prepared transaction then arrives
+//! at PREPARE TRANSACTION: its events are held (the `prepared` submodule)
+//! and parked in the tracker, which keeps the confirmed position before it;
+//! COMMIT PREPARED hands them to the publisher at its own place in the
+//! stream, after what committed in between, and ROLLBACK PREPARED drops them. A session that
+//! ends meanwhile loses nothing: the walsender sends a prepared transaction
+//! again to a session that starts before its PREPARE record (and only its
+//! COMMIT PREPARED, without the rows, to one that starts after it, which is
+//! why the position may not pass it).
+//!
 //! # Backpressure
 //!
 //! The loop reads the socket only while three things are under their
@@ -34,6 +49,12 @@
 //!   `[stream] max_in_flight_bytes`. The check comes before each message,
 //!   so one event larger than the whole budget still passes (the budget is
 //!   exceeded by at most one event), and the stream never deadlocks;
+//! * events of prepared transactions waiting for their COMMIT PREPARED count
+//!   in both, up to half of each (`under_budget`): only a later message of
+//!   the stream can release them, so they may not stop it. Beyond half a
+//!   budget they are held without bound (the rows of the prepared
+//!   transactions open at once; the server allows `max_prepared_transactions`
+//!   of them), and the events that flow keep the other half;
 //! * the rows published but not yet marked or deleted
 //!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
 //!   behind without bound; it does not hold the confirmed position
@@ -43,7 +64,8 @@
 //!
 //! On the stop signal the loop reads on to the end of the open transaction (so
 //! nothing half-emitted is left unconfirmed), stops reading, waits for the
-//! in-flight events (up to `[stream] shutdown_timeout`), reports the final
+//! in-flight events (up to `[stream] shutdown_timeout`; not for those of
+//! prepared transactions, which the next session gets again), reports the final
 //! position and waits until the slot shows it, then closes the stream
 //! (CopyDone, Terminate). Without this step a clean restart would send the
 //! last events again.
@@ -65,7 +87,7 @@ use pgoutput::Message as Pgoutput;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::ack::AckTracker;
+use crate::ack::{AckTracker, FramingError, Ticket};
 use crate::config::{Config, TableName};
 pub use crate::error::{ErrorClass, RelayError};
 use crate::event::RowMapping;
@@ -79,7 +101,10 @@ use crate::record::Recorder;
 use crate::retry::Backoff;
 use crate::sink::Message;
 use crate::sink::Sink;
-use crate::walstream::{WalMessage, WireError};
+use crate::walstream::{Protocol, WalMessage, WireError};
+
+mod prepared;
+use prepared::{Held, PreparedTxs};
 
 /// Prefix of the relay's heartbeat messages.
 const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
@@ -363,6 +388,7 @@ async fn session<S: Sink>(
         .problems
         .iter()
         .any(|p| matches!(p, Problem::NoPositionTable { .. }));
+    let mut protocol = ready.protocol();
     let (table_info, start) = match ready.admit() {
         Admission::Start { table, start } => (table, start),
         Admission::SlotLost { table, problem }
@@ -374,6 +400,7 @@ async fn session<S: Sink>(
             let creating = conn.without_silence_bound().connect().await?;
             let (start, before) =
                 recreate_slot(&creating, slot, config.postgres.failover_slot).await?;
+            protocol = Protocol::V1; // created without two_phase
             tracing::error!(
                 slot = %slot,
                 start_lsn = %format_lsn(start),
@@ -448,7 +475,13 @@ async fn session<S: Sink>(
         .map_err(sql("reading the kept position"))?;
     // Opened once everything else is ready: from here on the loop answers the
     // walsender (status updates), which nothing before it would.
-    let opening = conn.replicate(slot, &config.postgres.publication, start, kept.as_ref());
+    let opening = conn.replicate_with(
+        slot,
+        &config.postgres.publication,
+        start,
+        kept.as_ref(),
+        protocol,
+    );
     let mut wal = tokio::select! {
         opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
             Ok(opened) => opened.map_err(RelayError::from)?,
@@ -493,6 +526,7 @@ async fn session<S: Sink>(
         slot = %slot,
         publication = %config.postgres.publication,
         start_lsn = %format_lsn(start),
+        protocol = ?protocol,
         status_interval_ms = interval.as_millis() as u64,
         sink = sink_name,
         "streaming"
@@ -506,6 +540,7 @@ async fn session<S: Sink>(
         tracker: AckTracker::new(start),
         relations: HashMap::default(),
         commit_time: 0,
+        prepared: PreparedTxs::default(),
         to_publisher,
         burst: Vec::new(),
         received_in_burst: 0,
@@ -540,14 +575,16 @@ async fn session<S: Sink>(
     let marking_full = || marking.as_ref().is_some_and(Marker::full);
     let may_read = |tracker: &AckTracker, draining: bool| {
         (!draining || tracker.in_transaction())
-            && tracker.unfinished() < max_in_flight
-            && tracker.held_bytes() < max_bytes
+            && under_budget(tracker.unfinished(), tracker.parked(), max_in_flight)
+            && under_budget(tracker.held_bytes(), tracker.parked_bytes(), max_bytes)
             && !marking_full()
     };
     loop {
         let draining = deadline.is_some();
         let tracker = &stream.tracker;
-        if draining && !tracker.in_transaction() && tracker.unfinished() == 0 {
+        // Parked events wait for a COMMIT PREPARED further on: the position
+        // stays before them, and the next session gets them again.
+        if draining && !tracker.in_transaction() && tracker.unfinished() == tracker.parked() {
             break;
         }
         let read = may_read(tracker, draining);
@@ -641,7 +678,7 @@ async fn session<S: Sink>(
             }
             _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
                 tracing::warn!(
-                    unfinished = stream.tracker.unfinished(),
+                    unfinished = stream.tracker.unfinished() - stream.tracker.parked(),
                     "shutdown timeout: stopping with events unfinished; they will be sent again after a restart"
                 );
                 break;
@@ -757,6 +794,8 @@ struct Stream<'a> {
     table_oid: u32,
     /// Commit time of the open transaction.
     commit_time: i64,
+    /// Prepared transactions' events, until their COMMIT PREPARED.
+    prepared: PreparedTxs,
     to_publisher: mpsc::Sender<Vec<Dispatch>>,
     /// Dispatches of the burst being read, handed over by [`Stream::flush`].
     burst: Vec<Dispatch>,
@@ -767,6 +806,17 @@ struct Stream<'a> {
 }
 
 impl Stream<'_> {
+    /// An event `[filter]` left out: marked SKIPPED, never published.
+    fn skipped(&mut self, id: String, ticket: Ticket) {
+        tracing::debug!(id = %id, "filtered out; not published");
+        self.summary.skipped += 1;
+        crate::metrics::get().published("skipped", 1);
+        if let Some(marker) = &self.marker {
+            marker.send(Mark::Skipped(id));
+        }
+        self.tracker.finish(ticket);
+    }
+
     fn completed(&mut self, completion: Completion) {
         let ticket = match completion {
             Completion::Delivered(ticket) => {
@@ -873,13 +923,11 @@ impl Stream<'_> {
                             Dispatch::Publish(message)
                         }
                         Prepared::Skip(id) => {
-                            tracing::debug!(id = %id, "filtered out; not published");
-                            self.summary.skipped += 1;
-                            crate::metrics::get().published("skipped", 1);
-                            if let Some(marker) = &self.marker {
-                                marker.send(Mark::Skipped(id));
+                            if self.prepared.is_open() {
+                                self.prepared.hold(Held::Skipped { id, ticket });
+                            } else {
+                                self.skipped(id, ticket);
                             }
-                            self.tracker.finish(ticket);
                             return Ok(());
                         }
                         Prepared::Fail(id, reason) => Dispatch::Reject {
@@ -898,7 +946,11 @@ impl Stream<'_> {
                         }
                     }
                 };
-                self.burst.push(dispatch);
+                if self.prepared.is_open() {
+                    self.prepared.hold(Held::Dispatch(dispatch));
+                } else {
+                    self.burst.push(dispatch);
+                }
             }
             Pgoutput::Begin(begin) => {
                 self.tracker.begin()?;
@@ -922,9 +974,65 @@ impl Stream<'_> {
                 tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
             }
             Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
+            Pgoutput::BeginPrepare(begin) => {
+                self.tracker.begin_prepared()?;
+                self.prepared.begin();
+                // Not committed yet: an event without created_at takes the
+                // prepare time as its time.
+                self.commit_time = begin.prepare_time;
+            }
+            Pgoutput::Prepare(prepare) => {
+                let tracked = self.tracker.prepare(prepare.end_lsn)?;
+                if tracked.is_some() {
+                    tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
+                }
+                self.prepared.prepared(prepare.xid, prepare.gid, tracked);
+            }
+            Pgoutput::CommitPrepared(commit) => {
+                let Some(waiting) = self.prepared.resolve(commit.xid) else {
+                    return Ok(()); // nothing held: no outbox events, or confirmed before this session
+                };
+                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
+                self.tracker.resolve(waiting.tracked);
+                for event in waiting.events {
+                    match event {
+                        Held::Dispatch(mut dispatch) => {
+                            if let Dispatch::Publish(message) = &mut dispatch {
+                                message.commit_time = commit.commit_time;
+                            }
+                            self.burst.push(dispatch);
+                        }
+                        Held::Skipped { id, ticket } => self.skipped(id, ticket),
+                    }
+                }
+            }
+            Pgoutput::RollbackPrepared(rollback) => {
+                let Some(waiting) = self.prepared.resolve(rollback.xid) else {
+                    return Ok(());
+                };
+                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
+                self.tracker.resolve(waiting.tracked);
+                for event in &waiting.events {
+                    self.tracker.finish(event.ticket());
+                }
+            }
+            // Sent only to a client that asked for streaming; the relay does not.
+            Pgoutput::StreamPrepare(_) => {
+                return Err(FramingError::Unexpected("Stream Prepare").into())
+            }
         }
         Ok(())
     }
+}
+
+/// Whether a budget of `max` (events or bytes) has room with `used` taken,
+/// `parked` of it by prepared transactions waiting for their COMMIT PREPARED.
+/// Those count up to half of the budget, no more: nothing in flight can make
+/// room for them (only their outcome, further on in the stream, can), so
+/// counting them whole could stop the stream for good, while up to half
+/// leaves the other half to the events that flow.
+fn under_budget(used: usize, parked: usize, max: usize) -> bool {
+    used - parked + parked.min(max / 2) < max
 }
 
 /// Resolves when marking has made room ([`Marker::room`]); never without marking.
@@ -962,5 +1070,23 @@ impl AbortOnDrop<Result<(), crate::record::RecordError>> {
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under_budget;
+
+    #[test]
+    fn parked_events_take_at_most_half_of_a_budget() {
+        assert!(under_budget(9, 0, 10));
+        assert!(!under_budget(10, 0, 10));
+        // Parked alone never stop the stream, however many.
+        assert!(under_budget(1_000, 1_000, 10));
+        // Beyond half, they count as half: five in flight fill the rest.
+        assert!(under_budget(104, 100, 10));
+        assert!(!under_budget(105, 100, 10));
+        // Under half, they count whole.
+        assert!(!under_budget(10, 3, 10));
     }
 }

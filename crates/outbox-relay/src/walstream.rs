@@ -245,6 +245,35 @@ pub struct Start<'a> {
     /// The position the relay kept ([`crate::position`]): the start when it
     /// is later and its provenance certain ([`position::choose`]).
     pub kept: Option<&'a position::Kept>,
+    /// The pgoutput protocol to ask for.
+    pub protocol: Protocol,
+}
+
+/// The pgoutput protocol a stream asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// `proto_version '1'`: what every supported major speaks, and all an
+    /// ordinary slot needs.
+    #[default]
+    V1,
+    /// `proto_version '3', two_phase 'on'` (PostgreSQL 15+), for a slot
+    /// created with `two_phase`: prepared transactions come at PREPARE
+    /// TRANSACTION as Begin Prepare … Prepare, their outcome later as Commit
+    /// Prepared or Rollback Prepared. (The walsender sends those on such a
+    /// slot whatever is asked; asking says the relay expects them. On a slot
+    /// without `two_phase` the option would turn it on for good, so it is
+    /// asked only of slots that have it.)
+    TwoPhase,
+}
+
+impl Protocol {
+    /// The options of START_REPLICATION that choose it.
+    fn options(self) -> &'static str {
+        match self {
+            Protocol::V1 => "proto_version '1'",
+            Protocol::TwoPhase => "proto_version '3', two_phase 'on'",
+        }
+    }
 }
 
 /// A logical replication stream after START_REPLICATION.
@@ -301,9 +330,10 @@ impl WalStream {
         stream.choice = position::choose(start.lsn, start.kept, &stream.system);
         stream.confirmed = stream.choice.lsn;
         let sql = format!(
-            "START_REPLICATION SLOT \"{}\" LOGICAL {} (proto_version '1', publication_names '{}', messages 'true')",
+            "START_REPLICATION SLOT \"{}\" LOGICAL {} ({}, publication_names '{}', messages 'true')",
             start.slot.replace('"', "\"\""),
             crate::postgres::format_lsn(stream.choice.lsn),
+            start.protocol.options(),
             start.publication.replace('\'', "''"),
         );
         frontend::query(&sql, &mut stream.out)?;
@@ -969,6 +999,7 @@ mod tests {
         publication: "p",
         lsn: 0,
         kept: None,
+        protocol: Protocol::V1,
     };
 
     /// A server that starts SCRAM and then says the login succeeded, never

@@ -4,8 +4,9 @@ use bytes::Bytes;
 
 use crate::reader::{Reader, NEGATIVE_COUNT, NEGATIVE_LENGTH};
 use crate::{
-    Begin, Column, Commit, DecodeError, Delete, Insert, LogicalMessage, Message, OldTuple, Origin,
-    Relation, Truncate, TupleData, Type, Update,
+    Begin, BeginPrepare, Column, Commit, CommitPrepared, DecodeError, Delete, Insert,
+    LogicalMessage, Message, OldTuple, Origin, Prepare, Relation, RollbackPrepared, Truncate,
+    TupleData, Type, Update,
 };
 
 const UNKNOWN_TUPLE_MARKER: &str = "unknown tuple marker";
@@ -16,8 +17,9 @@ const MIN_COLUMN_LEN: usize = 1 + 1 + 4 + 4;
 /// Encoding of one OID in a Truncate message.
 const OID_LEN: usize = 4;
 
-/// Decodes one pgoutput (protocol version 1) message: the payload of one
-/// `XLogData` CopyData message, starting with the message type byte.
+/// Decodes one pgoutput message (protocol version 1, or 3 with `two_phase`
+/// and without `streaming`): the payload of one `XLogData` CopyData
+/// message, starting with the message type byte.
 ///
 /// The whole buffer must be exactly one message; see the
 /// [crate documentation](crate) for what is validated. Values and contents
@@ -26,8 +28,8 @@ const OID_LEN: usize = 4;
 /// # Errors
 ///
 /// [`DecodeError::Empty`] for an empty buffer,
-/// [`DecodeError::UnknownMessage`] for a type byte that is not a protocol
-/// version 1 message, [`DecodeError::Truncated`] when the buffer ends inside
+/// [`DecodeError::UnknownMessage`] for a type byte that is none of the
+/// messages above (streaming's among them), [`DecodeError::Truncated`] when the buffer ends inside
 /// a field and [`DecodeError::Invalid`] for a malformed field or trailing
 /// bytes.
 pub fn decode(buf: Bytes) -> Result<Message, DecodeError> {
@@ -45,6 +47,11 @@ pub fn decode(buf: Bytes) -> Result<Message, DecodeError> {
         b'D' => "Delete",
         b'T' => "Truncate",
         b'M' => "Message",
+        b'b' => "Begin Prepare",
+        b'P' => "Prepare",
+        b'K' => "Commit Prepared",
+        b'r' => "Rollback Prepared",
+        b'p' => "Stream Prepare",
         other => return Err(DecodeError::UnknownMessage(other)),
     };
     let mut r = Reader::new(&buf, 1, name);
@@ -58,7 +65,12 @@ pub fn decode(buf: Bytes) -> Result<Message, DecodeError> {
         b'U' => Message::Update(update(&buf, &mut r)?),
         b'D' => Message::Delete(delete(&buf, &mut r)?),
         b'T' => Message::Truncate(truncate(&mut r)?),
-        _ => Message::Message(logical_message(&buf, &mut r)?),
+        b'M' => Message::Message(logical_message(&buf, &mut r)?),
+        b'b' => Message::BeginPrepare(begin_prepare(&mut r)?),
+        b'P' => Message::Prepare(prepare(&mut r)?),
+        b'K' => Message::CommitPrepared(commit_prepared(&mut r)?),
+        b'r' => Message::RollbackPrepared(rollback_prepared(&mut r)?),
+        _ => Message::StreamPrepare(prepare(&mut r)?),
     };
     r.finish()?;
     Ok(message)
@@ -185,6 +197,50 @@ fn logical_message(buf: &Bytes, r: &mut Reader<'_>) -> Result<LogicalMessage, De
         lsn,
         prefix,
         content,
+    })
+}
+
+fn begin_prepare(r: &mut Reader<'_>) -> Result<BeginPrepare, DecodeError> {
+    Ok(BeginPrepare {
+        prepare_lsn: r.u64()?,
+        end_lsn: r.u64()?,
+        prepare_time: r.i64()?,
+        xid: r.u32()?,
+        gid: r.string()?,
+    })
+}
+
+fn prepare(r: &mut Reader<'_>) -> Result<Prepare, DecodeError> {
+    Ok(Prepare {
+        flags: r.u8()?,
+        prepare_lsn: r.u64()?,
+        end_lsn: r.u64()?,
+        prepare_time: r.i64()?,
+        xid: r.u32()?,
+        gid: r.string()?,
+    })
+}
+
+fn commit_prepared(r: &mut Reader<'_>) -> Result<CommitPrepared, DecodeError> {
+    Ok(CommitPrepared {
+        flags: r.u8()?,
+        commit_lsn: r.u64()?,
+        end_lsn: r.u64()?,
+        commit_time: r.i64()?,
+        xid: r.u32()?,
+        gid: r.string()?,
+    })
+}
+
+fn rollback_prepared(r: &mut Reader<'_>) -> Result<RollbackPrepared, DecodeError> {
+    Ok(RollbackPrepared {
+        flags: r.u8()?,
+        prepare_end_lsn: r.u64()?,
+        rollback_end_lsn: r.u64()?,
+        prepare_time: r.i64()?,
+        rollback_time: r.i64()?,
+        xid: r.u32()?,
+        gid: r.string()?,
     })
 }
 

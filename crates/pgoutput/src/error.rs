@@ -1,6 +1,6 @@
 //! The single error type of the decoder.
 
-/// Why a buffer is not a valid pgoutput (protocol version 1) message.
+/// Why a buffer is not a valid pgoutput message.
 ///
 /// Offsets count from the start of the buffer given to [`decode`](crate::decode),
 /// i.e. the message type byte is at offset 0.
@@ -9,7 +9,8 @@ pub enum DecodeError {
     /// The buffer holds no bytes at all.
     #[error("empty pgoutput message")]
     Empty,
-    /// The first byte is not a protocol version 1 message type.
+    /// The first byte is not a message type the decoder knows (streaming's
+    /// `'S'`, `'E'`, `'c'`, `'A'` among them).
     #[error("unknown pgoutput message type {0:#04x}")]
     UnknownMessage(u8),
     /// The buffer ends in the middle of a field.

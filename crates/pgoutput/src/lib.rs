@@ -1,5 +1,6 @@
 //! Zero-copy decoder for PostgreSQL's `pgoutput` logical replication
-//! protocol, **protocol version 1**.
+//! protocol: **protocol version 1**, and the two-phase messages of version 3
+//! (`two_phase 'on'`, PostgreSQL 15+).
 //!
 //! # The format
 //!
@@ -20,6 +21,11 @@
 //! | `'D'` | [`Delete`]                                |
 //! | `'T'` | [`Truncate`]                              |
 //! | `'M'` | [`LogicalMessage`] (`pg_logical_emit_message`) |
+//! | `'b'` | [`BeginPrepare`] of a transaction being prepared |
+//! | `'P'` | [`Prepare`]: it was prepared (`PREPARE TRANSACTION`) |
+//! | `'K'` | [`CommitPrepared`] (`COMMIT PREPARED`)    |
+//! | `'r'` | [`RollbackPrepared`] (`ROLLBACK PREPARED`) |
+//! | `'p'` | Stream Prepare ([`Message::StreamPrepare`], a [`Prepare`]) |
 //!
 //! Integers are big-endian, strings are NUL-terminated UTF-8. Row images
 //! ([`TupleData`]) are an `Int16` column count followed by, per column, a
@@ -27,9 +33,22 @@
 //! `'t'` (text format) or `'b'` (binary format); the last two are followed by
 //! an `Int32` length and that many bytes.
 //!
-//! Streaming (`'S'`, `'E'`, `'c'`, `'A'`) and two-phase commit messages
-//! belong to later protocol versions and are reported as
-//! [`DecodeError::UnknownMessage`].
+//! # Two-phase transactions
+//!
+//! On a slot created with `two_phase` (and from PostgreSQL 15 on), a
+//! prepared transaction is sent when it is *prepared*: `'b'`, its changes,
+//! `'P'`; whether it commits comes later, in a `'K'` or `'r'` message of its
+//! own that may follow other transactions. The gid and the xid name it in
+//! all four. The walsender sends these on such a slot whether or not the
+//! client asked for `two_phase`, whatever the `proto_version`.
+//!
+//! Without `streaming` (which needs protocol version 2 and an option the
+//! client must ask for), the other messages of protocol versions 2 and 3 are
+//! byte for byte those of version 1. Streaming's messages (`'S'`, `'E'`,
+//! `'c'`, `'A'`) are reported as [`DecodeError::UnknownMessage`]: in a
+//! streamed transaction the row messages carry an xid that this decoder
+//! does not read. Stream Prepare (`'p'`) has the fields of `'P'` and is
+//! decoded.
 //!
 //! # Validation and zero-copy contract
 //!
@@ -73,7 +92,7 @@ pub use bytes::Bytes;
 pub use decode::decode;
 pub use error::DecodeError;
 pub use message::{
-    Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin, Relation,
-    Truncate, Type, Update,
+    Begin, BeginPrepare, Column, Commit, CommitPrepared, Delete, Insert, LogicalMessage, Message,
+    OldTuple, Origin, Prepare, Relation, RollbackPrepared, Truncate, Type, Update,
 };
 pub use tuple::{TupleData, Value, ValueRef};

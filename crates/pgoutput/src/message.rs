@@ -4,7 +4,7 @@ use bytes::Bytes;
 
 use crate::TupleData;
 
-/// One decoded pgoutput (protocol version 1) message.
+/// One decoded pgoutput message (protocol version 1, or 3 with `two_phase`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     /// `'B'`: a transaction starts.
@@ -27,6 +27,20 @@ pub enum Message {
     Truncate(Truncate),
     /// `'M'`: a message written with `pg_logical_emit_message`.
     Message(LogicalMessage),
+    /// `'b'`: a transaction being prepared for two-phase commit starts
+    /// (its changes follow, then [`Message::Prepare`]).
+    BeginPrepare(BeginPrepare),
+    /// `'P'`: the transaction begun by [`Message::BeginPrepare`] was
+    /// prepared (`PREPARE TRANSACTION`); it is neither committed nor
+    /// rolled back yet.
+    Prepare(Prepare),
+    /// `'K'`: a prepared transaction was committed (`COMMIT PREPARED`).
+    CommitPrepared(CommitPrepared),
+    /// `'r'`: a prepared transaction was rolled back (`ROLLBACK PREPARED`).
+    RollbackPrepared(RollbackPrepared),
+    /// `'p'`: a streamed transaction was prepared. Sent only with both
+    /// `streaming` and `two_phase`; the same fields as [`Message::Prepare`].
+    StreamPrepare(Prepare),
 }
 
 /// `'B'`: start of a transaction.
@@ -193,4 +207,76 @@ pub struct LogicalMessage {
     pub prefix: String,
     /// The content, a slice of the decoded buffer.
     pub content: Bytes,
+}
+
+/// `'b'`: start of a transaction that is being prepared for two-phase
+/// commit. Sent at `PREPARE TRANSACTION` time, with protocol version 3 and
+/// `two_phase` (or any protocol version on a slot created with `two_phase`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BeginPrepare {
+    /// LSN of the `PREPARE TRANSACTION` record (where it starts).
+    pub prepare_lsn: u64,
+    /// LSN just past the end of the prepared transaction.
+    pub end_lsn: u64,
+    /// Prepare time in microseconds since 2000-01-01 00:00 UTC.
+    pub prepare_time: i64,
+    /// Transaction id.
+    pub xid: u32,
+    /// The global transaction identifier given to `PREPARE TRANSACTION`.
+    pub gid: String,
+}
+
+/// `'P'` (and `'p'`, [`Message::StreamPrepare`]): the transaction was
+/// prepared. It stays undecided until [`CommitPrepared`] or
+/// [`RollbackPrepared`] names it, possibly after other transactions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepare {
+    /// Flags; currently unused by PostgreSQL (0).
+    pub flags: u8,
+    /// LSN of the `PREPARE TRANSACTION` record.
+    pub prepare_lsn: u64,
+    /// LSN just past the end of the prepared transaction.
+    pub end_lsn: u64,
+    /// Prepare time in microseconds since 2000-01-01 00:00 UTC.
+    pub prepare_time: i64,
+    /// Transaction id.
+    pub xid: u32,
+    /// The global transaction identifier.
+    pub gid: String,
+}
+
+/// `'K'`: a prepared transaction was committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitPrepared {
+    /// Flags; currently unused by PostgreSQL (0).
+    pub flags: u8,
+    /// LSN of the `COMMIT PREPARED` record.
+    pub commit_lsn: u64,
+    /// LSN just past the end of that record.
+    pub end_lsn: u64,
+    /// Commit time in microseconds since 2000-01-01 00:00 UTC.
+    pub commit_time: i64,
+    /// Transaction id of the prepared transaction.
+    pub xid: u32,
+    /// The global transaction identifier.
+    pub gid: String,
+}
+
+/// `'r'`: a prepared transaction was rolled back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollbackPrepared {
+    /// Flags; currently unused by PostgreSQL (0).
+    pub flags: u8,
+    /// LSN just past the end of the prepared transaction.
+    pub prepare_end_lsn: u64,
+    /// LSN just past the end of the `ROLLBACK PREPARED` record.
+    pub rollback_end_lsn: u64,
+    /// Prepare time in microseconds since 2000-01-01 00:00 UTC.
+    pub prepare_time: i64,
+    /// Rollback time in microseconds since 2000-01-01 00:00 UTC.
+    pub rollback_time: i64,
+    /// Transaction id of the prepared transaction.
+    pub xid: u32,
+    /// The global transaction identifier.
+    pub gid: String,
 }

@@ -15,3 +15,4 @@ mod sns;
 mod sns_fixture;
 mod stream;
 mod tls;
+mod two_phase;

@@ -11,7 +11,7 @@
 
 use bytes::Bytes;
 
-use crate::{decode, Message, Value};
+use crate::{decode, BeginPrepare, CommitPrepared, Message, Prepare, RollbackPrepared, Value};
 
 /// The table's OID.
 const OUTBOX: [u8; 4] = [0x00, 0x00, 0x40, 0x01]; // 16385
@@ -124,4 +124,95 @@ fn captured_transaction_decodes() {
     assert_eq!(c.commit_lsn, b.final_lsn);
     assert_eq!(c.end_lsn, 0x1_6B37_8F40);
     assert_eq!(c.commit_time, b.commit_time);
+}
+
+/// Messages PostgreSQL 15.x sent, captured with
+/// `pg_logical_slot_peek_binary_changes(slot, NULL, NULL, 'proto_version', '3',
+/// 'publication_names', 'p', 'two_phase', 'on')` on a slot created with
+/// `two_phase`, for
+///
+/// ```sql
+/// CREATE TABLE outbox (id int PRIMARY KEY, body text);   -- oid 16384
+/// BEGIN; INSERT INTO outbox VALUES (11, 'prep-11'); PREPARE TRANSACTION 'g11';
+/// INSERT INTO outbox VALUES (12, 'plain-12');
+/// COMMIT PREPARED 'g11';
+/// BEGIN; INSERT INTO outbox VALUES (13, 'prep-13'); PREPARE TRANSACTION 'g13';
+/// ROLLBACK PREPARED 'g13';
+/// ```
+///
+/// in the order sent (g11's Relation message and the plain transaction's
+/// Begin, Insert and Commit left out).
+const CAPTURED_TWO_PHASE: [&str; 6] = [
+    "6200000000015408780000000001540970000303fe68d59e62000002dc67313100",
+    "49000040004e0002740000000231317400000007707265702d3131",
+    "500000000000015408780000000001540970000303fe68d59e62000002dc67313100",
+    "4b000000000001540a280000000001540a60000303fe68d59eda000002dc67313100",
+    "620000000001540ae80000000001540be0000303fe68d59f46000002de67313300",
+    "72000000000001540be00000000001540c18000303fe68d59f46000303fe68d59f6e000002de67313300",
+];
+
+fn unhex(hex: &str) -> Bytes {
+    let byte = |i: usize| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex");
+    Bytes::from((0..hex.len()).step_by(2).map(byte).collect::<Vec<u8>>())
+}
+
+#[test]
+fn captured_two_phase_messages_decode() {
+    let [begin, insert, prepare, commit, begin_rolled_back, rollback] =
+        CAPTURED_TWO_PHASE.map(|hex| decode(unhex(hex)).expect(hex));
+    let prepared_at = 0x3_03FE_68D5_9E62;
+    assert_eq!(
+        begin,
+        Message::BeginPrepare(BeginPrepare {
+            prepare_lsn: 0x154_0878,
+            end_lsn: 0x154_0970,
+            prepare_time: prepared_at,
+            xid: 732,
+            gid: "g11".into(),
+        })
+    );
+    let Message::Insert(insert) = insert else {
+        panic!("{insert:?}");
+    };
+    assert_eq!(insert.relation_oid, 16384);
+    let text = |s: &'static str| Some(Value::Text(Bytes::from_static(s.as_bytes())));
+    assert_eq!(insert.tuple.get(1), text("prep-11"));
+    assert_eq!(
+        prepare,
+        Message::Prepare(Prepare {
+            flags: 0,
+            prepare_lsn: 0x154_0878,
+            end_lsn: 0x154_0970,
+            prepare_time: prepared_at,
+            xid: 732,
+            gid: "g11".into(),
+        })
+    );
+    // After the plain transaction, which committed first.
+    assert_eq!(
+        commit,
+        Message::CommitPrepared(CommitPrepared {
+            flags: 0,
+            commit_lsn: 0x154_0A28,
+            end_lsn: 0x154_0A60,
+            commit_time: 0x3_03FE_68D5_9EDA,
+            xid: 732,
+            gid: "g11".into(),
+        })
+    );
+    let Message::BeginPrepare(rolled_back) = begin_rolled_back else {
+        panic!("{begin_rolled_back:?}");
+    };
+    assert_eq!(
+        rollback,
+        Message::RollbackPrepared(RollbackPrepared {
+            flags: 0,
+            prepare_end_lsn: rolled_back.end_lsn,
+            rollback_end_lsn: 0x154_0C18,
+            prepare_time: rolled_back.prepare_time,
+            rollback_time: 0x3_03FE_68D5_9F6E,
+            xid: rolled_back.xid,
+            gid: "g13".into(),
+        })
+    );
 }

@@ -65,6 +65,11 @@ fn message_name(kind: u8) -> &'static str {
         b'D' => "Delete",
         b'T' => "Truncate",
         b'M' => "Message",
+        b'b' => "Begin Prepare",
+        b'P' => "Prepare",
+        b'K' => "Commit Prepared",
+        b'r' => "Rollback Prepared",
+        b'p' => "Stream Prepare",
         _ => unreachable!("samples only hold known kinds"),
     }
 }
@@ -77,8 +82,8 @@ fn empty_buffer() {
 
 #[test]
 fn unknown_message_types() {
-    // Protocol v2+ streaming / two-phase messages and junk.
-    for kind in [b'S', b'E', b'c', b'A', b'K', b'P', b'r', b'b', 0, 0xff] {
+    // Streaming messages (protocol 2+, never asked for) and junk.
+    for kind in [b'S', b'E', b'c', b'A', b'k', b'X', 0, 0xff] {
         assert_eq!(
             decode(Bytes::from(vec![kind, 0, 0, 0, 0])),
             Err(DecodeError::UnknownMessage(kind))
@@ -87,6 +92,56 @@ fn unknown_message_types() {
     assert_eq!(
         DecodeError::UnknownMessage(b'S').to_string(),
         "unknown pgoutput message type 0x53"
+    );
+}
+
+#[test]
+fn two_phase_messages_cut_inside_their_fields() {
+    // Begin Prepare without the xid's last byte and the gid.
+    let err = decode(Wire::msg(b'b').u64(1).u64(2).i64(3).raw(&[0, 0, 1]).build()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::Truncated {
+            message: "Begin Prepare",
+            offset: 25,
+            needed: 1
+        }
+    );
+    // Rollback Prepared that stops after its prepare time.
+    let err = decode(Wire::msg(b'r').u8(0).u64(1).u64(2).i64(3).build()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::Truncated {
+            message: "Rollback Prepared",
+            offset: 26,
+            needed: 8
+        }
+    );
+}
+
+#[test]
+fn a_gid_without_its_terminator_or_not_utf8() {
+    let head = || Wire::msg(b'K').u8(0).u64(1).u64(2).i64(3).u32(4);
+    assert_eq!(
+        decode(head().raw(b"order-42").build()),
+        Err(invalid("Commit Prepared", 30, "string not NUL-terminated"))
+    );
+    assert_eq!(
+        decode(head().raw(&[b'g', 0xc3, 0x28, 0]).build()),
+        Err(invalid("Commit Prepared", 30, "string is not UTF-8"))
+    );
+    let prepare = Wire::msg(b'P').u8(0).u64(1).u64(2).i64(3).u32(4);
+    assert_eq!(
+        decode(prepare.str("g").u8(0).build()),
+        Err(invalid("Prepare", 32, "trailing bytes"))
+    );
+    assert_eq!(
+        decode(Wire::msg(b'p').u8(0).u64(1).build()),
+        Err(DecodeError::Truncated {
+            message: "Stream Prepare",
+            offset: 10,
+            needed: 8
+        })
     );
 }
 

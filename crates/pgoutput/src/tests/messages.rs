@@ -4,8 +4,8 @@ use bytes::Bytes;
 
 use super::wire::{tuple, Wire};
 use crate::{
-    decode, Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin,
-    Relation, Truncate, Type, Update, Value,
+    decode, Begin, BeginPrepare, Column, Commit, CommitPrepared, Delete, Insert, LogicalMessage,
+    Message, OldTuple, Origin, Prepare, Relation, RollbackPrepared, Truncate, Type, Update, Value,
 };
 
 const LSN: u64 = 0x0000_0001_6B37_4D48;
@@ -168,6 +168,50 @@ fn message_bytes(transactional: bool) -> Bytes {
         .build()
 }
 
+fn begin_prepare_bytes() -> Bytes {
+    Wire::msg(b'b')
+        .u64(LSN)
+        .u64(LSN + 0xF8)
+        .i64(TIME)
+        .u32(771)
+        .str("order-42")
+        .build()
+}
+
+fn prepare_bytes(kind: u8) -> Bytes {
+    Wire::msg(kind)
+        .u8(0)
+        .u64(LSN)
+        .u64(LSN + 0xF8)
+        .i64(TIME)
+        .u32(771)
+        .str("order-42")
+        .build()
+}
+
+fn commit_prepared_bytes() -> Bytes {
+    Wire::msg(b'K')
+        .u8(0)
+        .u64(LSN + 0x200)
+        .u64(LSN + 0x238)
+        .i64(TIME + 5)
+        .u32(771)
+        .str("order-42")
+        .build()
+}
+
+fn rollback_prepared_bytes() -> Bytes {
+    Wire::msg(b'r')
+        .u8(0)
+        .u64(LSN + 0xF8)
+        .u64(LSN + 0x238)
+        .i64(TIME)
+        .i64(TIME + 5)
+        .u32(771)
+        .str("")
+        .build()
+}
+
 /// One valid encoding of every message shape, for prefix and mutation tests.
 pub(super) fn samples() -> Vec<Bytes> {
     vec![
@@ -186,7 +230,96 @@ pub(super) fn samples() -> Vec<Bytes> {
         message_bytes(true),
         message_bytes(false),
         Wire::msg(b'I').u32(1).u8(b'N').u16(0).build(),
+        begin_prepare_bytes(),
+        prepare_bytes(b'P'),
+        prepare_bytes(b'p'),
+        commit_prepared_bytes(),
+        rollback_prepared_bytes(),
     ]
+}
+
+#[test]
+fn begin_prepare() {
+    assert_eq!(
+        decode(begin_prepare_bytes()),
+        Ok(Message::BeginPrepare(BeginPrepare {
+            prepare_lsn: LSN,
+            end_lsn: LSN + 0xF8,
+            prepare_time: TIME,
+            xid: 771,
+            gid: "order-42".into(),
+        }))
+    );
+}
+
+#[test]
+fn prepare_and_stream_prepare() {
+    let prepared = Prepare {
+        flags: 0,
+        prepare_lsn: LSN,
+        end_lsn: LSN + 0xF8,
+        prepare_time: TIME,
+        xid: 771,
+        gid: "order-42".into(),
+    };
+    assert_eq!(
+        decode(prepare_bytes(b'P')),
+        Ok(Message::Prepare(prepared.clone()))
+    );
+    assert_eq!(
+        decode(prepare_bytes(b'p')),
+        Ok(Message::StreamPrepare(prepared))
+    );
+}
+
+#[test]
+fn commit_prepared() {
+    assert_eq!(
+        decode(commit_prepared_bytes()),
+        Ok(Message::CommitPrepared(CommitPrepared {
+            flags: 0,
+            commit_lsn: LSN + 0x200,
+            end_lsn: LSN + 0x238,
+            commit_time: TIME + 5,
+            xid: 771,
+            gid: "order-42".into(),
+        }))
+    );
+}
+
+#[test]
+fn rollback_prepared_with_an_empty_gid() {
+    assert_eq!(
+        decode(rollback_prepared_bytes()),
+        Ok(Message::RollbackPrepared(RollbackPrepared {
+            flags: 0,
+            prepare_end_lsn: LSN + 0xF8,
+            rollback_end_lsn: LSN + 0x238,
+            prepare_time: TIME,
+            rollback_time: TIME + 5,
+            xid: 771,
+            gid: String::new(),
+        }))
+    );
+}
+
+#[test]
+fn a_gid_of_the_longest_length_postgres_allows() {
+    // GIDSIZE is 200 bytes with the terminator; multi-byte characters count in bytes.
+    let gid = "é".repeat(99) + "x";
+    assert_eq!(gid.len(), 199);
+    let wire = Wire::msg(b'K')
+        .u8(0)
+        .u64(1)
+        .u64(2)
+        .i64(3)
+        .u32(4)
+        .str(&gid)
+        .build();
+    let Ok(Message::CommitPrepared(commit)) = decode(wire) else {
+        panic!("not a commit prepared");
+    };
+    assert_eq!(commit.gid, gid);
 }
 
 #[test]

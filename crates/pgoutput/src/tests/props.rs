@@ -7,11 +7,12 @@ use proptest::prelude::*;
 use super::messages::samples;
 use super::wire::{encode, tuple, Wire};
 use crate::{
-    decode, Begin, Column, Commit, Delete, Insert, LogicalMessage, Message, OldTuple, Origin,
-    Relation, Truncate, TupleData, Type, Update, Value,
+    decode, Begin, BeginPrepare, Column, Commit, CommitPrepared, Delete, Insert, LogicalMessage,
+    Message, OldTuple, Origin, Prepare, Relation, RollbackPrepared, Truncate, TupleData, Type,
+    Update, Value,
 };
 
-const KINDS: &[u8] = b"BCORYIUDTM";
+const KINDS: &[u8] = b"BCORYIUDTMbPKrp";
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -64,8 +65,107 @@ fn column() -> impl Strategy<Value = Column> {
     )
 }
 
+/// A gid: any text PostgreSQL takes (under 200 bytes).
+fn gid() -> impl Strategy<Value = String> {
+    "[a-zA-Z0-9_:.é€😀 -]{0,40}"
+}
+
+fn prepare() -> impl Strategy<Value = Prepare> {
+    (
+        any::<u8>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<i64>(),
+        any::<u32>(),
+        gid(),
+    )
+        .prop_map(
+            |(flags, prepare_lsn, end_lsn, prepare_time, xid, gid)| Prepare {
+                flags,
+                prepare_lsn,
+                end_lsn,
+                prepare_time,
+                xid,
+                gid,
+            },
+        )
+}
+
+/// The two-phase messages (`'b'`, `'P'`, `'p'`, `'K'`, `'r'`).
+fn two_phase_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<u32>(),
+            gid()
+        )
+            .prop_map(|(prepare_lsn, end_lsn, prepare_time, xid, gid)| {
+                Message::BeginPrepare(BeginPrepare {
+                    prepare_lsn,
+                    end_lsn,
+                    prepare_time,
+                    xid,
+                    gid,
+                })
+            }),
+        prepare().prop_map(Message::Prepare),
+        prepare().prop_map(Message::StreamPrepare),
+        (
+            any::<u8>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<u32>(),
+            gid()
+        )
+            .prop_map(|(flags, commit_lsn, end_lsn, commit_time, xid, gid)| {
+                Message::CommitPrepared(CommitPrepared {
+                    flags,
+                    commit_lsn,
+                    end_lsn,
+                    commit_time,
+                    xid,
+                    gid,
+                })
+            }),
+        (
+            any::<u8>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            any::<i64>(),
+            any::<u32>(),
+            gid()
+        )
+            .prop_map(
+                |(
+                    flags,
+                    prepare_end_lsn,
+                    rollback_end_lsn,
+                    prepare_time,
+                    rollback_time,
+                    xid,
+                    gid,
+                )| {
+                    Message::RollbackPrepared(RollbackPrepared {
+                        flags,
+                        prepare_end_lsn,
+                        rollback_end_lsn,
+                        prepare_time,
+                        rollback_time,
+                        xid,
+                        gid,
+                    })
+                }
+            ),
+    ]
+}
+
 fn message() -> impl Strategy<Value = Message> {
     prop_oneof![
+        two_phase_message(),
         (any::<u64>(), any::<i64>(), any::<u32>()).prop_map(|(final_lsn, commit_time, xid)| {
             Message::Begin(Begin {
                 final_lsn,
@@ -209,6 +309,26 @@ proptest! {
     fn encoded_messages_round_trip(message in message()) {
         let wire = encode(&message);
         prop_assert_eq!(decode(Bytes::from(wire)), Ok(message));
+    }
+
+    #[test]
+    fn two_phase_messages_round_trip(message in two_phase_message()) {
+        let wire = encode(&message);
+        prop_assert_eq!(decode(Bytes::from(wire)), Ok(message));
+    }
+
+    #[test]
+    fn mutated_two_phase_messages_never_panic(
+        message in two_phase_message(),
+        mutations in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let mut wire = encode(&message);
+        for m in &mutations {
+            apply(&mut wire, m);
+        }
+        if let Ok(decoded) = decode(Bytes::from(wire)) {
+            check_consistent(&decoded);
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use bytes::Bytes;
 
-use crate::{Message, OldTuple, TupleData, Value};
+use crate::{Message, OldTuple, Prepare, TupleData, Value};
 
 /// Appends big-endian fields to a growing message.
 #[derive(Default)]
@@ -86,6 +86,15 @@ impl Wire {
         }
     }
 
+    fn prepare(self, m: &Prepare) -> Self {
+        self.u8(m.flags)
+            .u64(m.prepare_lsn)
+            .u64(m.end_lsn)
+            .i64(m.prepare_time)
+            .u32(m.xid)
+            .str(&m.gid)
+    }
+
     pub(super) fn build(self) -> Bytes {
         Bytes::from(self.0)
     }
@@ -102,7 +111,8 @@ pub(super) fn tuple(values: &[Value]) -> TupleData {
     TupleData::from_raw(count, columns)
 }
 
-/// Encodes `message` exactly as pgoutput protocol version 1 would.
+/// Encodes `message` exactly as pgoutput would (protocol version 1, or 3
+/// with `two_phase`).
 pub(super) fn encode(message: &Message) -> Vec<u8> {
     let w = match message {
         Message::Begin(m) => Wire::msg(b'B')
@@ -152,6 +162,29 @@ pub(super) fn encode(message: &Message) -> Vec<u8> {
             .str(&m.prefix)
             .len(&m.content)
             .raw(&m.content),
+        Message::BeginPrepare(m) => Wire::msg(b'b')
+            .u64(m.prepare_lsn)
+            .u64(m.end_lsn)
+            .i64(m.prepare_time)
+            .u32(m.xid)
+            .str(&m.gid),
+        Message::Prepare(m) => Wire::msg(b'P').prepare(m),
+        Message::StreamPrepare(m) => Wire::msg(b'p').prepare(m),
+        Message::CommitPrepared(m) => Wire::msg(b'K')
+            .u8(m.flags)
+            .u64(m.commit_lsn)
+            .u64(m.end_lsn)
+            .i64(m.commit_time)
+            .u32(m.xid)
+            .str(&m.gid),
+        Message::RollbackPrepared(m) => Wire::msg(b'r')
+            .u8(m.flags)
+            .u64(m.prepare_end_lsn)
+            .u64(m.rollback_end_lsn)
+            .i64(m.prepare_time)
+            .i64(m.rollback_time)
+            .u32(m.xid)
+            .str(&m.gid),
     };
     w.into_vec()
 }
