@@ -120,12 +120,16 @@ async fn setup_as_an_rds_master_user_grants_rds_replication_and_check_names_rds_
 ) {
     let cluster = cluster().await;
     let superuser = harness::connect(&cluster.admin_url()).await;
+    // From PostgreSQL 16 a CREATEROLE role grants only the roles it holds
+    // with ADMIN OPTION; RDS's master user may grant rds_replication, so the
+    // stand-in holds it so.
     superuser
         .batch_execute(
             "CREATE ROLE rds_superuser NOLOGIN; \
              CREATE ROLE rds_replication NOLOGIN; \
              CREATE ROLE rds_master LOGIN CREATEROLE CREATEDB PASSWORD 'master-secret' \
-                 IN ROLE rds_superuser",
+                 IN ROLE rds_superuser; \
+             GRANT rds_replication TO rds_master WITH ADMIN OPTION",
         )
         .await
         .expect("RDS's roles");
