@@ -1286,7 +1286,17 @@ fn check_url(url: &str) -> Result<(), String> {
     if parsed.get_hosts().is_empty() {
         return Err("names no host: postgres://user@HOST/database".into());
     }
-    use tokio_postgres::config::TargetSessionAttrs;
+    use tokio_postgres::config::{Host, TargetSessionAttrs};
+    let sockets = parsed
+        .get_hosts()
+        .iter()
+        .filter(|h| matches!(h, Host::Unix(_)))
+        .count();
+    if sockets > 0 && sockets < parsed.get_hosts().len() {
+        // TLS settings apply to TCP hosts only: mixed, one kind would go
+        // without what the other needs.
+        return Err("mixes unix sockets and TCP hosts: name hosts of one kind".into());
+    }
     match parsed.get_target_session_attrs() {
         TargetSessionAttrs::ReadOnly => {
             return Err(
@@ -1659,6 +1669,18 @@ url = "postgres://relay:secret@localhost:5432/app"
             &[],
         )
         .expect("several hosts with read-write");
+        let p = problems(
+            load(
+                &url("postgres://u@%2Frun%2Fpg,db.example/db?target_session_attrs=read-write"),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        assert!(
+            p[0].message.contains("mixes unix sockets"),
+            "{}",
+            p[0].message
+        );
     }
 
     #[test]

@@ -28,11 +28,12 @@
 //! * **Repeats are bounded by one status interval.** The row is written in
 //!   the background at most once per status interval, when events were
 //!   finished since the last write, and once more, waited for, when the
-//!   relay stops gracefully. Positions that only skip transactions without
-//!   events (a keepalive's) are not written: starting before them repeats
-//!   nothing, and writing them would make WAL of their own every interval.
-//! * **It is optional.** Without the table (or the privilege to read it) the
-//!   relay starts from the slot as before; `check` and `run` warn.
+//!   relay stops gracefully. A position that only skips transactions without
+//!   events (a keepalive's advance) is written only along with events
+//!   finished since: starting before it repeats nothing, and writing it on
+//!   its own would make WAL every interval (an idle relay writes nothing).
+//! * **It is optional.** Without the table (or the privileges to read and
+//!   write it) the relay starts from the slot as before; `check` and `run` warn.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,15 +179,17 @@ pub async fn load(
     }))
 }
 
-/// Whether `table` exists and the relay may write it (for `check` and the
-/// start-up warning).
+/// Whether `table` exists and the relay may read and write it (for `check`
+/// and the start-up warning).
 pub async fn writable(
     client: &tokio_postgres::Client,
     table: &str,
 ) -> Result<bool, tokio_postgres::Error> {
     client
         .query_one(
-            "SELECT coalesce(has_table_privilege(to_regclass($1), 'INSERT, UPDATE'), false)",
+            // Each separately: a list means any of them.
+            "SELECT coalesce(has_table_privilege(t, 'SELECT') AND has_table_privilege(t, 'INSERT') \
+                    AND has_table_privilege(t, 'UPDATE'), false) FROM to_regclass($1) AS t",
             &[&table],
         )
         .await

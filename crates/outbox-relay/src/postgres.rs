@@ -44,8 +44,7 @@ enum Endpoint {
     Unix(PathBuf),
 }
 
-/// How long opening a socket may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::silence::CONNECT_TIMEOUT;
 
 fn connect_timed_out() -> std::io::Error {
     std::io::Error::new(
@@ -377,17 +376,24 @@ impl ConnInfo {
         kept: Option<&crate::position::Kept>,
         protocol: Protocol,
     ) -> Result<WalStream, WireError> {
-        let mut last = None;
+        // As libpq, a host that fails is passed over whatever the failure
+        // (down, starting up, full, refusing the login, a standby); the error
+        // reported is the most telling one, a failure of the primary itself
+        // before a standby's or an unreachable host's.
+        let mut last: Option<WireError> = None;
         for (host, port) in &self.hosts {
             match self
                 .replicate_at(host, *port, slot, publication, start, kept, protocol)
                 .await
             {
                 Ok(stream) => return Ok(stream),
-                // Another host may be the one: unreachable, or a standby.
-                Err(error @ (WireError::Io(_) | WireError::ReadOnly)) if self.hosts.len() > 1 => {
+                Err(error) if self.hosts.len() > 1 => {
                     tracing::debug!(host = %self.display_one(host, *port), error = %error, "trying the next host");
-                    last = Some(error);
+                    let telling =
+                        |e: &WireError| !matches!(e, WireError::Io(_) | WireError::ReadOnly);
+                    if last.as_ref().is_none_or(|l| telling(&error) || !telling(l)) {
+                        last = Some(error);
+                    }
                 }
                 Err(error) => return Err(error),
             }

@@ -91,10 +91,10 @@ pub enum Area {
 /// Something about the database that keeps the relay from running as configured.
 #[derive(Debug)]
 pub enum Problem {
-    /// `wal_level` is not `logical`.
     /// The server is a standby (in recovery): the relay writes (marking,
     /// recording, its position) and needs the primary.
     Standby,
+    /// `wal_level` is not `logical`.
     WalLevel {
         /// Its value.
         level: String,

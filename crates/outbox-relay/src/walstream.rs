@@ -147,7 +147,23 @@ impl Transport {
         required: bool,
         receive_timeout: std::time::Duration,
     ) -> Result<Transport, WireError> {
-        let tcp = TcpStream::connect((host, port)).await?;
+        // Bounded as the SQL sockets are: a host that swallows SYNs (a
+        // powered-off machine) must not keep the next host of the URL from
+        // being tried.
+        let tcp = tokio::time::timeout(
+            crate::silence::CONNECT_TIMEOUT,
+            TcpStream::connect((host, port)),
+        )
+        .await
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "no connection to {host}:{port} within {} s",
+                    crate::silence::CONNECT_TIMEOUT.as_secs()
+                ),
+            )
+        })??;
         tcp.set_nodelay(true)?;
         crate::silence::tune(&tcp, receive_timeout)?;
         match connector {
@@ -763,7 +779,6 @@ fn be_u64(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(bytes[..8].try_into().expect("eight bytes"))
 }
 
-/// An ErrorResponse's message and SQLSTATE.
 /// `IDENTIFY_SYSTEM`'s row: systemid, timeline, xlogpos, dbname (text).
 fn identified(body: &[u8]) -> Result<position::System, WireError> {
     let bad = |what: &str| WireError::Protocol(format!("IDENTIFY_SYSTEM: {what}"));
@@ -798,6 +813,7 @@ fn identified(body: &[u8]) -> Result<position::System, WireError> {
     })
 }
 
+/// An ErrorResponse's message and SQLSTATE.
 fn server_error(body: &[u8]) -> WireError {
     let (mut code, mut message) = (String::new(), String::new());
     let mut rest = body;
