@@ -25,10 +25,11 @@
 //!   TEMPLATE`), or ahead of the server's WAL is ignored, with a warning.
 //!   A slot dropped and created again starts at the WAL's end, past anything
 //!   the row can hold, so the slot's position wins there by itself.
-//! * **Repeats are bounded by one status interval.** The row is written in
-//!   the background at most once per status interval, when events were
-//!   finished since the last write, and once more, waited for, when the
-//!   relay stops gracefully. A position that only skips transactions without
+//! * **Repeats are bounded by one acknowledgement.** The row is written in
+//!   the background with the status updates (every 200 ms while events
+//!   finish, else every status interval), when events were finished since
+//!   the last write and the previous write is done, and once more, waited
+//!   for, when the relay stops gracefully. A position that only skips transactions without
 //!   events (a keepalive's advance) is written only along with events
 //!   finished since: starting before it repeats nothing, and writing it on
 //!   its own would make WAL every interval (an idle relay writes nothing).
@@ -247,8 +248,9 @@ impl Keeper {
 
     /// The session confirmed `confirmed` with `finished` events finished so
     /// far: written in the background when events were finished since the
-    /// last write and the previous write is done (called once per status
-    /// interval, so at most once per interval).
+    /// last write and the previous write is done (the session offers it with
+    /// each status update: at most every 200 ms while events finish, else
+    /// once per status interval).
     pub fn offer(&mut self, confirmed: u64, finished: u64) {
         if confirmed <= self.written || finished == self.finished_then {
             return;

@@ -109,6 +109,10 @@ use prepared::{Held, PreparedTxs};
 /// Prefix of the relay's heartbeat messages.
 const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
 
+/// While events finish, the confirmed position goes to the server (and to
+/// the kept position) at most this often, besides the status timer.
+const PROMPT_ACK: Duration = Duration::from_millis(200);
+
 /// How often a standby relay looks whether the slot is free.
 const STANDBY_POLL: Duration = Duration::from_secs(2);
 
@@ -570,6 +574,9 @@ async fn session<S: Sink>(
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Status updates go out on this clock whether or not the loop reads.
     let status = tokio::time::sleep(interval);
+    // What the last status update said, and when (prompt acknowledgements).
+    let mut acknowledged = start;
+    let mut last_ack = tokio::time::Instant::now();
     tokio::pin!(status);
     // Draining: read on only to the end of the open transaction.
     let marking_full = || marking.as_ref().is_some_and(Marker::full);
@@ -611,13 +618,30 @@ async fn session<S: Sink>(
                 let ask = bounded && quiet >= 2 * interval;
                 let confirmed = stream.tracker.confirmed();
                 wal.send_status(confirmed, ask).await?;
+                acknowledged = confirmed;
+                last_ack = tokio::time::Instant::now();
                 if let Some(keeper) = &mut keeper {
                     keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
                 }
                 status.as_mut().reset(tokio::time::Instant::now() + interval);
             }
             completions = done.recv() => match completions {
-                Some(batch) => batch.into_iter().for_each(|c| stream.completed(c)),
+                Some(batch) => {
+                    batch.into_iter().for_each(|c| stream.completed(c));
+                    // Acknowledged promptly while events finish, not only on
+                    // the status timer: what a crash of the relay (the slot's
+                    // position) or of PostgreSQL (the kept one) sends again
+                    // is then at most PROMPT_ACK of output.
+                    let confirmed = stream.tracker.confirmed();
+                    if confirmed > acknowledged && last_ack.elapsed() >= PROMPT_ACK {
+                        wal.send_status(confirmed, false).await?;
+                        acknowledged = confirmed;
+                        last_ack = tokio::time::Instant::now();
+                        if let Some(keeper) = &mut keeper {
+                            keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
+                        }
+                    }
+                }
                 None => return Err(publisher.stopped().await),
             },
             () = room(marking.as_ref()), if wait_for_marking => {}
