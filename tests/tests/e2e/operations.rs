@@ -9,42 +9,10 @@ use std::time::{Duration, Instant};
 use harness::{wait_until, Cluster, RelayProcess, StopMode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::outbox::{envelope_ids, Collect, Outbox, Running};
+use crate::outbox::{envelope_ids, produce, Collect, Outbox, Running};
 
 /// Quick reconnects for tests.
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
-
-/// Insert small transactions until `stop`, reconnecting through outages.
-fn produce(url: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
-    tokio::spawn(async move {
-        let mut committed = 0;
-        let mut client: Option<tokio_postgres::Client> = None;
-        while !stop.load(Ordering::SeqCst) {
-            if client.as_ref().is_none_or(|c| c.is_closed()) {
-                client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                    Ok((c, conn)) => {
-                        tokio::spawn(conn);
-                        Some(c)
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-            }
-            let insert = client.as_ref().unwrap().batch_execute(
-                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-                 SELECT 'order', 'agg-' || (g % 5), 'E', '{}' FROM generate_series(1, 3) g",
-            );
-            match insert.await {
-                Ok(()) => committed += 1,
-                Err(_) => client = None,
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        committed
-    })
-}
 
 async fn all_ids(outbox: &Outbox) -> HashSet<String> {
     outbox

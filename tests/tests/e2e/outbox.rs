@@ -419,3 +419,38 @@ pub fn metric(series: &str) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
 }
+
+/// Insert small transactions until `stop`, reconnecting through outages.
+pub fn produce(
+    url: String,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    tokio::spawn(async move {
+        let mut committed = 0;
+        let mut client: Option<tokio_postgres::Client> = None;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    Ok((c, conn)) => {
+                        tokio::spawn(conn);
+                        Some(c)
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+            }
+            let insert = client.as_ref().unwrap().batch_execute(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', 'agg-' || (g % 5), 'E', '{}' FROM generate_series(1, 3) g",
+            );
+            match insert.await {
+                Ok(()) => committed += 1,
+                Err(_) => client = None,
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        committed
+    })
+}
