@@ -14,8 +14,9 @@
 //! finished, or a keepalive's `wal_end` when nothing is open or unfinished (see
 //! [`crate::ack`] for why that is safe). The loop sends it in standby status
 //! updates every `min(1 s, wal_sender_timeout / 2)`, on a timer of its own
-//! that runs whether or not it reads, and after a burst in which the server
-//! asked for a reply.
+//! that runs whether or not it reads, after a burst in which the server
+//! asked for a reply, and, while events finish, when it moved and
+//! `PROMPT_ACK` (200 ms) has passed since the last update.
 //!
 //! A session starts at the slot's `confirmed_flush_lsn` and reports that
 //! position until it confirms more, so a restart never moves the slot.
