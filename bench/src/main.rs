@@ -113,6 +113,19 @@ struct Args {
     relay: Option<PathBuf>,
 }
 
+impl Args {
+    /// The SNS endpoint `--sns-latency` away (± `--sns-jitter`), no quota,
+    /// topics of `--sns-max-message-size`.
+    fn distant(&self) -> sns::Model {
+        sns::Model {
+            latency: self.sns_latency,
+            jitter: self.sns_jitter,
+            quota: None,
+            max_message_size: self.sns_max_message_size,
+        }
+    }
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     outbox_relay::config::parse_duration(text)
 }
@@ -381,13 +394,7 @@ async fn drain(
         ..sns::Model::LOCAL
     })
     .await?;
-    let distant = sns::Endpoint::start(sns::Model {
-        latency: args.sns_latency,
-        jitter: args.sns_jitter,
-        quota: None,
-        max_message_size: args.sns_max_message_size,
-    })
-    .await?;
+    let distant = sns::Endpoint::start(args.distant()).await?;
     println!(
         "SNS endpoints: local (answers at once) and {:?} away (± {:.0} %)",
         args.sns_latency,
@@ -551,13 +558,7 @@ async fn lifecycle(
     )
     .await?;
     let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
-    let endpoint = sns::Endpoint::start(sns::Model {
-        latency: args.sns_latency,
-        jitter: args.sns_jitter,
-        quota: None,
-        max_message_size: args.sns_max_message_size,
-    })
-    .await?;
+    let endpoint = sns::Endpoint::start(args.distant()).await?;
     // The default configuration: nothing but where to connect and publish.
     let config = format!(
         "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{}",
@@ -619,10 +620,8 @@ async fn quota(
     )
     .await?;
     let endpoint = sns::Endpoint::start(sns::Model {
-        latency: args.sns_latency,
-        jitter: args.sns_jitter,
         quota: Some(args.sns_quota),
-        max_message_size: args.sns_max_message_size,
+        ..args.distant()
     })
     .await?;
     let config = relay_config(
@@ -728,10 +727,8 @@ async fn large(
                 .get(0);
             let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
             let endpoint = sns::Endpoint::start(sns::Model {
-                latency: args.sns_latency,
-                jitter: args.sns_jitter,
-                quota: None,
                 max_message_size: limit,
+                ..args.distant()
             })
             .await?;
             // The default configuration: nothing but where to connect and
@@ -1022,13 +1019,7 @@ async fn steady(
         &[],
     )
     .await?;
-    let endpoint = sns::Endpoint::start(sns::Model {
-        latency: args.sns_latency,
-        jitter: args.sns_jitter,
-        quota: None,
-        max_message_size: args.sns_max_message_size,
-    })
-    .await?;
+    let endpoint = sns::Endpoint::start(args.distant()).await?;
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0")?;
         l.local_addr()?.port()

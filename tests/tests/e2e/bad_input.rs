@@ -335,11 +335,7 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
         )
         .await
         .unwrap();
-    outbox
-        .sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
-        .await
-        .unwrap();
+    outbox.drop_slot().await;
     let (sink, relay) = streaming(
         &outbox,
         "[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"",

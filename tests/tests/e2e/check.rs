@@ -150,15 +150,7 @@ async fn every_state_run_refuses_at_start_check_reports_as_an_error_in_the_same_
     }
     // A two-phase slot is fine: check says how prepared transactions go.
     let outbox = Outbox::new().await;
-    outbox
-        .sql
-        .batch_execute(&format!(
-            "SELECT pg_drop_replication_slot('{0}');
-             SELECT pg_create_logical_replication_slot('{0}', 'pgoutput', false, true);",
-            outbox.slot
-        ))
-        .await
-        .unwrap();
+    outbox.recreate_slot("false, true").await; // temporary = false, two_phase = true
     let findings = check(&outbox.config("")).await;
     assert!(said(&findings, Severity::Error).is_empty(), "{findings:#?}");
     let slot = said(&findings, Severity::Ok)
@@ -293,11 +285,7 @@ async fn what_run_accepts_or_waits_out_check_does_not_call_an_error() {
     outbox.wait_slot_active(false).await;
 
     // A missing slot run may recreate: a warning.
-    outbox
-        .sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
-        .await
-        .unwrap();
+    outbox.drop_slot().await;
     both_accept(
         "a missing slot with lifecycle.recreate_slot",
         &outbox,

@@ -36,11 +36,7 @@ async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_
         .iter()
         .find(|(file, _)| *file == "003_slot.sql")
         .unwrap();
-    outbox
-        .sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
-        .await
-        .unwrap();
+    outbox.drop_slot().await;
     outbox.sql.batch_execute(create).await.unwrap();
     let standby = {
         let primary = Arc::clone(&primary);

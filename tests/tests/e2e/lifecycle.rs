@@ -119,11 +119,7 @@ async fn delete_mode_removes_published_rows() {
 async fn a_dropped_slot_is_recreated_and_the_poller_publishes_what_it_missed() {
     let outbox = Outbox::new().await;
     // The relay is down and its slot is dropped; the application keeps writing.
-    outbox
-        .sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
-        .await
-        .unwrap();
+    outbox.drop_slot().await;
     let expected = outbox.insert_many(100, 10, 25).await;
     assert_eq!(expected.len(), 1_000);
 

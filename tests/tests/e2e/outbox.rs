@@ -268,6 +268,28 @@ impl Outbox {
         commits
     }
 
+    /// Drop the relay's slot.
+    pub async fn drop_slot(&self) {
+        self.sql
+            .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
+            .await
+            .expect("drop the relay's slot");
+    }
+
+    /// Drop the relay's slot and create it again (pgoutput) with the further
+    /// arguments `args` of `pg_create_logical_replication_slot` (e.g.
+    /// `"false, true"`: not temporary, two-phase).
+    pub async fn recreate_slot(&self, args: &str) {
+        self.drop_slot().await;
+        self.sql
+            .execute(
+                &format!("SELECT pg_create_logical_replication_slot($1, 'pgoutput', {args})"),
+                &[&self.slot],
+            )
+            .await
+            .expect("create the relay's slot");
+    }
+
     /// The relay slot's `confirmed_flush_lsn`.
     pub async fn confirmed_flush(&self) -> u64 {
         let row = self

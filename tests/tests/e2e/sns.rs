@@ -838,11 +838,7 @@ async fn a_dropped_slot_is_recreated_and_every_event_written_meanwhile_reaches_s
     let moto = sns::moto_endpoint().await;
     let outbox = Outbox::new().await;
     let topic = sns::topic_with_queue(moto.as_str(), outbox.db.name(), false, true).await;
-    outbox
-        .sql
-        .execute("SELECT pg_drop_replication_slot($1)", &[&outbox.slot])
-        .await
-        .unwrap();
+    outbox.drop_slot().await;
     let expected = insert(&outbox, 100, 10, 25).await;
     let sqs = sns::sqs_client(moto.as_str()).await;
     let reader = tokio::spawn({

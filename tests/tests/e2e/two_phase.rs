@@ -19,15 +19,7 @@ use crate::outbox::{envelope_ids, Collect, Outbox, Running};
 /// An outbox whose relay slot was created with `two_phase`.
 async fn two_phase_outbox() -> Outbox {
     let outbox = Outbox::new().await;
-    outbox
-        .sql
-        .batch_execute(&format!(
-            "SELECT pg_drop_replication_slot('{0}');
-             SELECT pg_create_logical_replication_slot('{0}', 'pgoutput', false, true);",
-            outbox.slot
-        ))
-        .await
-        .expect("two-phase slot");
+    outbox.recreate_slot("false, true").await; // temporary = false, two_phase = true
     outbox
 }
 
