@@ -177,7 +177,9 @@ impl SnsSink {
     }
 
     /// The message size limit of `topic` ([`limits`]): configured, known, or
-    /// asked of SNS now. An error that is retried fails the whole batch.
+    /// asked of SNS now (one ask at a time: batches that start meanwhile wait
+    /// for its answer). An error means the limit is unknown: the caller
+    /// sends what fits the default limit and retries the larger entries.
     async fn topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
         if let Some(limit) = self.limits.known(topic) {
             return Ok(limit);
