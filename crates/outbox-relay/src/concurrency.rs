@@ -255,6 +255,48 @@ impl Limiter {
     }
 }
 
+/// A destination's `concurrency` key: `"adaptive"` or a fixed number of
+/// calls in flight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ConcurrencyMode {
+    /// Found from round-trip times and throttling ([`crate::concurrency`]).
+    #[default]
+    Adaptive,
+    /// Always this many.
+    Fixed(usize),
+}
+
+impl<'de> serde::Deserialize<'de> for ConcurrencyMode {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Number(u64),
+            Text(String),
+        }
+        let wrong =
+            || serde::de::Error::custom("expected \"adaptive\" or a number of calls in flight");
+        match <Raw as serde::Deserialize>::deserialize(d).map_err(|_| wrong())? {
+            Raw::Number(n) => Ok(Self::Fixed(usize::try_from(n).map_err(|_| wrong())?)),
+            Raw::Text(t) if t == "adaptive" => Ok(Self::Adaptive),
+            Raw::Text(t) => match t.parse() {
+                Ok(n) => Ok(Self::Fixed(n)),
+                Err(_) => Err(wrong()),
+            },
+        }
+    }
+}
+
+impl ConcurrencyMode {
+    /// The publisher's concurrency: adaptive up to `ceiling`, or fixed.
+    pub fn with_ceiling(self, ceiling: usize) -> Concurrency {
+        match self {
+            Self::Adaptive => Concurrency::Adaptive { ceiling },
+            Self::Fixed(n) => Concurrency::Fixed(n),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

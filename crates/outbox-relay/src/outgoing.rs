@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use crate::ack::Ticket;
-use crate::config::{Config, FilterConfig, SinkKind};
+use crate::config::{Config, FilterConfig};
 use crate::envelope::Encoder;
 use crate::event::OutboxEvent;
 use crate::route::Router;
@@ -39,10 +39,7 @@ impl Outgoing {
             .unwrap_or_else(|| Encoder::default_source(database, &config.table()));
         Self {
             encoder: Encoder::new(config.envelope.format, &source),
-            router: match config.sink.kind {
-                SinkKind::Sns => Router::sns(&config.sns),
-                SinkKind::Stdout => Router::single(),
-            },
+            router: Router::new(config.destination().routes()),
             filter: config.filter.clone(),
         }
     }

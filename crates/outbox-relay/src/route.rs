@@ -1,27 +1,67 @@
-//! Routing: which topic an event goes to.
+//! Routing: which destination (topic, queue, bus, stream, URL) an event goes to.
 //!
 //! In order of precedence:
-//! 1. the row's own topic (`columns.topic`), a full ARN or a bare topic name
-//!    (expanded with the configured region and account);
-//! 2. `sns.topic_template`, e.g. `arn:aws:sns:{region}:{account}:{aggregate_type}`;
-//! 3. `sns.topic_arn`, the default topic.
+//! 1. the row's own destination (`columns.topic`), a full name or a bare one
+//!    the sink expands (SNS: a topic name becomes an ARN of the configured
+//!    region and account);
+//! 2. the sink's template, e.g. `arn:aws:sns:{region}:{account}:{aggregate_type}`;
+//! 3. the sink's default destination.
 //!
-//! A route that names no existing topic is not an error here: SNS answers
-//! `NotFound`, and the event is rejected (recorded as failed) by the sink.
+//! What the names mean is the sink's: each destination's settings describe
+//! their rules as [`Routes`] (`crate::sink::Settings::routes`). A route that
+//! names no existing destination is not an error here: the destination
+//! answers that it does not exist, and the sink rejects the event (recorded as
+//! failed).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::SnsConfig;
 use crate::event::OutboxEvent;
 
+/// A destination's routing rules.
+#[derive(Clone)]
+pub struct Routes {
+    /// Where an event goes when nothing else names a destination.
+    pub default: Option<String>,
+    /// Destination per event: `{aggregate_type}`, `{event_type}` and the
+    /// [`variables`](Self::variables) are replaced.
+    pub template: Option<String>,
+    /// The sink's own template variables (name without braces, value).
+    pub variables: Vec<(&'static str, String)>,
+    /// The full name of a destination a row names (bare or full).
+    pub expand: Arc<dyn Fn(&str) -> String + Send + Sync>,
+    /// Why an event has no destination (nothing above names one).
+    pub missing: String,
+}
+
+impl Routes {
+    /// Everything to one unnamed destination (single-destination sinks).
+    pub fn single() -> Self {
+        Self {
+            default: Some(String::new()),
+            template: None,
+            variables: Vec::new(),
+            expand: Arc::new(|_| String::new()),
+            missing: String::new(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Routes")
+            .field("default", &self.default)
+            .field("template", &self.template)
+            .field("variables", &self.variables)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Computes each event's destination.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Router {
+    routes: Routes,
     default: Option<Arc<str>>,
-    template: Option<String>,
-    region: String,
-    account: String,
     /// Rendered destinations, so each distinct one is allocated once.
     cache: HashMap<String, Arc<str>>,
 }
@@ -32,57 +72,71 @@ pub fn nowhere() -> Arc<str> {
 }
 
 impl Router {
-    /// A router for the SNS sink.
-    pub fn sns(config: &SnsConfig) -> Self {
+    /// A router following `routes`.
+    pub fn new(routes: Routes) -> Self {
         Self {
-            default: (!config.topic_arn.is_empty()).then(|| Arc::from(config.topic_arn.as_str())),
-            template: (!config.topic_template.is_empty()).then(|| config.topic_template.clone()),
-            region: config.region_or_arn().unwrap_or_default().to_owned(),
-            account: config.account().unwrap_or_default().to_owned(),
+            default: routes.default.as_deref().map(Arc::from),
+            routes,
             cache: HashMap::new(),
-        }
-    }
-
-    /// A router that sends everything to one unnamed destination.
-    pub fn single() -> Self {
-        Self {
-            default: Some(nowhere()),
-            ..Self::default()
         }
     }
 
     /// The event's destination, or why it has none.
     pub fn route(&mut self, event: &OutboxEvent) -> Result<Arc<str>, String> {
-        if let Some(topic) = event.topic() {
-            let arn = if topic.starts_with("arn:") {
-                topic.to_owned()
-            } else {
-                format!("arn:aws:sns:{}:{}:{topic}", self.region, self.account)
-            };
-            return Ok(self.intern(arn));
+        if let Some(named) = event.topic() {
+            let full = (self.routes.expand)(named);
+            return Ok(self.intern(full));
         }
-        if let Some(template) = &self.template {
-            let arn = template
-                .replace("{region}", &self.region)
-                .replace("{account}", &self.account)
+        if let Some(template) = &self.routes.template {
+            let mut rendered = template
                 .replace("{aggregate_type}", event.aggregate_type())
                 .replace("{event_type}", event.event_type());
-            return Ok(self.intern(arn));
+            for (name, value) in &self.routes.variables {
+                rendered = rendered.replace(&format!("{{{name}}}"), value);
+            }
+            return Ok(self.intern(rendered));
         }
         self.default
             .clone()
-            .ok_or_else(|| "no topic: the row names none and sns.topic_arn is not set".to_owned())
+            .ok_or_else(|| self.routes.missing.clone())
     }
 
-    fn intern(&mut self, arn: String) -> Arc<str> {
-        if let Some(found) = self.cache.get(&arn) {
+    fn intern(&mut self, name: String) -> Arc<str> {
+        if let Some(found) = self.cache.get(&name) {
             return Arc::clone(found);
         }
-        let interned: Arc<str> = Arc::from(arn.as_str());
+        let interned: Arc<str> = Arc::from(name.as_str());
         if self.cache.len() < 10_000 {
-            self.cache.insert(arn, Arc::clone(&interned));
+            self.cache.insert(name, Arc::clone(&interned));
         }
         interned
+    }
+}
+
+/// Check a destination template: braces closed, only `{aggregate_type}`,
+/// `{event_type}` and `variables` used. Each problem goes to `bad` under `key`.
+pub fn check_template(
+    key: &str,
+    template: &str,
+    variables: &[&str],
+    bad: &mut dyn FnMut(&str, String),
+) {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}') else {
+            bad(key, "a `{` is not closed".into());
+            return;
+        };
+        let name = &rest[open + 1..open + close];
+        if !(["aggregate_type", "event_type"].contains(&name) || variables.contains(&name)) {
+            let mut known = vec!["{aggregate_type}".to_owned(), "{event_type}".to_owned()];
+            known.extend(variables.iter().map(|v| format!("{{{v}}}")));
+            bad(
+                key,
+                format!("unknown placeholder {{{name}}}: use {}", known.join(", ")),
+            );
+        }
+        rest = &rest[open + close + 1..];
     }
 }
 
@@ -91,7 +145,7 @@ mod tests {
     use super::*;
     use crate::event::{Fields, Payload};
 
-    fn event(topic: Option<&str>) -> OutboxEvent {
+    pub(crate) fn event(topic: Option<&str>) -> OutboxEvent {
         OutboxEvent::new(
             Fields {
                 id: "1",
@@ -108,30 +162,35 @@ mod tests {
     }
 
     #[test]
-    fn the_row_topic_wins_then_the_template_then_the_default() {
-        let mut config = SnsConfig {
-            topic_arn: "arn:aws:sns:eu-west-1:111:default".into(),
-            ..SnsConfig::default()
+    fn the_row_wins_then_the_template_then_the_default() {
+        let mut routes = Routes {
+            default: Some("main".into()),
+            template: None,
+            variables: vec![("zone", "z1".into())],
+            expand: Arc::new(|name| format!("full:{name}")),
+            missing: "nowhere".into(),
         };
-        let mut r = Router::sns(&config);
-        assert_eq!(
-            &*r.route(&event(None)).unwrap(),
-            "arn:aws:sns:eu-west-1:111:default"
-        );
-        assert_eq!(
-            &*r.route(&event(Some("audit"))).unwrap(),
-            "arn:aws:sns:eu-west-1:111:audit"
-        );
-        assert_eq!(
-            &*r.route(&event(Some("arn:aws:sns:us-east-1:222:x")))
-                .unwrap(),
-            "arn:aws:sns:us-east-1:222:x"
-        );
-        config.topic_template = "arn:aws:sns:{region}:{account}:{aggregate_type}-events".into();
-        let mut r = Router::sns(&config);
-        assert_eq!(
-            &*r.route(&event(None)).unwrap(),
-            "arn:aws:sns:eu-west-1:111:order-events"
-        );
+        let mut r = Router::new(routes.clone());
+        assert_eq!(&*r.route(&event(None)).unwrap(), "main");
+        assert_eq!(&*r.route(&event(Some("audit"))).unwrap(), "full:audit");
+        routes.template = Some("{zone}/{aggregate_type}/{event_type}".into());
+        let mut r = Router::new(routes.clone());
+        assert_eq!(&*r.route(&event(None)).unwrap(), "z1/order/OrderCreated");
+        routes.template = None;
+        routes.default = None;
+        let mut r = Router::new(routes);
+        assert_eq!(r.route(&event(None)).unwrap_err(), "nowhere");
+    }
+
+    #[test]
+    fn templates_name_only_known_placeholders() {
+        let mut problems = Vec::new();
+        let mut bad = |key: &str, message: String| problems.push((key.to_owned(), message));
+        check_template("x.t", "{zone}-{aggregate_type}", &["zone"], &mut bad);
+        check_template("x.t", "{nope}", &["zone"], &mut bad);
+        check_template("x.t", "a{b", &[], &mut bad);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(problems[0].1.contains("{nope}") && problems[0].1.contains("{zone}"));
+        assert!(problems[1].1.contains("not closed"));
     }
 }

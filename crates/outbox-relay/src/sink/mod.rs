@@ -32,9 +32,11 @@ use crate::ack::Ticket;
 pub use crate::concurrency::Concurrency;
 use crate::event::OutboxEvent;
 
+pub mod settings;
 pub mod sns;
 pub mod stdout;
 
+pub use settings::Settings;
 pub use sns::SnsSink;
 pub use stdout::StdoutSink;
 

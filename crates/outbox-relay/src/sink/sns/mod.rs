@@ -60,12 +60,17 @@ use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
 use super::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::aws::{self, CallError, Client, SetupError};
-use crate::config::SnsConfig;
 
 pub mod claim_check;
+mod config;
 pub mod errors;
 pub mod limits;
 mod protocol;
+
+pub use config::{
+    sns_attribute_name, SnsConfig, DEFAULT_SNS_IN_FLIGHT_BATCHES,
+    DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR, SNS_FIXED_ATTRIBUTES, SNS_MAX_ATTRIBUTES,
+};
 
 /// SNS's endpoint for `region` by its rules (the SNS SDK's resolver: every
 /// partition, GovCloud, China, ISO; the FIPS and dual-stack settings of

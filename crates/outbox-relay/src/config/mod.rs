@@ -20,6 +20,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+mod value;
+
+use crate::sink::Settings;
+
+pub use value::{check_endpoint_url, de_duration, parse_duration, Secret};
+
 /// Every key at its default, commented: what `outbox-relay config` prints.
 /// A test keeps it equal to the real defaults and complete ([`keys`]).
 pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
@@ -72,7 +78,7 @@ pub struct Config {
     pub sink: SinkConfig,
     /// The SNS sink.
     #[serde(default)]
-    pub sns: SnsConfig,
+    pub sns: crate::sink::sns::SnsConfig,
     /// How an event becomes a message.
     #[serde(default)]
     pub envelope: EnvelopeConfig,
@@ -295,147 +301,6 @@ pub enum SinkKind {
     Stdout,
     /// AWS SNS (`[sns]`).
     Sns,
-}
-
-/// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
-/// events/s (10 a call) 50 ms away.
-pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
-/// Default `sns.retry_unknown_errors_for`.
-pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
-/// Message attributes always set on SNS messages.
-pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
-    ["event_id", "event_type", "aggregate_type", "aggregate_id"];
-/// SNS (and raw SQS delivery) accept at most this many message attributes.
-pub const SNS_MAX_ATTRIBUTES: usize = 10;
-
-/// `[sns]`: the SNS sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SnsConfig {
-    /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints, e.g. `http://127.0.0.1:5000`.
-    pub endpoint_url: String,
-    /// The default topic.
-    pub topic_arn: String,
-    /// Topic per event: an ARN template with `{region}`, `{account}`,
-    /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
-    pub topic_template: String,
-    /// Account id for `{account}` and for bare topic names in the topic
-    /// column; default: the account of `topic_arn`.
-    pub account_id: String,
-    /// Headers copied into message attributes (besides event_type,
-    /// aggregate_type and aggregate_id), for subscription filter policies.
-    pub attributes: Vec<String>,
-    /// The most PublishBatch calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to `max_in_flight_batches`)
-    /// or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one publish call, retries included.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a publish call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long an event failing for a reason SNS does not make known as
-    /// passing or permanent is retried before it is recorded as failed.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// The largest message (body and attributes, in bytes) a topic takes; 0:
-    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
-    pub max_message_size: usize,
-    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
-    /// Extended Client Libraries' claim check); empty: such events are
-    /// recorded as failed.
-    pub large_payload_bucket: String,
-    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
-    pub large_payload_endpoint_url: String,
-}
-
-impl Default for SnsConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            topic_arn: String::new(),
-            topic_template: String::new(),
-            account_id: String::new(),
-            attributes: vec!["traceparent".to_owned()],
-            max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
-            max_message_size: 0,
-            large_payload_bucket: String::new(),
-            large_payload_endpoint_url: String::new(),
-        }
-    }
-}
-
-/// `sns.concurrency`: `"adaptive"` or a fixed number of calls in flight.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ConcurrencyMode {
-    /// Found from round-trip times and throttling ([`crate::concurrency`]).
-    #[default]
-    Adaptive,
-    /// Always this many.
-    Fixed(usize),
-}
-
-impl<'de> Deserialize<'de> for ConcurrencyMode {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Number(u64),
-            Text(String),
-        }
-        let wrong =
-            || serde::de::Error::custom("expected \"adaptive\" or a number of calls in flight");
-        match Raw::deserialize(d).map_err(|_| wrong())? {
-            Raw::Number(n) => Ok(Self::Fixed(usize::try_from(n).map_err(|_| wrong())?)),
-            Raw::Text(t) if t == "adaptive" => Ok(Self::Adaptive),
-            Raw::Text(t) => match t.parse() {
-                Ok(n) => Ok(Self::Fixed(n)),
-                Err(_) => Err(wrong()),
-            },
-        }
-    }
-}
-
-impl SnsConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> crate::concurrency::Concurrency {
-        use crate::concurrency::Concurrency;
-        match self.concurrency {
-            ConcurrencyMode::Adaptive => Concurrency::Adaptive {
-                ceiling: self.max_in_flight_batches,
-            },
-            ConcurrencyMode::Fixed(n) => Concurrency::Fixed(n),
-        }
-    }
-
-    /// The account of `account_id`, or of `topic_arn`.
-    pub fn account(&self) -> Option<&str> {
-        if !self.account_id.is_empty() {
-            return Some(&self.account_id);
-        }
-        self.topic_arn.split(':').nth(4).filter(|a| !a.is_empty())
-    }
-
-    /// The region of `region`, or of `topic_arn`.
-    pub fn region_or_arn(&self) -> Option<&str> {
-        if !self.region.is_empty() {
-            return Some(&self.region);
-        }
-        self.topic_arn.split(':').nth(3).filter(|r| !r.is_empty())
-    }
 }
 
 /// `[envelope]`: the message format.
@@ -742,35 +607,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// A configuration value that must never be logged.
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wrap a secret value.
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    /// The secret itself, for the one place that needs it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("***")
-    }
-}
-
 /// One thing wrong with the configuration, with the key it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -951,9 +787,7 @@ impl Config {
                 );
             }
         }
-        if self.sink.kind == SinkKind::Sns {
-            self.validate_sns(&mut bad);
-        }
+        self.destination().validate(&mut bad);
         if self.lifecycle.recreate_slot && self.lifecycle.on_published == OnPublished::None {
             bad(
                 "lifecycle.recreate_slot",
@@ -989,11 +823,13 @@ impl Config {
         if self.retention.interval.is_zero() {
             bad("retention.interval", "must be greater than zero".into());
         }
-        if !self.poller.dead_letter_topic.is_empty() && self.sink.kind != SinkKind::Sns {
-            bad(
-                "poller.dead_letter_topic",
-                "a dead-letter topic needs sink.kind = \"sns\"".into(),
-            );
+        if !self.poller.dead_letter_topic.is_empty() {
+            if let Err(message) = self
+                .destination()
+                .dead_letter(&self.poller.dead_letter_topic)
+            {
+                bad("poller.dead_letter_topic", message);
+            }
         }
         if self.runtime.worker_threads == 0 {
             bad("runtime.worker_threads", "must be at least 1".into());
@@ -1059,175 +895,11 @@ impl Config {
         }
     }
 
-    fn validate_sns(&self, bad: &mut impl FnMut(&str, String)) {
-        let sns = &self.sns;
-        if sns.topic_arn.is_empty() && sns.topic_template.is_empty() {
-            bad(
-                "sns.topic_arn",
-                "missing: set sns.topic_arn (the default topic) or sns.topic_template".into(),
-            );
-        }
-        if !sns.topic_arn.is_empty()
-            && (!sns.topic_arn.starts_with("arn:") || sns.topic_arn.split(':').count() != 6)
-        {
-            bad(
-                "sns.topic_arn",
-                format!(
-                    "{:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:orders",
-                    sns.topic_arn
-                ),
-            );
-        }
-        if !sns.topic_template.is_empty() {
-            let mut rest = sns.topic_template.as_str();
-            while let Some(start) = rest.find('{') {
-                let Some(end) = rest[start..].find('}') else {
-                    bad("sns.topic_template", "a `{` is not closed".into());
-                    break;
-                };
-                let name = &rest[start + 1..start + end];
-                if !["region", "account", "aggregate_type", "event_type"].contains(&name) {
-                    bad(
-                        "sns.topic_template",
-                        format!("unknown placeholder {{{name}}}: use {{region}}, {{account}}, {{aggregate_type}} or {{event_type}}"),
-                    );
-                }
-                rest = &rest[start + end + 1..];
-            }
-            if sns.topic_template.contains("{account}") && sns.account().is_none() {
-                bad(
-                    "sns.account_id",
-                    "sns.topic_template uses {account}: set sns.account_id (or sns.topic_arn)"
-                        .into(),
-                );
-            }
-            if sns.topic_template.contains("{region}") && sns.region_or_arn().is_none() {
-                bad(
-                    "sns.region",
-                    "sns.topic_template uses {region}: set sns.region".into(),
-                );
-            }
-        }
-        let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
-        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
-            bad(
-                "sns.attributes",
-                format!(
-                    "with sns.large_payload_bucket a stored payload's message also carries ExtendedPayloadSize: \
-                     name at most {} headers",
-                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len() - 1
-                ),
-            );
-        }
-        if attributes > SNS_MAX_ATTRIBUTES {
-            bad(
-                "sns.attributes",
-                format!(
-                    "{} headers plus event_id, event_type, aggregate_type and aggregate_id make {attributes} \
-                     message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
-                    sns.attributes.len(),
-                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
-                ),
-            );
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        for name in &sns.attributes {
-            if let Err(why) = sns_attribute_name(name) {
-                bad(
-                    "sns.attributes",
-                    format!("{name:?} cannot be a message attribute name: {why}"),
-                );
-            } else if SNS_FIXED_ATTRIBUTES.contains(&name.as_str()) {
-                bad(
-                    "sns.attributes",
-                    format!("{name:?} is set by the relay itself; leave it out"),
-                );
-            } else if ["ExtendedPayloadSize", "SQSLargePayloadSize"].contains(&name.as_str()) {
-                bad(
-                    "sns.attributes",
-                    format!(
-                        "{name:?} is reserved: the SNS/SQS Extended Client Libraries read it as the mark of a payload stored in S3"
-                    ),
-                );
-            } else if !seen.insert(name.as_str()) {
-                bad("sns.attributes", format!("{name:?} is named twice"));
-            }
-        }
-        let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
-        if let (false, Some(arn_region)) = (sns.region.is_empty(), arn_region) {
-            if arn_region != sns.region {
-                bad(
-                    "sns.region",
-                    format!(
-                        "{:?} differs from the region of sns.topic_arn ({arn_region:?}); SNS publishes only to topics of the client's region",
-                        sns.region
-                    ),
-                );
-            }
-        }
-        if sns.operation_timeout.is_zero() || sns.attempt_timeout.is_zero() {
-            bad(
-                "sns.operation_timeout",
-                "sns.operation_timeout and sns.attempt_timeout must be greater than zero".into(),
-            );
-        }
-        if sns.linger > Duration::from_secs(1) {
-            bad("sns.linger", "must be at most 1s".into());
-        }
-        if sns.max_in_flight_batches == 0 {
-            bad("sns.max_in_flight_batches", "must be at least 1".into());
-        }
-        if let ConcurrencyMode::Fixed(n) = sns.concurrency {
-            if n == 0 || n > sns.max_in_flight_batches {
-                bad(
-                    "sns.concurrency",
-                    format!(
-                        "{n} must be between 1 and sns.max_in_flight_batches ({}), or \"adaptive\"",
-                        sns.max_in_flight_batches
-                    ),
-                );
-            }
-        }
-        let url = &sns.endpoint_url;
-        if !(url.is_empty() || url.starts_with("http://") || url.starts_with("https://")) {
-            bad(
-                "sns.endpoint_url",
-                format!("{:?} must start with http:// or https://", sns.endpoint_url),
-            );
-        }
-        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
-            bad(
-                "sns.max_message_size",
-                "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
-                    .into(),
-            );
-        }
-        let bucket = &sns.large_payload_bucket;
-        let bucket_ok = (3..=63).contains(&bucket.len())
-            && bucket
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
-            && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && bucket.ends_with(|c: char| c.is_ascii_alphanumeric())
-            && !bucket.contains("..");
-        if !bucket.is_empty() && !bucket_ok {
-            bad(
-                "sns.large_payload_bucket",
-                format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
-            );
-        }
-        let s3_url = &sns.large_payload_endpoint_url;
-        if !(s3_url.is_empty() || s3_url.starts_with("http://") || s3_url.starts_with("https://")) {
-            bad(
-                "sns.large_payload_endpoint_url",
-                format!("{s3_url:?} must start with http:// or https://"),
-            );
-        }
-        if sns.attempt_timeout > sns.operation_timeout {
-            bad(
-                "sns.attempt_timeout",
-                "must not be longer than sns.operation_timeout".into(),
-            );
+    /// The settings of the destination `[sink] kind` names.
+    pub fn destination(&self) -> &dyn Settings {
+        match self.sink.kind {
+            SinkKind::Stdout => &crate::sink::stdout::Stdout,
+            SinkKind::Sns => &self.sns,
         }
     }
 
@@ -1235,41 +907,6 @@ impl Config {
     pub fn table(&self) -> TableName {
         TableName::parse(&self.postgres.table).expect("validated")
     }
-}
-
-/// Whether SNS (and SQS, which receives the attributes of raw delivery)
-/// accepts `name` as a message attribute name: 1 to 256 characters of ASCII
-/// letters, digits, `_`, `-` and `.`; no `.` first, last or twice in a row; no
-/// `AWS.` or `Amazon.` prefix in any casing (reserved for AWS). SNS refuses a
-/// message whose attribute breaks one of these, so every event carrying such a
-/// header would end FAILED: refused at start-up instead.
-pub fn sns_attribute_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("it is empty");
-    }
-    if name.len() > 256 {
-        return Err("it is longer than 256 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    {
-        return Err("only ASCII letters, digits, _, - and . are allowed");
-    }
-    if name.starts_with('.') || name.ends_with('.') {
-        return Err("it must not start or end with a period");
-    }
-    if name.contains("..") {
-        return Err("it must not have two periods in a row");
-    }
-    let reserved = |prefix: &str| {
-        name.get(..prefix.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
-    };
-    if reserved("aws.") || reserved("amazon.") {
-        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
-    }
-    Ok(())
 }
 
 /// Check the URL without echoing it (it may hold a password).
@@ -1439,45 +1076,6 @@ fn env_value(raw: &str) -> toml::Value {
         .unwrap_or_else(|| toml::Value::String(raw.to_owned()))
 }
 
-/// Parse `250ms`, `30s`, `5m`, `1h` (or a bare number of seconds).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 250ms, 30s, 5m, 1h or 7d"))?;
-    let seconds = match unit.trim() {
-        "us" | "µs" => number / 1_000_000.0,
-        "ms" => number / 1000.0,
-        "" | "s" => number,
-        "m" | "min" => number * 60.0,
-        "h" => number * 3600.0,
-        "d" => number * 86_400.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}: use us, ms, s, m, h or d"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
-fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Text(String),
-        Seconds(u64),
-    }
-    match Raw::deserialize(de)? {
-        Raw::Text(text) => parse_duration(&text).map_err(serde::de::Error::custom),
-        Raw::Seconds(s) => Ok(Duration::from_secs(s)),
-    }
-}
-
 /// Every configuration key, `section.key`, in declaration order. Read from
 /// the structs themselves (what serde asks a deserializer for), so a new
 /// field is a new key here without anyone listing it.
@@ -1488,7 +1086,7 @@ pub fn keys() -> Vec<String> {
             "postgres" => field_names::<PostgresConfig>(),
             "columns" => field_names::<ColumnMapping>(),
             "sink" => field_names::<SinkConfig>(),
-            "sns" => field_names::<SnsConfig>(),
+            "sns" => field_names::<crate::sink::sns::SnsConfig>(),
             "envelope" => field_names::<EnvelopeConfig>(),
             "stream" => field_names::<StreamConfig>(),
             "retry" => field_names::<RetryConfig>(),
@@ -1543,15 +1141,15 @@ fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const MINIMAL: &str = r#"
+    pub(crate) const MINIMAL: &str = r#"
 [postgres]
 url = "postgres://relay:secret@localhost:5432/app"
 "#;
 
-    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    pub(crate) fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
         Config::from_parts(
             text,
             Path::new("relay.toml"),
@@ -1559,7 +1157,7 @@ url = "postgres://relay:secret@localhost:5432/app"
         )
     }
 
-    fn problems(err: ConfigError) -> Vec<Problem> {
+    pub(crate) fn problems(err: ConfigError) -> Vec<Problem> {
         match err {
             ConfigError::Invalid(p) => p,
             other => panic!("expected Invalid, got {other}"),
@@ -1595,33 +1193,6 @@ url = "postgres://relay:secret@localhost:5432/app"
     fn an_unknown_section_is_rejected() {
         let p = problems(load(&format!("{MINIMAL}[postgress]\nurl = \"x\"\n"), &[]).unwrap_err());
         assert_eq!(p[0].key, "postgress");
-    }
-
-    #[test]
-    fn sns_concurrency_is_adaptive_under_its_ceiling_or_a_fixed_number() {
-        use crate::concurrency::Concurrency;
-        let sns = |extra: &str, env: &[(&str, &str)]| {
-            load(
-                &format!("{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:t\"\n{extra}"),
-                env,
-            )
-        };
-        let c = sns("", &[]).unwrap();
-        assert_eq!(
-            c.sns.concurrency(),
-            Concurrency::Adaptive {
-                ceiling: DEFAULT_SNS_IN_FLIGHT_BATCHES
-            }
-        );
-        let c = sns("concurrency = 16\n", &[]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(16));
-        let c = sns("", &[("OUTBOX_RELAY__SNS__CONCURRENCY", "32")]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(32));
-        let c = sns("max_in_flight_batches = 64\n", &[]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Adaptive { ceiling: 64 });
-        let p = problems(sns("max_in_flight_batches = 4\nconcurrency = 8\n", &[]).unwrap_err());
-        assert_eq!(p[0].key, "sns.concurrency");
-        assert!(sns("concurrency = \"fast\"\n", &[]).is_err());
     }
 
     #[test]
@@ -1779,121 +1350,6 @@ worker_threads = 0
             !printed.contains("secret") && !printed.contains("hunter2"),
             "{printed}"
         );
-    }
-
-    #[test]
-    fn the_sns_sink_needs_a_topic_and_at_most_ten_attributes() {
-        let text = format!(
-            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\nattributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\"]\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{nope}}\"\n"
-        );
-        let keys: Vec<String> = problems(load(&text, &[]).unwrap_err())
-            .into_iter()
-            .map(|p| p.key)
-            .collect();
-        for key in [
-            "sns.attributes",
-            "sns.topic_template",
-            "sns.account_id",
-            "sns.region",
-        ] {
-            assert!(
-                keys.contains(&key.to_string()),
-                "{key} missing from {keys:?}"
-            );
-        }
-        let ok = format!(
-            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:orders.fifo\"\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{aggregate_type}}\"\n"
-        );
-        let c = load(&ok, &[]).unwrap();
-        assert_eq!(c.sns.account(), Some("123456789012"));
-        assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
-    }
-
-    #[test]
-    fn attribute_names_sns_refuses_are_refused_at_start_up() {
-        for good in [
-            "traceparent",
-            "a.b",
-            "x-correlation_id",
-            "tenant.v2.id",
-            "awsregion",
-            "AWS",
-            "Amazonian.x",
-            &"n".repeat(256),
-        ] {
-            assert_eq!(sns_attribute_name(good), Ok(()), "{good:?}");
-        }
-        for bad in [
-            "",
-            "a..b",
-            ".lead",
-            "trail.",
-            ".",
-            "AWS.trace",
-            "aws.trace",
-            "aWs.x",
-            "Amazon.x",
-            "AMAZON.x",
-            "amazon.",
-            "has space",
-            "é",
-            "a/b",
-            "a:b",
-            &"n".repeat(257),
-        ] {
-            assert!(sns_attribute_name(bad).is_err(), "{bad:?} must be refused");
-        }
-        let text = format!(
-            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n\
-             attributes = [\"a..b\", \".lead\", \"trail.\", \"AWS.x\", \"ok\", \"ok\"]\n"
-        );
-        let mut p = problems(load(&text, &[]).unwrap_err());
-        assert_eq!(p.len(), 5, "{p:#?}");
-        p.extend(problems(
-            load(&text.replace(r#""trail.", "AWS.x""#, r#""event_id""#), &[]).unwrap_err(),
-        ));
-        assert!(p.iter().all(|p| p.key == "sns.attributes"), "{p:#?}");
-        for name in ["a..b", ".lead", "trail.", "AWS.x", "ok", "event_id"] {
-            assert!(
-                p.iter().any(|p| p.message.contains(&format!("{name:?}"))),
-                "{name} is named: {p:#?}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_large_payload_bucket_is_checked_and_keeps_room_for_its_attribute() {
-        let sns =
-            "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n";
-        let ok = load(
-            &format!("{MINIMAL}{sns}large_payload_bucket = \"outbox-payloads.v2\"\n"),
-            &[],
-        )
-        .unwrap();
-        assert_eq!(ok.sns.large_payload_bucket, "outbox-payloads.v2");
-        let p = problems(
-            load(
-                &format!(
-                    "{MINIMAL}{sns}large_payload_bucket = \"Bad_Bucket\"\nlarge_payload_endpoint_url = \"localhost:4566\"\n\
-                     attributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"ExtendedPayloadSize\"]\n"
-                ),
-                &[],
-            )
-            .unwrap_err(),
-        );
-        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(
-            keys,
-            [
-                "sns.attributes",
-                "sns.attributes",
-                "sns.large_payload_bucket",
-                "sns.large_payload_endpoint_url"
-            ],
-            "{p:#?}"
-        );
-        assert!(p[0].message.contains("ExtendedPayloadSize"), "{p:#?}");
-        assert!(p[1].message.contains("reserved"), "{p:#?}");
     }
 
     #[test]

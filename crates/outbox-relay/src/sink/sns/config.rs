@@ -1,0 +1,484 @@
+//! `[sns]`: the SNS sink's settings, their defaults and their validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use crate::concurrency::ConcurrencyMode;
+use crate::config::{check_endpoint_url, de_duration};
+use crate::route::{check_template, Routes};
+use crate::sink::settings::Settings;
+
+/// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
+/// events/s (10 a call) 50 ms away.
+pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
+/// Default `sns.retry_unknown_errors_for`.
+pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
+/// Message attributes always set on SNS messages.
+pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
+    ["event_id", "event_type", "aggregate_type", "aggregate_id"];
+/// SNS (and raw SQS delivery) accept at most this many message attributes.
+pub const SNS_MAX_ATTRIBUTES: usize = 10;
+
+/// `[sns]`: the SNS sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnsConfig {
+    /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
+    pub region: String,
+    /// Endpoint override for local or compatible endpoints, e.g. `http://127.0.0.1:5000`.
+    pub endpoint_url: String,
+    /// The default topic.
+    pub topic_arn: String,
+    /// Topic per event: an ARN template with `{region}`, `{account}`,
+    /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
+    pub topic_template: String,
+    /// Account id for `{account}` and for bare topic names in the topic
+    /// column; default: the account of `topic_arn`.
+    pub account_id: String,
+    /// Headers copied into message attributes (besides event_type,
+    /// aggregate_type and aggregate_id), for subscription filter policies.
+    pub attributes: Vec<String>,
+    /// The most PublishBatch calls in flight at once.
+    pub max_in_flight_batches: usize,
+    /// How many calls are in flight: adaptive (up to `max_in_flight_batches`)
+    /// or a fixed number.
+    pub concurrency: ConcurrencyMode,
+    /// How long a partial batch waits for more messages.
+    #[serde(deserialize_with = "de_duration")]
+    pub linger: Duration,
+    /// Ceiling of one publish call, retries included.
+    #[serde(deserialize_with = "de_duration")]
+    pub operation_timeout: Duration,
+    /// Ceiling of one attempt of a publish call.
+    #[serde(deserialize_with = "de_duration")]
+    pub attempt_timeout: Duration,
+    /// How long an event failing for a reason SNS does not make known as
+    /// passing or permanent is retried before it is recorded as failed.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
+    /// The largest message (body and attributes, in bytes) a topic takes; 0:
+    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
+    pub max_message_size: usize,
+    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
+    /// Extended Client Libraries' claim check); empty: such events are
+    /// recorded as failed.
+    pub large_payload_bucket: String,
+    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
+    pub large_payload_endpoint_url: String,
+}
+
+impl Default for SnsConfig {
+    fn default() -> Self {
+        Self {
+            region: String::new(),
+            endpoint_url: String::new(),
+            topic_arn: String::new(),
+            topic_template: String::new(),
+            account_id: String::new(),
+            attributes: vec!["traceparent".to_owned()],
+            max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
+            concurrency: ConcurrencyMode::Adaptive,
+            linger: Duration::from_millis(5),
+            operation_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(5),
+            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
+            max_message_size: 0,
+            large_payload_bucket: String::new(),
+            large_payload_endpoint_url: String::new(),
+        }
+    }
+}
+
+impl SnsConfig {
+    /// The publisher's concurrency for this sink.
+    pub fn concurrency(&self) -> crate::concurrency::Concurrency {
+        self.concurrency.with_ceiling(self.max_in_flight_batches)
+    }
+
+    /// The account of `account_id`, or of `topic_arn`.
+    pub fn account(&self) -> Option<&str> {
+        if !self.account_id.is_empty() {
+            return Some(&self.account_id);
+        }
+        self.topic_arn.split(':').nth(4).filter(|a| !a.is_empty())
+    }
+
+    /// The region of `region`, or of `topic_arn`.
+    pub fn region_or_arn(&self) -> Option<&str> {
+        if !self.region.is_empty() {
+            return Some(&self.region);
+        }
+        self.topic_arn.split(':').nth(3).filter(|r| !r.is_empty())
+    }
+}
+
+impl Settings for SnsConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        let sns = self;
+        if sns.topic_arn.is_empty() && sns.topic_template.is_empty() {
+            bad(
+                "sns.topic_arn",
+                "missing: set sns.topic_arn (the default topic) or sns.topic_template".into(),
+            );
+        }
+        if !sns.topic_arn.is_empty()
+            && (!sns.topic_arn.starts_with("arn:") || sns.topic_arn.split(':').count() != 6)
+        {
+            bad(
+                "sns.topic_arn",
+                format!(
+                    "{:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:orders",
+                    sns.topic_arn
+                ),
+            );
+        }
+        if !sns.topic_template.is_empty() {
+            check_template(
+                "sns.topic_template",
+                &sns.topic_template,
+                &["region", "account"],
+                bad,
+            );
+            if sns.topic_template.contains("{account}") && sns.account().is_none() {
+                bad(
+                    "sns.account_id",
+                    "sns.topic_template uses {account}: set sns.account_id (or sns.topic_arn)"
+                        .into(),
+                );
+            }
+            if sns.topic_template.contains("{region}") && sns.region_or_arn().is_none() {
+                bad(
+                    "sns.region",
+                    "sns.topic_template uses {region}: set sns.region".into(),
+                );
+            }
+        }
+        let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
+        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
+            bad(
+                "sns.attributes",
+                format!(
+                    "with sns.large_payload_bucket a stored payload's message also carries ExtendedPayloadSize: \
+                     name at most {} headers",
+                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len() - 1
+                ),
+            );
+        }
+        if attributes > SNS_MAX_ATTRIBUTES {
+            bad(
+                "sns.attributes",
+                format!(
+                    "{} headers plus event_id, event_type, aggregate_type and aggregate_id make {attributes} \
+                     message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
+                    sns.attributes.len(),
+                    SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
+                ),
+            );
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for name in &sns.attributes {
+            if let Err(why) = sns_attribute_name(name) {
+                bad(
+                    "sns.attributes",
+                    format!("{name:?} cannot be a message attribute name: {why}"),
+                );
+            } else if SNS_FIXED_ATTRIBUTES.contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!("{name:?} is set by the relay itself; leave it out"),
+                );
+            } else if ["ExtendedPayloadSize", "SQSLargePayloadSize"].contains(&name.as_str()) {
+                bad(
+                    "sns.attributes",
+                    format!(
+                        "{name:?} is reserved: the SNS/SQS Extended Client Libraries read it as the mark of a payload stored in S3"
+                    ),
+                );
+            } else if !seen.insert(name.as_str()) {
+                bad("sns.attributes", format!("{name:?} is named twice"));
+            }
+        }
+        let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
+        if let (false, Some(arn_region)) = (sns.region.is_empty(), arn_region) {
+            if arn_region != sns.region {
+                bad(
+                    "sns.region",
+                    format!(
+                        "{:?} differs from the region of sns.topic_arn ({arn_region:?}); SNS publishes only to topics of the client's region",
+                        sns.region
+                    ),
+                );
+            }
+        }
+        if sns.operation_timeout.is_zero() || sns.attempt_timeout.is_zero() {
+            bad(
+                "sns.operation_timeout",
+                "sns.operation_timeout and sns.attempt_timeout must be greater than zero".into(),
+            );
+        }
+        if sns.linger > Duration::from_secs(1) {
+            bad("sns.linger", "must be at most 1s".into());
+        }
+        if sns.max_in_flight_batches == 0 {
+            bad("sns.max_in_flight_batches", "must be at least 1".into());
+        }
+        if let ConcurrencyMode::Fixed(n) = sns.concurrency {
+            if n == 0 || n > sns.max_in_flight_batches {
+                bad(
+                    "sns.concurrency",
+                    format!(
+                        "{n} must be between 1 and sns.max_in_flight_batches ({}), or \"adaptive\"",
+                        sns.max_in_flight_batches
+                    ),
+                );
+            }
+        }
+        if let Err(message) = check_endpoint_url(&sns.endpoint_url) {
+            bad("sns.endpoint_url", message);
+        }
+        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
+            bad(
+                "sns.max_message_size",
+                "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
+                    .into(),
+            );
+        }
+        let bucket = &sns.large_payload_bucket;
+        let bucket_ok = (3..=63).contains(&bucket.len())
+            && bucket
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            && bucket.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && bucket.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && !bucket.contains("..");
+        if !bucket.is_empty() && !bucket_ok {
+            bad(
+                "sns.large_payload_bucket",
+                format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
+            );
+        }
+        if let Err(message) = check_endpoint_url(&sns.large_payload_endpoint_url) {
+            bad("sns.large_payload_endpoint_url", message);
+        }
+        if sns.attempt_timeout > sns.operation_timeout {
+            bad(
+                "sns.attempt_timeout",
+                "must not be longer than sns.operation_timeout".into(),
+            );
+        }
+    }
+
+    fn routes(&self) -> Routes {
+        let region = self.region_or_arn().unwrap_or_default().to_owned();
+        let account = self.account().unwrap_or_default().to_owned();
+        let (r, a) = (region.clone(), account.clone());
+        Routes {
+            default: (!self.topic_arn.is_empty()).then(|| self.topic_arn.clone()),
+            template: (!self.topic_template.is_empty()).then(|| self.topic_template.clone()),
+            variables: vec![("region", region), ("account", account)],
+            expand: Arc::new(move |topic| {
+                if topic.starts_with("arn:") {
+                    topic.to_owned()
+                } else {
+                    format!("arn:aws:sns:{r}:{a}:{topic}")
+                }
+            }),
+            missing: "no topic: the row names none and sns.topic_arn is not set".into(),
+        }
+    }
+
+    fn dead_letter(&self, name: &str) -> Result<(), String> {
+        if name.starts_with("arn:aws") && name.split(':').count() == 6 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{name:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:dead-letters"
+            ))
+        }
+    }
+}
+
+/// Whether SNS (and SQS, which receives the attributes of raw delivery)
+/// accepts `name` as a message attribute name: 1 to 256 characters of ASCII
+/// letters, digits, `_`, `-` and `.`; no `.` first, last or twice in a row; no
+/// `AWS.` or `Amazon.` prefix in any casing (reserved for AWS). SNS refuses a
+/// message whose attribute breaks one of these, so every event carrying such a
+/// header would end FAILED: refused at start-up instead.
+pub fn sns_attribute_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 256 {
+        return Err("it is longer than 256 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("only ASCII letters, digits, _, - and . are allowed");
+    }
+    if name.starts_with('.') || name.ends_with('.') {
+        return Err("it must not start or end with a period");
+    }
+    if name.contains("..") {
+        return Err("it must not have two periods in a row");
+    }
+    let reserved = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if reserved("aws.") || reserved("amazon.") {
+        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::{load, problems, MINIMAL};
+
+    #[test]
+    fn sns_concurrency_is_adaptive_under_its_ceiling_or_a_fixed_number() {
+        use crate::concurrency::Concurrency;
+        let sns = |extra: &str, env: &[(&str, &str)]| {
+            load(
+                &format!("{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:t\"\n{extra}"),
+                env,
+            )
+        };
+        let c = sns("", &[]).unwrap();
+        assert_eq!(
+            c.sns.concurrency(),
+            Concurrency::Adaptive {
+                ceiling: DEFAULT_SNS_IN_FLIGHT_BATCHES
+            }
+        );
+        let c = sns("concurrency = 16\n", &[]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(16));
+        let c = sns("", &[("OUTBOX_RELAY__SNS__CONCURRENCY", "32")]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(32));
+        let c = sns("max_in_flight_batches = 64\n", &[]).unwrap();
+        assert_eq!(c.sns.concurrency(), Concurrency::Adaptive { ceiling: 64 });
+        let p = problems(sns("max_in_flight_batches = 4\nconcurrency = 8\n", &[]).unwrap_err());
+        assert_eq!(p[0].key, "sns.concurrency");
+        assert!(sns("concurrency = \"fast\"\n", &[]).is_err());
+    }
+
+    #[test]
+    fn the_sns_sink_needs_a_topic_and_at_most_ten_attributes() {
+        let text = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\nattributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\", \"h\"]\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{nope}}\"\n"
+        );
+        let keys: Vec<String> = problems(load(&text, &[]).unwrap_err())
+            .into_iter()
+            .map(|p| p.key)
+            .collect();
+        for key in [
+            "sns.attributes",
+            "sns.topic_template",
+            "sns.account_id",
+            "sns.region",
+        ] {
+            assert!(
+                keys.contains(&key.to_string()),
+                "{key} missing from {keys:?}"
+            );
+        }
+        let ok = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:orders.fifo\"\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{aggregate_type}}\"\n"
+        );
+        let c = load(&ok, &[]).unwrap();
+        assert_eq!(c.sns.account(), Some("123456789012"));
+        assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn attribute_names_sns_refuses_are_refused_at_start_up() {
+        for good in [
+            "traceparent",
+            "a.b",
+            "x-correlation_id",
+            "tenant.v2.id",
+            "awsregion",
+            "AWS",
+            "Amazonian.x",
+            &"n".repeat(256),
+        ] {
+            assert_eq!(sns_attribute_name(good), Ok(()), "{good:?}");
+        }
+        for bad in [
+            "",
+            "a..b",
+            ".lead",
+            "trail.",
+            ".",
+            "AWS.trace",
+            "aws.trace",
+            "aWs.x",
+            "Amazon.x",
+            "AMAZON.x",
+            "amazon.",
+            "has space",
+            "é",
+            "a/b",
+            "a:b",
+            &"n".repeat(257),
+        ] {
+            assert!(sns_attribute_name(bad).is_err(), "{bad:?} must be refused");
+        }
+        let text = format!(
+            "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n\
+             attributes = [\"a..b\", \".lead\", \"trail.\", \"AWS.x\", \"ok\", \"ok\"]\n"
+        );
+        let mut p = problems(load(&text, &[]).unwrap_err());
+        assert_eq!(p.len(), 5, "{p:#?}");
+        p.extend(problems(
+            load(&text.replace(r#""trail.", "AWS.x""#, r#""event_id""#), &[]).unwrap_err(),
+        ));
+        assert!(p.iter().all(|p| p.key == "sns.attributes"), "{p:#?}");
+        for name in ["a..b", ".lead", "trail.", "AWS.x", "ok", "event_id"] {
+            assert!(
+                p.iter().any(|p| p.message.contains(&format!("{name:?}"))),
+                "{name} is named: {p:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_large_payload_bucket_is_checked_and_keeps_room_for_its_attribute() {
+        let sns =
+            "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:us-east-1:123456789012:t\"\n";
+        let ok = load(
+            &format!("{MINIMAL}{sns}large_payload_bucket = \"outbox-payloads.v2\"\n"),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.sns.large_payload_bucket, "outbox-payloads.v2");
+        let p = problems(
+            load(
+                &format!(
+                    "{MINIMAL}{sns}large_payload_bucket = \"Bad_Bucket\"\nlarge_payload_endpoint_url = \"localhost:4566\"\n\
+                     attributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"ExtendedPayloadSize\"]\n"
+                ),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "sns.attributes",
+                "sns.attributes",
+                "sns.large_payload_bucket",
+                "sns.large_payload_endpoint_url"
+            ],
+            "{p:#?}"
+        );
+        assert!(p[0].message.contains("ExtendedPayloadSize"), "{p:#?}");
+        assert!(p[1].message.contains("reserved"), "{p:#?}");
+    }
+}
