@@ -743,9 +743,7 @@ pub fn rfc3339_from_pg_micros(micros: i64) -> String {
 /// [`rfc3339_from_pg_micros`], appended to `out`.
 fn rfc3339_from_pg_micros_into(micros: i64, out: &mut String) {
     use std::fmt::Write;
-    const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
-    let secs = micros.div_euclid(1_000_000) + PG_EPOCH_UNIX_SECS;
-    let frac = micros.rem_euclid(1_000_000);
+    let (secs, frac) = crate::time::unix_secs_from_pg_micros(micros);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);

@@ -27,6 +27,7 @@ pub mod error;
 pub mod event;
 pub mod failover;
 pub mod http;
+pub mod lsn;
 pub mod marking;
 pub mod metrics;
 pub mod monitor;
@@ -49,7 +50,9 @@ pub mod setup;
 pub mod signals;
 pub mod silence;
 pub mod sink;
+pub mod sql;
 pub mod table;
+pub mod time;
 pub mod tls;
 pub mod walstream;
 

@@ -6,7 +6,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
@@ -16,6 +15,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
+
+use crate::time::unix_ms;
 
 /// One label.
 pub type Labels = Vec<(String, String)>;
@@ -357,14 +358,13 @@ impl Metrics {
 
     /// The end-to-end latency of `n` events committed at `commit_time` (µs
     /// since 2000-01-01) and delivered at `now_unix_micros` (µs since the
-    /// Unix epoch, [`unix_micros_now`], read once for a batch); unknown
-    /// commit times (0) are not observed.
+    /// Unix epoch, [`crate::time::unix_micros_now`], read once for a batch);
+    /// unknown commit times (0) are not observed.
     pub fn delivered_after_commit_at(&self, commit_time: i64, now_unix_micros: i64, n: u64) {
         if commit_time == 0 || n == 0 {
             return;
         }
-        const PG_EPOCH_UNIX_MICROS: i64 = 946_684_800_000_000;
-        let micros = now_unix_micros - (commit_time + PG_EPOCH_UNIX_MICROS);
+        let micros = now_unix_micros - crate::time::unix_micros_from_pg(commit_time);
         self.end_to_end_latency
             .observe_n(micros.max(0) as f64 / 1e6, n);
     }
@@ -455,18 +455,6 @@ impl Metrics {
         }
         None
     }
-}
-
-/// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub fn unix_ms() -> u64 {
-    (unix_micros_now() / 1000) as u64
-}
-
-/// Now, in µs since the Unix epoch (0 if the clock is before it).
-pub fn unix_micros_now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
 }
 
 impl Metrics {

@@ -39,7 +39,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::postgres::{format_lsn, parse_lsn};
+use crate::lsn::{format_lsn, parse_lsn};
 
 /// The name of the position table of outbox table `table`.
 pub fn table_name(table: &str) -> String {

@@ -600,7 +600,7 @@ impl<S: Sink> Publisher<S> {
         let mut completions = Vec::with_capacity(messages.len());
         let metrics = crate::metrics::get();
         // One clock reading and one counter update a batch, not a message.
-        let delivered_at = crate::metrics::unix_micros_now();
+        let delivered_at = crate::time::unix_micros_now();
         let mut delivered = 0;
         // Events of one transaction (one commit time) side by side are
         // observed together.

@@ -20,11 +20,11 @@
 
 use crate::config::{Config, OnPublished, TableName};
 use crate::event::{MappingError, RowMapping};
+use crate::lsn::{format_lsn, parse_lsn};
 use crate::platform::Platform;
-use crate::postgres::{format_lsn, parse_lsn};
-use crate::record::{dead_letter_table, RecordError};
-use crate::setup::{quote_ident, quote_literal};
-use crate::table::{Table, MANAGED};
+use crate::record::RecordError;
+use crate::sql::{qualified, quote_literal};
+use crate::table::{dead_letter_table, Table, MANAGED};
 use crate::walstream::Protocol;
 
 /// How bad a finding is, for `check`.
@@ -820,13 +820,11 @@ async fn inspect_table(
     }
     let table_name = config.table();
     let dead_letter = dead_letter_table(&table_name.name);
-    let qualified = format!(
-        "{}.{}",
-        quote_ident(&table_name.schema),
-        quote_ident(&dead_letter)
-    );
     let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&qualified(&table_name.schema, &dead_letter)],
+        )
         .await?
         .get(0);
     if !exists {
@@ -837,10 +835,9 @@ async fn inspect_table(
             Problem::NowhereToRecord { dead_letter }
         });
     }
-    let position = format!(
-        "{}.{}",
-        quote_ident(&table_name.schema),
-        quote_ident(&crate::position::table_name(&table_name.name))
+    let position = qualified(
+        &table_name.schema,
+        &crate::position::table_name(&table_name.name),
     );
     if !crate::position::writable(client, &position).await? {
         problems.push(Problem::NoPositionTable {

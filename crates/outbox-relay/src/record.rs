@@ -28,13 +28,8 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::retry::Backoff;
-use crate::setup::{quote_ident, quote_literal};
-use crate::table::Table;
-
-/// Name of the dead-letter table for outbox table `table`.
-pub fn dead_letter_table(table: &str) -> String {
-    format!("{table}_dead_letter")
-}
+use crate::sql::{qualified, quote_literal};
+use crate::table::{dead_letter_table, Table};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Mode {
@@ -114,11 +109,7 @@ impl Recorder {
     ) -> Result<Self, RecordError> {
         let name = config.table();
         let dead_letter = dead_letter_table(&name.name);
-        let qualified = format!(
-            "{}.{}",
-            quote_ident(&name.schema),
-            quote_ident(&dead_letter)
-        );
+        let qualified = qualified(&name.schema, &dead_letter);
         let exists: bool = client
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
             .await?

@@ -17,8 +17,8 @@ use tokio_postgres::Client;
 use crate::config::{Config, OnPublished};
 use crate::retry::Backoff;
 use crate::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
-use crate::setup::quote_ident;
 use crate::sink::{Message, Outcome, Sink};
+use crate::sql::quote_ident;
 use crate::table::Table;
 
 /// Rows fetched per page.

@@ -92,10 +92,11 @@ use crate::ack::{AckTracker, FramingError, Ticket};
 use crate::config::{Config, TableName};
 pub use crate::error::{ErrorClass, RelayError};
 use crate::event::RowMapping;
+use crate::lsn::{format_lsn, parse_lsn};
 use crate::marking::{self, Mark, Marker};
 use crate::outgoing::{Outgoing, Prepared};
 use crate::position;
-use crate::postgres::{self, format_lsn, ConnInfo};
+use crate::postgres::{self, ConnInfo};
 use crate::publish::{self, Completion, Dispatch};
 use crate::readiness::{self, Admission, Names, Problem};
 use crate::record::Recorder;
@@ -359,7 +360,7 @@ async fn recreate_slot(
                 }
             }
         })?;
-    let start = postgres::parse_lsn(row.get(0)).unwrap_or(0);
+    let start = parse_lsn(row.get(0)).unwrap_or(0);
     // now() is the transaction start; the slot exists from here on.
     let before: String = client
         .query_one("SELECT clock_timestamp()::text", &[])
@@ -470,11 +471,7 @@ async fn session<S: Sink>(
     // The position the relay kept (crate::position): the start when the
     // slot is behind it and its provenance is certain.
     let name = config.table();
-    let position_table = format!(
-        "{}.{}",
-        crate::setup::quote_ident(&name.schema),
-        crate::setup::quote_ident(&position::table_name(&name.name))
-    );
+    let position_table = crate::sql::qualified(&name.schema, &position::table_name(&name.name));
     let kept = position::load(&sql_client, &position_table, slot)
         .await
         .map_err(sql("reading the kept position"))?;
@@ -650,7 +647,7 @@ async fn session<S: Sink>(
                 // Non-transactional: it comes back through the stream at once.
                 let client = Arc::clone(&sql_client);
                 tokio::spawn(async move {
-                    let sent = crate::metrics::unix_ms();
+                    let sent = crate::time::unix_ms();
                     match client
                         .execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&HEARTBEAT_PREFIX, &sent.to_string()])
                         .await

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::postgres::ConnInfo;
-use crate::setup::quote_ident;
+use crate::sql::qualified;
 use crate::table::Table;
 
 /// What one run removed.
@@ -114,11 +114,7 @@ async fn drop_expired_partitions(
     let seconds = older_than.as_secs_f64();
     let mut dropped = Vec::new();
     for row in partitions {
-        let name = format!(
-            "{}.{}",
-            quote_ident(row.get::<_, &str>(0)),
-            quote_ident(row.get::<_, &str>(1))
-        );
+        let name = qualified(row.get(0), row.get(1));
         let bound: &str = row.get(2);
         // `FOR VALUES FROM ('…') TO ('…')`: only ranges that ended long enough ago.
         let Some(upper) = bound

@@ -12,6 +12,8 @@
 
 use crate::config::Config;
 use crate::platform::Platform;
+use crate::sql::{quote_ident, quote_literal};
+use crate::table::dead_letter_table;
 
 /// The shipped files, in order.
 pub const FILES: &[(&str, &str)] = &[
@@ -61,7 +63,7 @@ pub struct UnknownPlaceholder {
 /// The values of the placeholders.
 pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
     let table = config.table();
-    let dead_letter = crate::record::dead_letter_table(&table.name);
+    let dead_letter = dead_letter_table(&table.name);
     let mut names = vec![
         ("schema".to_owned(), table.schema.clone()),
         ("table".to_owned(), table.name.clone()),
@@ -181,133 +183,6 @@ fn render_one(
     Ok(out)
 }
 
-/// Quote an identifier the way Postgres's `quote_ident` does.
-pub fn quote_ident(name: &str) -> String {
-    let plain = !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        && !name.as_bytes()[0].is_ascii_digit()
-        && !RESERVED.contains(&name);
-    if plain {
-        name.to_owned()
-    } else {
-        format!("\"{}\"", name.replace('"', "\"\""))
-    }
-}
-
-/// Quote a string literal.
-pub fn quote_literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
-}
-
-/// PostgreSQL's reserved key words (SQL Key Words appendix, "reserved" and
-/// "reserved (can be function or type)"): these may not stand unquoted as
-/// names.
-const RESERVED: &[&str] = &[
-    "all",
-    "analyse",
-    "analyze",
-    "and",
-    "any",
-    "array",
-    "as",
-    "asc",
-    "asymmetric",
-    "authorization",
-    "binary",
-    "both",
-    "case",
-    "cast",
-    "check",
-    "collate",
-    "collation",
-    "column",
-    "concurrently",
-    "constraint",
-    "create",
-    "cross",
-    "current_catalog",
-    "current_date",
-    "current_role",
-    "current_schema",
-    "current_time",
-    "current_timestamp",
-    "current_user",
-    "default",
-    "deferrable",
-    "desc",
-    "distinct",
-    "do",
-    "else",
-    "end",
-    "except",
-    "false",
-    "fetch",
-    "for",
-    "foreign",
-    "freeze",
-    "from",
-    "full",
-    "grant",
-    "group",
-    "having",
-    "ilike",
-    "in",
-    "initially",
-    "inner",
-    "intersect",
-    "into",
-    "is",
-    "isnull",
-    "join",
-    "lateral",
-    "leading",
-    "left",
-    "like",
-    "limit",
-    "localtime",
-    "localtimestamp",
-    "natural",
-    "not",
-    "notnull",
-    "null",
-    "offset",
-    "on",
-    "only",
-    "or",
-    "order",
-    "outer",
-    "overlaps",
-    "placing",
-    "primary",
-    "references",
-    "returning",
-    "right",
-    "select",
-    "session_user",
-    "similar",
-    "some",
-    "symmetric",
-    "system_user",
-    "table",
-    "tablesample",
-    "then",
-    "to",
-    "trailing",
-    "true",
-    "union",
-    "unique",
-    "user",
-    "using",
-    "variadic",
-    "verbose",
-    "when",
-    "where",
-    "window",
-    "with",
-];
-
 /// Apply the rendered files, each in its own transaction.
 pub async fn apply(
     client: &tokio_postgres::Client,
@@ -400,13 +275,5 @@ mod tests {
             assert!(!role.contains("{{"), "{platform:?}");
         }
         assert_eq!(plain[3].0, "004_role.sql");
-    }
-
-    #[test]
-    fn identifiers_are_quoted_only_when_needed() {
-        assert_eq!(quote_ident("outbox"), "outbox");
-        assert_eq!(quote_ident("Outbox"), "\"Outbox\"");
-        assert_eq!(quote_ident("user"), "\"user\"");
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     }
 }

@@ -3,7 +3,12 @@
 //! `last_error`, `next_attempt_at`, `published_at`).
 
 use crate::config::{Config, OnPublished};
-use crate::setup::quote_ident;
+use crate::sql::{qualified, quote_ident};
+
+/// Name of the dead-letter table for outbox table `table`.
+pub fn dead_letter_table(table: &str) -> String {
+    format!("{table}_dead_letter")
+}
 
 /// The relay-managed columns the lifecycle features need.
 pub const MANAGED: [&str; 5] = [
@@ -65,7 +70,7 @@ impl Table {
             .unwrap_or_else(|| "text".to_owned());
         let created_at = &config.columns.created_at;
         Ok(Some(Self {
-            qualified: format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name)),
+            qualified: qualified(&name.schema, &name.name),
             id: quote_ident(&config.columns.id),
             id_type,
             created_at: (!created_at.is_empty() && has(created_at))

@@ -55,9 +55,6 @@ pub const READ_BUFFER: usize = 256 * 1024;
 /// message is 1 GiB).
 const MAX_MESSAGE: usize = 1 << 30;
 
-/// Microseconds from the Unix epoch to PostgreSQL's (2000-01-01 UTC).
-const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
-
 /// Why the replication connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -346,11 +343,11 @@ impl WalStream {
         stream.choice = position::choose(start.lsn, start.kept, &stream.system);
         stream.confirmed = stream.choice.lsn;
         let sql = format!(
-            "START_REPLICATION SLOT \"{}\" LOGICAL {} ({}, publication_names '{}', messages 'true')",
+            "START_REPLICATION SLOT \"{}\" LOGICAL {} ({}, publication_names {}, messages 'true')",
             start.slot.replace('"', "\"\""),
-            crate::postgres::format_lsn(stream.choice.lsn),
+            crate::lsn::format_lsn(stream.choice.lsn),
             start.protocol.options(),
-            start.publication.replace('\'', "''"),
+            crate::sql::quote_literal(start.publication),
         );
         frontend::query(&sql, &mut stream.out)?;
         stream.write_out().await?;
@@ -692,7 +689,7 @@ impl WalStream {
     /// position reported never goes back: a lower one reports the last again.
     pub async fn send_status(&mut self, confirmed: u64, reply: bool) -> Result<(), WireError> {
         self.confirmed = self.confirmed.max(confirmed);
-        let now = crate::metrics::unix_micros_now() - PG_EPOCH_OFFSET_MICROS;
+        let now = crate::time::pg_micros_from_unix(crate::time::unix_micros_now());
         // CopyData of 34 bytes: 'r', written, flushed, applied, the clock, reply asked or not.
         self.out.put_u8(b'd');
         self.out.put_u32(4 + 34);
@@ -808,7 +805,7 @@ fn identified(body: &[u8]) -> Result<position::System, WireError> {
             .and_then(|t| t.parse().ok())
             .ok_or_else(|| bad("no timeline"))?,
         wal_end: field(2)
-            .and_then(crate::postgres::parse_lsn)
+            .and_then(crate::lsn::parse_lsn)
             .ok_or_else(|| bad("no xlogpos"))?,
     })
 }

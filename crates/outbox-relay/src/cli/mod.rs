@@ -1,0 +1,231 @@
+//! The command line: `run`, `setup`, `check`, `replay`, `status`, `purge`, `config`.
+//!
+//! Exit codes: 0 success; 1 the relay or a command failed at run time;
+//! 2 bad usage or configuration; 3 `check` found problems.
+//!
+//! Here: the arguments, [`main`] (configuration, logging, runtime) and what
+//! several commands share; each command's work is in the module named after
+//! it (`config` only prints the defaults).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, LogFormat};
+use crate::platform::Choice;
+use crate::postgres::ConnInfo;
+use crate::signals::StopSignals;
+
+mod check;
+mod purge;
+mod replay;
+mod run;
+mod setup;
+mod status;
+
+/// Exit code for run-time failures.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit code for bad usage or configuration.
+pub const EXIT_CONFIG: u8 = 2;
+/// Exit code for `check` finding problems.
+pub const EXIT_CHECK: u8 = 3;
+
+/// Publishes a Postgres outbox table's inserts, read from the write-ahead log.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about)]
+struct Cli {
+    /// The configuration file (TOML); keys can be overridden with OUTBOX_RELAY__SECTION__KEY.
+    #[arg(
+        long,
+        short,
+        global = true,
+        env = "OUTBOX_RELAY_CONFIG",
+        value_name = "FILE"
+    )]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Stream the outbox to the sink until SIGINT or SIGTERM.
+    Run,
+    /// Print the SQL that creates the table, publication, slot and role (or apply it).
+    Setup {
+        /// Run the SQL against the database instead of printing it (idempotent).
+        #[arg(long)]
+        apply: bool,
+        /// Name of the least-privilege role to create.
+        #[arg(long, default_value = crate::setup::DEFAULT_ROLE)]
+        role: String,
+        /// Create the outbox table partitioned by range of created_at.
+        #[arg(long)]
+        partitioned: bool,
+        /// Render the role for this service's admin role: auto (connect and tell it from
+        /// the server's roles), self-managed, rds, aurora, cloud-sql, azure, supabase or
+        /// neon. Default: auto with --apply, self-managed when only printing.
+        #[arg(long, value_name = "PLATFORM")]
+        platform: Option<Choice>,
+    },
+    /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
+    Check,
+    /// Publish selected rows again (by time range, ids, aggregate, event type or state).
+    Replay {
+        /// Which rows.
+        #[command(flatten)]
+        selection: crate::replay::Selection,
+        /// At most this many events per second.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Print the count and a sample; publish nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Slot lag, wal_status, confirmed position, rows by state; exit 1 when unhealthy.
+    Status {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a full, commented configuration with every key at its default.
+    Config,
+    /// Delete PUBLISHED rows older than the given age now (retention, once).
+    Purge {
+        /// Age, e.g. 7d, 12h, 30m.
+        #[arg(long, value_parser = parse_age)]
+        older_than: std::time::Duration,
+    },
+}
+
+fn parse_age(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_duration(text)
+}
+
+/// Parse the command line and run it.
+pub fn main() -> ExitCode {
+    // First of all: for `run`, a stop requested while starting is a graceful stop.
+    let signals = match StopSignals::install() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("error: cannot install the SIGTERM/SIGINT handlers: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    let cli = Cli::parse();
+    let signals = match cli.command {
+        Command::Run => Some(signals),
+        _ => {
+            signals.default_action();
+            None
+        }
+    };
+    if matches!(cli.command, Command::Config) {
+        print!("{}", crate::config::DEFAULT_CONFIG);
+        return ExitCode::SUCCESS;
+    }
+    let Some(path) = cli.config.as_deref() else {
+        eprintln!("error: --config FILE is required (or set OUTBOX_RELAY_CONFIG)");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    init_logging(&config);
+    let mut builder = match config.runtime.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    };
+    let runtime = match builder.enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_FAILURE);
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run => run::run(config, signals).await,
+            Command::Setup {
+                apply,
+                role,
+                partitioned,
+                platform,
+            } => setup::run(&config, apply, &role, partitioned, platform).await,
+            Command::Check => check::run(&config).await,
+            Command::Replay {
+                selection,
+                rate,
+                dry_run,
+            } => replay::run(&config, &selection, rate, dry_run).await,
+            Command::Purge { older_than } => purge::run(&config, older_than).await,
+            Command::Status { json } => status::run(&config, json).await,
+            Command::Config => unreachable!("handled before loading a configuration"),
+        }
+    })
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log.level);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match config.log.format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Pretty => builder.with_ansi(false).try_init(),
+    };
+}
+
+/// A session for a command: one-off, so without the silence bound (an
+/// index built by `setup --apply`, a count over a large table may run for
+/// minutes without a word).
+async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
+    let conn = ConnInfo::new(&config.postgres)
+        .map_err(|e| {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        })?
+        .without_silence_bound();
+    conn.connect().await.map_err(|e| {
+        eprintln!(
+            "error: cannot connect to {}: {}",
+            conn.display(),
+            crate::postgres::Chain(&e)
+        );
+        ExitCode::from(EXIT_FAILURE)
+    })
+}
+
+/// The outbox table, or the exit code once it is said why there is none.
+async fn table_of(
+    config: &Config,
+    client: &tokio_postgres::Client,
+) -> Result<crate::table::Table, ExitCode> {
+    match crate::table::Table::inspect(client, config).await {
+        Ok(Some(table)) => Ok(table),
+        Ok(None) => {
+            eprintln!(
+                "error: table {} does not exist (postgres.table)",
+                config.table()
+            );
+            Err(ExitCode::from(EXIT_FAILURE))
+        }
+        Err(e) => {
+            eprintln!(
+                "error: cannot inspect table {}: {}",
+                config.table(),
+                crate::postgres::Chain(&e)
+            );
+            Err(ExitCode::from(EXIT_FAILURE))
+        }
+    }
+}
