@@ -89,7 +89,7 @@ pub enum RelayError {
     #[error(transparent)]
     ConnInfo(#[from] ConnInfoError),
     /// The ordinary SQL session failed.
-    #[error("postgres: {context}: {}", crate::postgres::Chain(source))]
+    #[error("postgres: {context}: {}", crate::report::Chain(source))]
     Sql {
         /// What was being done.
         context: &'static str,
@@ -99,7 +99,7 @@ pub enum RelayError {
     },
     /// The ordinary SQL session could not be opened (its socket, or a host
     /// name TLS cannot use).
-    #[error("postgres: {}", crate::postgres::Chain(.0))]
+    #[error("postgres: {}", crate::report::Chain(.0))]
     Connect(#[source] crate::postgres::SqlError),
     /// The replication session failed.
     #[error("replication stream: {}", with_advice(.0))]

@@ -35,7 +35,7 @@ pub async fn serve(listener: TcpListener, max_lag: i64, stop: CancellationToken)
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::warn!(error = %crate::postgres::Chain(&e), "http accept failed");
+                    tracing::warn!(error = %crate::report::Chain(&e), "http accept failed");
                     continue;
                 }
             },

@@ -42,6 +42,7 @@ pub mod record;
 pub mod relay;
 pub mod replay;
 pub mod replication;
+pub mod report;
 pub mod retention;
 pub mod retry;
 pub mod route;

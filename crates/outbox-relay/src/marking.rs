@@ -205,12 +205,12 @@ impl Writer {
                 let e: &(dyn std::error::Error + 'static) = &*e;
                 let lost = client.as_ref().is_none_or(|c| c.is_closed());
                 if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
-                    tracing::error!(rows = ids.len(), error = %crate::postgres::Chain(e), "cannot mark rows; they stay as they were (the poller may publish them again)");
+                    tracing::error!(rows = ids.len(), error = %crate::report::Chain(e), "cannot mark rows; they stay as they were (the poller may publish them again)");
                     break;
                 }
                 let delay = self.backoff.delay(attempt);
                 attempt += 1;
-                tracing::warn!(rows = ids.len(), attempt, error = %crate::postgres::Chain(e), "marking rows failed, retrying");
+                tracing::warn!(rows = ids.len(), attempt, error = %crate::report::Chain(e), "marking rows failed, retrying");
                 tokio::time::sleep(delay).await;
                 if lost {
                     client = None; // the next round opens a fresh one

@@ -114,7 +114,7 @@ pub async fn run(config: Config, stop: CancellationToken) {
                     s.safe_wal_size,
                 ),
                 Err(e) => {
-                    tracing::debug!(error = %crate::postgres::Chain(&e), "slot monitor query failed")
+                    tracing::debug!(error = %crate::report::Chain(&e), "slot monitor query failed")
                 }
             }
             if round % 6 == 0 {

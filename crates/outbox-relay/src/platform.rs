@@ -417,7 +417,7 @@ pub async fn detect_or_self_managed(client: &tokio_postgres::Client) -> Platform
     match detect_on(client).await {
         Ok(detection) => detection.platform,
         Err(e) => {
-            tracing::debug!(error = %crate::postgres::Chain(&e), "cannot tell the platform; self-managed wording");
+            tracing::debug!(error = %crate::report::Chain(&e), "cannot tell the platform; self-managed wording");
             Platform::SelfManaged
         }
     }

@@ -159,7 +159,7 @@ impl<S: Sink> Poller<S> {
                     }
                     Err(e) => {
                         failed_rounds = failed_rounds.saturating_add(1);
-                        tracing::warn!(error = %crate::postgres::Chain(&e), failed_rounds, "poller round failed; retrying with backoff");
+                        tracing::warn!(error = %crate::report::Chain(&e), failed_rounds, "poller round failed; retrying with backoff");
                         client = None;
                         false
                     }
@@ -201,12 +201,12 @@ impl<S: Sink> Poller<S> {
                         return None;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %crate::postgres::Chain(&e), "poller cannot inspect the table");
+                        tracing::warn!(error = %crate::report::Chain(&e), "poller cannot inspect the table");
                         return None;
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(error = %crate::postgres::Chain(&e), "poller cannot connect");
+                    tracing::warn!(error = %crate::report::Chain(&e), "poller cannot connect");
                     return None;
                 }
             }
@@ -226,7 +226,7 @@ impl<S: Sink> Poller<S> {
         let mut rows_to_messages = match Rows::new(config, table, &self.conn.dbname) {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(error = %crate::postgres::Chain(&e), "the poller cannot map the table");
+                tracing::error!(error = %crate::report::Chain(&e), "the poller cannot map the table");
                 return Ok(Round::default());
             }
         };

@@ -165,7 +165,7 @@ pub async fn load(
     let row = match client.query_opt(&sql, &[&slot]).await {
         Ok(row) => row,
         Err(error) if missing_or_denied(&error) => {
-            tracing::debug!(error = %crate::postgres::Chain(&error), "no kept position");
+            tracing::debug!(error = %crate::report::Chain(&error), "no kept position");
             return Ok(None);
         }
         Err(error) => return Err(error),
@@ -263,7 +263,7 @@ impl Keeper {
         let write = self.write(confirmed);
         self.writing = Some(tokio::spawn(async move {
             if let Err(error) = write.await {
-                tracing::warn!(error = %crate::postgres::Chain(&error), "cannot keep the confirmed position; a PostgreSQL restart may send published events again");
+                tracing::warn!(error = %crate::report::Chain(&error), "cannot keep the confirmed position; a PostgreSQL restart may send published events again");
             }
         }));
     }
@@ -281,7 +281,7 @@ impl Keeper {
                 tracing::debug!(lsn = %format_lsn(confirmed), "final position kept");
             }
             Ok(Err(error)) => {
-                tracing::warn!(error = %crate::postgres::Chain(&error), "cannot keep the final position");
+                tracing::warn!(error = %crate::report::Chain(&error), "cannot keep the final position");
             }
             Err(_) => tracing::warn!("the final position could not be kept in time"),
         }

@@ -15,6 +15,7 @@ use tokio_postgres::tls::MakeTlsConnect;
 
 use crate::config::{PostgresConfig, Secret};
 use crate::lsn::parse_lsn;
+pub use crate::report::Chain;
 use crate::silence::Watched;
 use crate::tls::{ChannelBindingMode, MakeRustls, TlsSettings};
 use crate::walstream::{Protocol, Start, Startup, Transport, WalStream, WireError};
@@ -448,40 +449,6 @@ impl ConnInfo {
     }
 }
 
-/// An error with its causes, for logs and messages.
-///
-/// tokio-postgres prints a server error as just "db error" and keeps the
-/// server's message in the source; this prints `ERROR: must be owner of …`.
-/// Its refusal under `channel_binding = require` comes out in the words the
-/// replication connection uses ([`crate::tls::channel_binding_refused`]).
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut text = String::new();
-        let mut next = Some(self.0);
-        while let Some(error) = next {
-            // The replication connection refuses in libpq's words; so does this one.
-            let refusal = error
-                .downcast_ref::<tokio_postgres::Error>()
-                .is_some_and(crate::tls::is_channel_binding_refusal);
-            let more = if refusal {
-                crate::tls::channel_binding_refused(None)
-            } else {
-                error.to_string()
-            };
-            if !text.contains(&more) {
-                if !text.is_empty() {
-                    text.push_str(": ");
-                }
-                text.push_str(&more);
-            }
-            next = if refusal { None } else { error.source() };
-        }
-        f.write_str(&text)
-    }
-}
-
 /// Run a connection's task in the background; its client.
 fn background<S, T>(
     (client, connection): (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
@@ -492,7 +459,7 @@ where
 {
     tokio::spawn(async move {
         if let Err(e) = connection.await {
-            tracing::debug!(error = %crate::postgres::Chain(&e), "sql connection closed");
+            tracing::debug!(error = %crate::report::Chain(&e), "sql connection closed");
         }
     });
     client

@@ -294,7 +294,7 @@ pub async fn run<S: Sink>(
                     return Err(e);
                 }
                 Err(e) => {
-                    tracing::error!(error = %crate::postgres::Chain(&e), "a publish task failed");
+                    tracing::error!(error = %crate::report::Chain(&e), "a publish task failed");
                     return Ok(()); // the session restarts; unconfirmed events are sent again
                 }
             },

@@ -174,7 +174,7 @@ impl Recorder {
                 Err(e) => {
                     let delay = self.backoff.delay(attempt);
                     attempt += 1;
-                    tracing::warn!(id = %id, attempt, error = %crate::postgres::Chain(&e), "cannot record a rejected event yet, retrying");
+                    tracing::warn!(id = %id, attempt, error = %crate::report::Chain(&e), "cannot record a rejected event yet, retrying");
                     tokio::time::sleep(delay).await;
                 }
             }

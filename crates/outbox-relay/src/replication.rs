@@ -255,10 +255,10 @@ pub async fn run<S: Sink>(
                 attempt = attempt.saturating_add(1);
                 if standby {
                     if attempt == 1 || attempt % 30 == 0 {
-                        tracing::info!(reason = %crate::postgres::Chain(&e), "standing by: the slot is in use; taking over when it is free");
+                        tracing::info!(reason = %crate::report::Chain(&e), "standing by: the slot is in use; taking over when it is free");
                     }
                 } else {
-                    tracing::warn!(error = %crate::postgres::Chain(&e), attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                    tracing::warn!(error = %crate::report::Chain(&e), attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -653,7 +653,7 @@ async fn session<S: Sink>(
                         .await
                     {
                         Ok(_) => crate::metrics::get().heartbeat_sent(sent),
-                        Err(e) => tracing::warn!(error = %crate::postgres::Chain(&e), "cannot emit a heartbeat"),
+                        Err(e) => tracing::warn!(error = %crate::report::Chain(&e), "cannot emit a heartbeat"),
                     }
                 });
             }
@@ -787,7 +787,7 @@ async fn confirm_final(sql_client: &tokio_postgres::Client, slot: &str, lsn: u64
             }
             Ok(_) => {}
             Err(e) => {
-                tracing::warn!(error = %crate::postgres::Chain(&e), "cannot read the slot to check the final acknowledgement");
+                tracing::warn!(error = %crate::report::Chain(&e), "cannot read the slot to check the final acknowledgement");
                 break;
             }
         }
@@ -960,7 +960,7 @@ impl Stream<'_> {
                     },
                     Err(e) => {
                         let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::postgres::Chain(&e), "outbox row cannot become an event");
+                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
                         Dispatch::Reject {
                             ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
                             id,

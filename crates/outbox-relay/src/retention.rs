@@ -107,7 +107,7 @@ async fn drop_expired_partitions(
     {
         Ok(rows) => rows,
         Err(e) => {
-            tracing::warn!(error = %crate::postgres::Chain(&e), "retention cannot list partitions");
+            tracing::warn!(error = %crate::report::Chain(&e), "retention cannot list partitions");
             return Vec::new();
         }
     };
@@ -153,7 +153,7 @@ async fn drop_expired_partitions(
                 } else {
                     "deleting its rows instead"
                 };
-                tracing::warn!(partition = %name, error = %crate::postgres::Chain(&e), "cannot drop an expired partition: {hint}");
+                tracing::warn!(partition = %name, error = %crate::report::Chain(&e), "cannot drop an expired partition: {hint}");
             }
         }
     }
@@ -198,7 +198,7 @@ pub async fn run(config: Config, stop: CancellationToken) {
     let conn = match ConnInfo::new(&config.postgres) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(error = %crate::postgres::Chain(&e), "retention cannot start");
+            tracing::error!(error = %crate::report::Chain(&e), "retention cannot start");
             return;
         }
     };
@@ -238,7 +238,7 @@ pub async fn run(config: Config, stop: CancellationToken) {
                 tracing::debug!("retention: the table has no relay-managed columns; nothing to do")
             }
             Err(e) => {
-                tracing::warn!(error = %crate::postgres::Chain(&e), "retention run failed; retrying next interval")
+                tracing::warn!(error = %crate::report::Chain(&e), "retention run failed; retrying next interval")
             }
         }
         tokio::select! {

@@ -17,45 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::event::OutboxEvent;
-
-/// A destination's routing rules.
-#[derive(Clone)]
-pub struct Routes {
-    /// Where an event goes when nothing else names a destination.
-    pub default: Option<String>,
-    /// Destination per event: `{aggregate_type}`, `{event_type}` and the
-    /// [`variables`](Self::variables) are replaced.
-    pub template: Option<String>,
-    /// The sink's own template variables (name without braces, value).
-    pub variables: Vec<(&'static str, String)>,
-    /// The full name of a destination a row names (bare or full).
-    pub expand: Arc<dyn Fn(&str) -> String + Send + Sync>,
-    /// Why an event has no destination (nothing above names one).
-    pub missing: String,
-}
-
-impl Routes {
-    /// Everything to one unnamed destination (single-destination sinks).
-    pub fn single() -> Self {
-        Self {
-            default: Some(String::new()),
-            template: None,
-            variables: Vec::new(),
-            expand: Arc::new(|_| String::new()),
-            missing: String::new(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Routes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Routes")
-            .field("default", &self.default)
-            .field("template", &self.template)
-            .field("variables", &self.variables)
-            .finish_non_exhaustive()
-    }
-}
+pub use crate::sink::settings::{check_template, Routes};
 
 /// Computes each event's destination.
 #[derive(Debug, Clone)]
@@ -110,33 +72,6 @@ impl Router {
             self.cache.insert(name, Arc::clone(&interned));
         }
         interned
-    }
-}
-
-/// Check a destination template: braces closed, only `{aggregate_type}`,
-/// `{event_type}` and `variables` used. Each problem goes to `bad` under `key`.
-pub fn check_template(
-    key: &str,
-    template: &str,
-    variables: &[&str],
-    bad: &mut dyn FnMut(&str, String),
-) {
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        let Some(close) = rest[open..].find('}') else {
-            bad(key, "a `{` is not closed".into());
-            return;
-        };
-        let name = &rest[open + 1..open + close];
-        if !(["aggregate_type", "event_type"].contains(&name) || variables.contains(&name)) {
-            let mut known = vec!["{aggregate_type}".to_owned(), "{event_type}".to_owned()];
-            known.extend(variables.iter().map(|v| format!("{{{v}}}")));
-            bad(
-                key,
-                format!("unknown placeholder {{{name}}}: use {}", known.join(", ")),
-            );
-        }
-        rest = &rest[open + close + 1..];
     }
 }
 

@@ -25,7 +25,7 @@ pub(super) async fn run(config: &Config) -> ExitCode {
             }
         }
         Err(e) => {
-            eprintln!("error: check failed: {}", crate::postgres::Chain(&e));
+            eprintln!("error: check failed: {}", crate::report::Chain(&e));
             ExitCode::from(EXIT_FAILURE)
         }
     }

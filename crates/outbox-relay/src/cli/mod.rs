@@ -199,7 +199,7 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
         eprintln!(
             "error: cannot connect to {}: {}",
             conn.display(),
-            crate::postgres::Chain(&e)
+            crate::report::Chain(&e)
         );
         ExitCode::from(EXIT_FAILURE)
     })
@@ -223,7 +223,7 @@ async fn table_of(
             eprintln!(
                 "error: cannot inspect table {}: {}",
                 config.table(),
-                crate::postgres::Chain(&e)
+                crate::report::Chain(&e)
             );
             Err(ExitCode::from(EXIT_FAILURE))
         }

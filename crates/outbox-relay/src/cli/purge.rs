@@ -38,7 +38,7 @@ pub(super) async fn run(config: &Config, older_than: std::time::Duration) -> Exi
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: purge failed: {}", crate::postgres::Chain(&e));
+            eprintln!("error: purge failed: {}", crate::report::Chain(&e));
             ExitCode::from(EXIT_FAILURE)
         }
     }

@@ -23,7 +23,7 @@ pub(super) async fn run(config: Config, signals: Option<StopSignals>) -> ExitCod
     match Configured::new(&config).await {
         Ok(sink) => relay(&config, sink, stop).await,
         Err(e) => {
-            tracing::error!(error = %crate::postgres::Chain(&e), "cannot set up the sink");
+            tracing::error!(error = %crate::report::Chain(&e), "cannot set up the sink");
             ExitCode::from(EXIT_CONFIG)
         }
     }
@@ -40,7 +40,7 @@ async fn relay<S: Sink>(config: &Config, sink: S, stop: CancellationToken) -> Ex
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = %crate::postgres::Chain(&e), "relay stopped");
+            tracing::error!(error = %crate::report::Chain(&e), "relay stopped");
             match e.class() {
                 ErrorClass::Fatal | ErrorClass::Transient => ExitCode::from(EXIT_FAILURE),
             }

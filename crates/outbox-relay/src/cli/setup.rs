@@ -32,7 +32,7 @@ pub(super) async fn run(
             Err(e) => {
                 eprintln!(
                     "warning: cannot tell the platform ({}); --platform names it",
-                    crate::postgres::Chain(&e)
+                    crate::report::Chain(&e)
                 );
                 (Platform::SelfManaged, "could not tell".to_owned())
             }

@@ -16,10 +16,7 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
     let slot = match crate::monitor::slot_lag(&client, &config.postgres.slot).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!(
-                "error: cannot read the slot: {}",
-                crate::postgres::Chain(&e)
-            );
+            eprintln!("error: cannot read the slot: {}", crate::report::Chain(&e));
             return ExitCode::from(EXIT_FAILURE);
         }
     };

@@ -20,9 +20,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-mod value;
+pub mod value;
 
-use crate::sink::Settings;
+use crate::sink::settings::{Settings, Unnamed};
+use crate::sink::sns::config::SnsConfig;
 
 pub use value::{check_endpoint_url, de_duration, parse_duration, Secret};
 
@@ -78,7 +79,7 @@ pub struct Config {
     pub sink: SinkConfig,
     /// The SNS sink.
     #[serde(default)]
-    pub sns: crate::sink::sns::SnsConfig,
+    pub sns: SnsConfig,
     /// How an event becomes a message.
     #[serde(default)]
     pub envelope: EnvelopeConfig,
@@ -898,7 +899,7 @@ impl Config {
     /// The settings of the destination `[sink] kind` names.
     pub fn destination(&self) -> &dyn Settings {
         match self.sink.kind {
-            SinkKind::Stdout => &crate::sink::stdout::Stdout,
+            SinkKind::Stdout => &Unnamed,
             SinkKind::Sns => &self.sns,
         }
     }
@@ -1086,7 +1087,7 @@ pub fn keys() -> Vec<String> {
             "postgres" => field_names::<PostgresConfig>(),
             "columns" => field_names::<ColumnMapping>(),
             "sink" => field_names::<SinkConfig>(),
-            "sns" => field_names::<crate::sink::sns::SnsConfig>(),
+            "sns" => field_names::<SnsConfig>(),
             "envelope" => field_names::<EnvelopeConfig>(),
             "stream" => field_names::<StreamConfig>(),
             "retry" => field_names::<RetryConfig>(),

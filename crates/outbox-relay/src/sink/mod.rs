@@ -138,60 +138,58 @@ pub trait Sink: Send + Sync + 'static {
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
 }
 
-/// The sink `[sink] kind` names, behind one type so callers need one code path.
-pub enum Configured {
+/// The sinks `[sink] kind` names, behind one type so callers need one code
+/// path: `Variant(SinkType) = |config| expression making the sink from the
+/// whole configuration`. Adding a destination is one line here.
+macro_rules! configured {
+    ($($(#[$doc:meta])* $variant:ident($sink:ty) = |$config:ident| $build:expr;)+) => {
+        /// The configured sink.
+        pub enum Configured {
+            $($(#[$doc])* $variant(Box<$sink>),)+
+        }
+
+        impl Configured {
+            /// Build the configured sink.
+            pub async fn new(config: &crate::config::Config) -> Result<Self, crate::aws::SetupError> {
+                Ok(match config.sink.kind {
+                    $(crate::config::SinkKind::$variant => {
+                        let $config = config;
+                        Self::$variant(Box::new($build))
+                    })+
+                })
+            }
+        }
+
+        impl Sink for Configured {
+            fn name(&self) -> &'static str {
+                match self { $(Self::$variant(s) => s.name(),)+ }
+            }
+
+            fn max_batch(&self) -> usize {
+                match self { $(Self::$variant(s) => s.max_batch(),)+ }
+            }
+
+            fn concurrency(&self) -> Concurrency {
+                match self { $(Self::$variant(s) => s.concurrency(),)+ }
+            }
+
+            fn linger(&self) -> Duration {
+                match self { $(Self::$variant(s) => s.linger(),)+ }
+            }
+
+            async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+                // Boxed: a network sink's call state is kilobytes, and the
+                // publisher moves each batch's future into a task of its own;
+                // unboxed, every sink's future would be as large as the largest.
+                match self { $(Self::$variant(s) => Box::pin(s.publish(batch)).await,)+ }
+            }
+        }
+    };
+}
+
+configured! {
     /// `stdout`.
-    Stdout(StdoutSink),
+    Stdout(StdoutSink) = |_config| StdoutSink::new();
     /// `sns`.
-    Sns(Box<SnsSink>),
-}
-
-impl Configured {
-    /// Build the configured sink.
-    pub async fn new(config: &crate::config::Config) -> Result<Self, crate::aws::SetupError> {
-        Ok(match config.sink.kind {
-            crate::config::SinkKind::Stdout => Self::Stdout(StdoutSink::new()),
-            crate::config::SinkKind::Sns => Self::Sns(Box::new(SnsSink::new(&config.sns).await?)),
-        })
-    }
-}
-
-impl Sink for Configured {
-    fn name(&self) -> &'static str {
-        match self {
-            Self::Stdout(s) => s.name(),
-            Self::Sns(s) => s.name(),
-        }
-    }
-
-    fn max_batch(&self) -> usize {
-        match self {
-            Self::Stdout(s) => s.max_batch(),
-            Self::Sns(s) => s.max_batch(),
-        }
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        match self {
-            Self::Stdout(s) => s.concurrency(),
-            Self::Sns(s) => s.concurrency(),
-        }
-    }
-
-    fn linger(&self) -> Duration {
-        match self {
-            Self::Stdout(s) => s.linger(),
-            Self::Sns(s) => s.linger(),
-        }
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        match self {
-            Self::Stdout(s) => s.publish(batch).await,
-            // Boxed: the SNS call's state is kilobytes, and the publisher
-            // moves each batch's future into a task of its own. Unboxed, the
-            // stdout sink's few-byte future would be as large as it.
-            Self::Sns(s) => Box::pin(s.publish(batch)).await,
-        }
-    }
+    Sns(SnsSink) = |config| SnsSink::new(&config.sns).await?;
 }

@@ -74,22 +74,6 @@ impl Write for Closed {
     }
 }
 
-/// The stdout sink's settings: it has no section of its own, and one
-/// unnamed destination.
-pub struct Stdout;
-
-impl super::Settings for Stdout {
-    fn validate(&self, _: &mut dyn FnMut(&str, String)) {}
-
-    fn routes(&self) -> crate::route::Routes {
-        crate::route::Routes::single()
-    }
-
-    fn dead_letter(&self, _: &str) -> Result<(), String> {
-        Err("the stdout sink has no destinations to name: a dead-letter destination needs another [sink] kind".into())
-    }
-}
-
 /// Writes envelopes as lines to a writer, by default standard output.
 pub struct StdoutSink {
     output: Output,

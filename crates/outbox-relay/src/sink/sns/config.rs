@@ -6,9 +6,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use crate::concurrency::ConcurrencyMode;
-use crate::config::{check_endpoint_url, de_duration};
-use crate::route::{check_template, Routes};
-use crate::sink::settings::Settings;
+use crate::config::value::{check_endpoint_url, de_duration};
+use crate::sink::settings::{check_template, Routes, Settings};
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.

@@ -62,7 +62,7 @@ use super::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::aws::{self, CallError, Client, SetupError};
 
 pub mod claim_check;
-mod config;
+pub mod config;
 pub mod errors;
 pub mod limits;
 mod protocol;
