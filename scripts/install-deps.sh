@@ -11,6 +11,7 @@
 #   - cargo-nextest
 #   - moto's server mode (AWS mock): python3 -m moto.server / moto_server
 #   - the official SQS Extended Client for Python (amazon-sqs-extended-client)
+#   - the Standard Webhooks reference library for Python (standardwebhooks)
 set -euo pipefail
 
 . "$(dirname "${BASH_SOURCE[0]}")/pg-versions.sh"
@@ -175,6 +176,13 @@ fi
 if ! python3 -c 'import sqs_extended_client' >/dev/null 2>&1; then
     python3 -m pip install --quiet --disable-pip-version-check 'amazon-sqs-extended-client==1.0.1'
     echo "install-deps: installed amazon-sqs-extended-client 1.0.1"
+fi
+
+# The webhook tests verify signatures with the Standard Webhooks reference
+# library (tests/data/webhook_receiver.py).
+if ! python3 -c 'import standardwebhooks' >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check 'standardwebhooks==1.0.0'
+    echo "install-deps: installed standardwebhooks 1.0.0"
 fi
 
 # The compose validation test (scripts/validate-compose.py).

@@ -16,3 +16,4 @@ mod sns_fixture;
 mod stream;
 mod tls;
 mod two_phase;
+mod webhook;

@@ -24,6 +24,7 @@ pub mod value;
 
 use crate::sink::settings::{Settings, Unnamed};
 use crate::sink::sns::config::SnsConfig;
+use crate::sink::webhook::config::WebhookConfig;
 
 pub use value::{check_endpoint_url, de_duration, parse_duration, Secret};
 
@@ -80,6 +81,9 @@ pub struct Config {
     /// The SNS sink.
     #[serde(default)]
     pub sns: SnsConfig,
+    /// The webhook sink.
+    #[serde(default)]
+    pub webhook: WebhookConfig,
     /// How an event becomes a message.
     #[serde(default)]
     pub envelope: EnvelopeConfig,
@@ -302,6 +306,8 @@ pub enum SinkKind {
     Stdout,
     /// AWS SNS (`[sns]`).
     Sns,
+    /// HTTP POST signed as Standard Webhooks (`[webhook]`).
+    Webhook,
 }
 
 /// `[envelope]`: the message format.
@@ -901,6 +907,7 @@ impl Config {
         match self.sink.kind {
             SinkKind::Stdout => &Unnamed,
             SinkKind::Sns => &self.sns,
+            SinkKind::Webhook => &self.webhook,
         }
     }
 
@@ -1014,7 +1021,7 @@ impl fmt::Display for TableName {
 }
 
 /// Keys whose values are secrets.
-const SECRET_KEYS: [&str; 2] = ["postgres.url", "postgres.password"];
+const SECRET_KEYS: [&str; 3] = ["postgres.url", "postgres.password", "webhook.secret"];
 
 /// Merge `OUTBOX_RELAY__A__B` variables into `root`; returns which key came
 /// from which variable.
@@ -1088,6 +1095,7 @@ pub fn keys() -> Vec<String> {
             "columns" => field_names::<ColumnMapping>(),
             "sink" => field_names::<SinkConfig>(),
             "sns" => field_names::<SnsConfig>(),
+            "webhook" => field_names::<WebhookConfig>(),
             "envelope" => field_names::<EnvelopeConfig>(),
             "stream" => field_names::<StreamConfig>(),
             "retry" => field_names::<RetryConfig>(),
@@ -1345,12 +1353,21 @@ worker_threads = 0
 
     #[test]
     fn secrets_are_not_printed_by_debug() {
-        let c = load(MINIMAL, &[("OUTBOX_RELAY__POSTGRES__PASSWORD", "hunter2")]).unwrap();
+        let c = load(
+            MINIMAL,
+            &[
+                ("OUTBOX_RELAY__POSTGRES__PASSWORD", "hunter2"),
+                (
+                    "OUTBOX_RELAY__WEBHOOK__SECRET",
+                    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+                ),
+            ],
+        )
+        .unwrap();
         let printed = format!("{c:?}");
-        assert!(
-            !printed.contains("secret") && !printed.contains("hunter2"),
-            "{printed}"
-        );
+        for secret in [":secret@", "hunter2", "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"] {
+            assert!(!printed.contains(secret), "{secret} in {printed}");
+        }
     }
 
     #[test]

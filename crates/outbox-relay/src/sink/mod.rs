@@ -35,10 +35,12 @@ use crate::event::OutboxEvent;
 pub mod settings;
 pub mod sns;
 pub mod stdout;
+pub mod webhook;
 
 pub use settings::Settings;
 pub use sns::SnsSink;
 pub use stdout::StdoutSink;
+pub use webhook::WebhookSink;
 
 /// One envelope on its way to the sink.
 #[derive(Debug, Clone)]
@@ -192,4 +194,6 @@ configured! {
     Stdout(StdoutSink) = |_config| StdoutSink::new();
     /// `sns`.
     Sns(SnsSink) = |config| SnsSink::new(&config.sns).await?;
+    /// `webhook`.
+    Webhook(WebhookSink) = |config| WebhookSink::new(&config.webhook)?;
 }

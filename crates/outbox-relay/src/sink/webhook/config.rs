@@ -1,0 +1,152 @@
+//! `[webhook]`: the webhook sink's settings, their defaults and their
+//! validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::config::value::{de_duration, Secret};
+use crate::sink::settings::{check_template, Routes, Settings};
+
+/// Default ceiling of requests in flight.
+pub const DEFAULT_WEBHOOK_IN_FLIGHT: usize = 64;
+/// Most events one batched request carries.
+pub const MAX_WEBHOOK_BATCH: usize = 100;
+
+/// `[webhook]`: HTTP POST, signed as the Standard Webhooks specification says.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// Where events go: an `http://` or `https://` URL.
+    pub url: String,
+    /// URL per event, with `{aggregate_type}` and `{event_type}`; used
+    /// instead of `url`. A row's `topic` column, when set, is the URL itself.
+    pub url_template: String,
+    /// The signing secret, `whsec_` and base64 (as Standard Webhooks
+    /// libraries generate it); best from `OUTBOX_RELAY__WEBHOOK__SECRET`.
+    pub secret: Option<Secret>,
+    /// One request per batch (a JSON array of envelopes) instead of one per event.
+    pub batch: bool,
+    /// Most events in a batched request (1 to 100).
+    pub max_batch: usize,
+    /// The most requests in flight at once.
+    pub max_in_flight: usize,
+    /// How many requests are in flight: adaptive (up to `max_in_flight`) or a
+    /// fixed number.
+    pub concurrency: ConcurrencyMode,
+    /// Ceiling of one request, answer included.
+    #[serde(deserialize_with = "de_duration")]
+    pub timeout: Duration,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            url_template: String::new(),
+            secret: None,
+            batch: false,
+            max_batch: 10,
+            max_in_flight: DEFAULT_WEBHOOK_IN_FLIGHT,
+            concurrency: ConcurrencyMode::Adaptive,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl WebhookConfig {
+    /// The publisher's concurrency for this sink.
+    pub fn concurrency(&self) -> Concurrency {
+        self.concurrency.with_ceiling(self.max_in_flight)
+    }
+}
+
+fn http_url(url: &str) -> Result<(), String> {
+    let ok = (url.starts_with("http://") || url.starts_with("https://"))
+        && url.parse::<hyper::Uri>().is_ok_and(|u| u.host().is_some());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{url:?} is not an http:// or https:// URL with a host"
+        ))
+    }
+}
+
+impl Settings for WebhookConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.url.is_empty() && self.url_template.is_empty() {
+            bad(
+                "webhook.url",
+                "missing: set webhook.url (where events are POSTed) or webhook.url_template".into(),
+            );
+        }
+        if !self.url.is_empty() {
+            if let Err(message) = http_url(&self.url) {
+                bad("webhook.url", message);
+            }
+        }
+        if !self.url_template.is_empty() {
+            check_template("webhook.url_template", &self.url_template, &[], bad);
+            if !(self.url_template.starts_with("http://")
+                || self.url_template.starts_with("https://"))
+            {
+                bad(
+                    "webhook.url_template",
+                    "must start with http:// or https://".into(),
+                );
+            }
+        }
+        match &self.secret {
+            None => bad(
+                "webhook.secret",
+                "missing: set the signing secret (whsec_ and base64), best with OUTBOX_RELAY__WEBHOOK__SECRET"
+                    .into(),
+            ),
+            Some(secret) => {
+                if let Err(message) = super::sign::key(secret.expose()) {
+                    bad("webhook.secret", message);
+                }
+            }
+        }
+        if !(1..=MAX_WEBHOOK_BATCH).contains(&self.max_batch) {
+            bad(
+                "webhook.max_batch",
+                format!("must be from 1 to {MAX_WEBHOOK_BATCH}"),
+            );
+        }
+        if self.max_in_flight == 0 {
+            bad("webhook.max_in_flight", "must be at least 1".into());
+        }
+        if let ConcurrencyMode::Fixed(n) = self.concurrency {
+            if n == 0 || n > self.max_in_flight {
+                bad(
+                    "webhook.concurrency",
+                    format!(
+                        "{n} must be between 1 and webhook.max_in_flight ({}), or \"adaptive\"",
+                        self.max_in_flight
+                    ),
+                );
+            }
+        }
+        if self.timeout.is_zero() {
+            bad("webhook.timeout", "must be greater than zero".into());
+        }
+    }
+
+    fn routes(&self) -> Routes {
+        Routes {
+            default: (!self.url.is_empty()).then(|| self.url.clone()),
+            template: (!self.url_template.is_empty()).then(|| self.url_template.clone()),
+            variables: Vec::new(),
+            expand: Arc::new(str::to_owned),
+            missing: "no URL: the row names none and webhook.url is not set".into(),
+        }
+    }
+
+    fn dead_letter(&self, name: &str) -> Result<(), String> {
+        http_url(name)
+    }
+}

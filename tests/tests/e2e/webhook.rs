@@ -1,0 +1,313 @@
+//! The webhook sink, run as users run it (the binary), against a receiver that
+//! verifies every signature with the Standard Webhooks reference library
+//! (`tests/data/webhook_receiver.py`), behind TLS.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use harness::{wait_until, HttpsFront, RelayProcess, TestPki};
+
+use crate::outbox::Outbox;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The receiver: a Python process on a free port, its log and its control
+/// directory.
+struct Receiver {
+    child: Child,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+/// One request the receiver got.
+#[derive(Debug)]
+struct Request {
+    id: String,
+    valid: bool,
+    status: u64,
+    body: String,
+}
+
+impl Receiver {
+    async fn start() -> Receiver {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port_file = dir.path().join("port");
+        let child = Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/data/webhook_receiver.py"
+            ))
+            .arg(SECRET)
+            .arg(&port_file)
+            .arg(dir.path().join("requests.jsonl"))
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python3 webhook_receiver.py");
+        let port = wait_until(Duration::from_secs(30), "the receiver listens", || {
+            let port_file = port_file.clone();
+            async move {
+                std::fs::read_to_string(&port_file)
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u16>().ok())
+            }
+        })
+        .await;
+        Receiver { child, dir, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Answer every request with `status` (`None`: as usual).
+    fn answer(&self, status: Option<u16>) {
+        let path = self.dir.path().join("status");
+        match status {
+            Some(s) => std::fs::write(path, s.to_string()).expect("write status"),
+            None => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("a request line");
+                Request {
+                    id: v["id"].as_str().unwrap_or_default().to_owned(),
+                    valid: v["valid"].as_bool().unwrap_or(false),
+                    status: v["status"].as_u64().unwrap_or(0),
+                    body: v["body"].as_str().unwrap_or_default().to_owned(),
+                }
+            })
+            .collect()
+    }
+
+    /// `(id, aggregate)` of each event delivered (answered 2xx), in arrival order.
+    fn delivered(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for r in self.requests().iter().filter(|r| r.status < 300) {
+            let v: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
+            let events = match v {
+                serde_json::Value::Array(events) => events,
+                one => vec![one],
+            };
+            for e in events {
+                out.push((
+                    e["id"].as_str().unwrap().to_owned(),
+                    e["subject"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn toml(url: &str, extra: &str) -> String {
+    format!(
+        "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"{url}\"\n{extra}\n[retry]\nmax = \"500ms\"\n"
+    )
+}
+
+fn spawn(config: &Path, pki: Option<&TestPki>) -> RelayProcess {
+    let ca = pki.map(|p| p.ca().display().to_string());
+    let mut env = vec![("OUTBOX_RELAY__WEBHOOK__SECRET", SECRET)];
+    if let Some(ca) = &ca {
+        env.push(("AWS_CA_BUNDLE", ca.as_str()));
+    }
+    RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env)
+}
+
+/// Every id of `expected` arrived, each aggregate's in commit order.
+fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, String)]) {
+    let mut want: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, agg) in expected {
+        want.entry(agg).or_default().push(id);
+    }
+    let mut seen = HashSet::new();
+    let mut have: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (id, agg) in got {
+        if seen.insert(id.as_str()) {
+            have.entry(agg).or_default().push(id);
+        }
+    }
+    assert_eq!(want.len(), have.len(), "aggregates");
+    for (agg, ids) in &want {
+        assert_eq!(have.get(agg), Some(ids), "aggregate {agg} in commit order");
+    }
+}
+
+async fn insert(
+    outbox: &Outbox,
+    txs: usize,
+    per_tx: usize,
+    aggregates: usize,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for t in 0..txs {
+        let events: Vec<(String, String)> = (0..per_tx)
+            .map(|i| {
+                (
+                    format!("agg-{}", (t * per_tx + i) % aggregates),
+                    "E".to_owned(),
+                )
+            })
+            .collect();
+        let ids = outbox.insert_tx(&events).await;
+        out.extend(ids.into_iter().zip(events.into_iter().map(|(a, _)| a)));
+    }
+    out
+}
+
+async fn wait_delivered(receiver: &Receiver, n: usize) -> Vec<(String, String)> {
+    wait_until(Duration::from_secs(120), "every event arrived", || async {
+        let got = receiver.delivered();
+        let distinct: HashSet<&String> = got.iter().map(|(id, _)| id).collect();
+        (distinct.len() >= n).then_some(got)
+    })
+    .await
+}
+
+/// 2,000 events over 20 aggregates, one POST each over HTTPS: every one
+/// arrives, verified by the reference library, each aggregate's in commit
+/// order; then batched, the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_signed_events_of_twenty_aggregates_arrive_each_aggregate_in_commit_order() {
+    let receiver = Receiver::start().await;
+    let pki = TestPki::new();
+    let front = HttpsFront::start(&receiver.url(), &pki).await;
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(&front.endpoint(), ""));
+    let mut relay = spawn(&config, Some(&pki));
+    outbox.wait_slot_active(true).await;
+    let expected = insert(&outbox, 200, 10, 20).await;
+    let got = wait_delivered(&receiver, expected.len()).await;
+    assert_per_aggregate_order(&expected, &got);
+    let requests = receiver.requests();
+    assert!(requests.iter().all(|r| r.valid), "every signature verifies");
+    let ids: HashSet<&str> = expected.iter().map(|(id, _)| id.as_str()).collect();
+    assert!(
+        requests.iter().all(|r| ids.contains(r.id.as_str())),
+        "webhook-id is the outbox row id"
+    );
+    relay.stop_gracefully().await;
+
+    // Batched: one request per batch, a JSON array, same rules.
+    let before = receiver.requests().len();
+    let config = outbox.config_file(&toml(&front.endpoint(), "batch = true"));
+    let mut relay = spawn(&config, Some(&pki));
+    outbox.wait_slot_active(true).await;
+    let more = insert(&outbox, 100, 10, 20).await;
+    let got = wait_delivered(&receiver, expected.len() + more.len()).await;
+    assert_per_aggregate_order(&more, &got[expected.len()..]);
+    let batched = &receiver.requests()[before..];
+    assert!(batched.iter().all(|r| r.valid && r.body.starts_with('[')));
+    assert!(
+        batched.len() < more.len(),
+        "{} requests for {} events",
+        batched.len(),
+        more.len()
+    );
+    relay.stop_gracefully().await;
+}
+
+/// The receiver answers 503: nothing is confirmed past the first event, the
+/// relay retries; when it answers again, everything arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_holds_the_slot_until_the_receiver_answers_again() {
+    let receiver = Receiver::start().await;
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(&receiver.url(), ""));
+    let mut relay = spawn(&config, None);
+    outbox.wait_slot_active(true).await;
+    receiver.answer(Some(503));
+    let mut expected = insert(&outbox, 1, 5, 5).await;
+    // The first transaction's commit ends before this.
+    let first_end = outbox.current_lsn().await;
+    expected.extend(insert(&outbox, 9, 5, 5).await);
+    wait_until(Duration::from_secs(30), "the relay retries", || async {
+        receiver
+            .requests()
+            .iter()
+            .filter(|r| r.status == 503)
+            .count()
+            >= 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(receiver.delivered().is_empty());
+    let confirmed = outbox.confirmed_flush().await;
+    assert!(
+        confirmed < first_end,
+        "the slot is not confirmed past undelivered events ({confirmed:X} ≥ {first_end:X})"
+    );
+    receiver.answer(None);
+    let got = wait_delivered(&receiver, expected.len()).await;
+    assert_per_aggregate_order(&expected, &got);
+    let end = outbox.current_lsn().await;
+    wait_until(Duration::from_secs(30), "the slot is confirmed", || async {
+        outbox.confirmed_flush().await >= end
+    })
+    .await;
+    relay.stop_gracefully().await;
+}
+
+/// A 422 is permanent: the event is recorded FAILED with the answer, the
+/// events after it (of its aggregate too) are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
+    let receiver = Receiver::start().await;
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(&receiver.url(), ""));
+    let mut relay = spawn(&config, None);
+    outbox.wait_slot_active(true).await;
+    let before = insert(&outbox, 2, 5, 2).await;
+    let poison: String = outbox
+        .sql
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'agg-0', 'E', '{\"poison\": true}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let after = insert(&outbox, 2, 5, 2).await;
+    let got = wait_delivered(&receiver, before.len() + after.len()).await;
+    let expected: Vec<_> = before.iter().chain(&after).cloned().collect();
+    assert_per_aggregate_order(&expected, &got);
+    let (state, error): (String, String) = wait_until(
+        Duration::from_secs(30),
+        "the rejected row is recorded",
+        || async {
+            let row = outbox
+                .sql
+                .query_one(
+                    "SELECT publish_state, coalesce(last_error, '') FROM outbox WHERE id::text = $1",
+                    &[&poison],
+                )
+                .await
+                .unwrap();
+            let state: String = row.get(0);
+            (state == "FAILED").then(|| (state, row.get::<_, String>(1)))
+        },
+    )
+    .await;
+    assert_eq!(state, "FAILED");
+    assert!(error.contains("422"), "{error}");
+    relay.stop_gracefully().await;
+}
