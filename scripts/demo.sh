@@ -5,11 +5,22 @@
 # few sample outbox inserts, and what arrived in the queue. Everything is
 # removed when it ends.
 #
-#   bash scripts/demo.sh            # SNS (moto) -> SQS
-#   bash scripts/demo.sh --stdout   # the stdout sink instead
+#   bash scripts/demo.sh                  # SNS (moto) -> SQS
+#   bash scripts/demo.sh --sink stdout    # the stdout sink instead (also --stdout)
+#   bash scripts/demo.sh --sink webhook   # signed POSTs to a local receiver that
+#                                         # verifies them (Standard Webhooks library)
 set -euo pipefail
 sink=sns
-[ "${1:-}" = "--stdout" ] && sink=stdout
+case "${1:-}" in
+    --stdout) sink=stdout ;;
+    --sink) sink=${2:?--sink needs sns, stdout or webhook} ;;
+    "") ;;
+    *) echo "usage: $0 [--sink sns|stdout|webhook]" >&2; exit 2 ;;
+esac
+case "$sink" in
+    sns | stdout | webhook) ;;
+    *) echo "--sink: $sink is not one of sns, stdout, webhook" >&2; exit 2 ;;
+esac
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 [ -x "$(command -v cargo)" ] || . "$HOME/.cargo/env"
@@ -23,8 +34,10 @@ work=$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)
 chmod 755 "$work"   # the postgres user must reach the cluster dir inside
 relay_pid=""
 moto_pid=""
+receiver_pid=""
 cleanup() {
     [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null || true
+    [ -n "$receiver_pid" ] && kill "$receiver_pid" 2>/dev/null || true
     [ -n "$moto_pid" ] && kill "$moto_pid" 2>/dev/null || true
     bash scripts/pg-cluster.sh stop "$work/pg" >/dev/null 2>&1 || true
     rm -rf "$work"
@@ -69,6 +82,27 @@ kind = "sns"
 [sns]
 endpoint_url = "$MOTO_URL"
 topic_arn = "arn:aws:sns:us-east-1:123456789012:orders.fifo"
+
+[http]
+listen = ""
+TOML
+elif [ "$sink" = webhook ]; then
+    echo "== starting a webhook receiver that verifies signatures (standardwebhooks)"
+    export OUTBOX_RELAY__WEBHOOK__SECRET="whsec_$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')"
+    python3 tests/data/webhook_receiver.py "$OUTBOX_RELAY__WEBHOOK__SECRET" "$work/receiver.port" \
+        "$work/requests.jsonl" "$work" 2> "$work/receiver.log" &
+    receiver_pid=$!
+    for _ in $(seq 100); do [ -s "$work/receiver.port" ] && break; sleep 0.1; done
+    cat > "$work/relay.toml" <<TOML
+[postgres]
+url = "$app_url"
+
+[sink]
+kind = "webhook"
+
+[webhook]
+url = "http://127.0.0.1:$(cat "$work/receiver.port")/events"
+# secret: from OUTBOX_RELAY__WEBHOOK__SECRET
 
 [http]
 listen = ""
@@ -133,6 +167,22 @@ while got < 3 and time.time() < deadline:
         got += 1
 if got < 3:
     raise SystemExit(f"only {got} of 3 messages arrived; see the relay log below")
+PY
+elif [ "$sink" = webhook ]; then
+    for _ in $(seq 75); do
+        [ -f "$work/requests.jsonl" ] && [ "$(wc -l < "$work/requests.jsonl")" -ge 3 ] && break
+        sleep 0.2
+    done
+    echo "== what the receiver got (webhook-id, signature verified, answer, body):"
+    python3 - "$work/requests.jsonl" <<'PY'
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+for line in lines:
+    r = json.loads(line)
+    print(f"-- webhook-id {r['id']}  verified {r['valid']}  answered {r['status']}")
+    print(r["body"])
+if len(lines) < 3 or not all(json.loads(l)["valid"] for l in lines):
+    raise SystemExit("not every event arrived verified; see the relay log below")
 PY
 else
     for _ in $(seq 50); do

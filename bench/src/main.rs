@@ -363,11 +363,14 @@ async fn recvlogical(
     Ok(usage)
 }
 
-/// The SNS contenders of the drain: name, endpoint, topic.
-const SNS_CONTENDERS: [(&str, &str); 3] = [
+/// The network contenders of the drain: name, destination (an SNS topic, or
+/// a webhook and its mode).
+const SNS_CONTENDERS: [(&str, &str); 5] = [
     ("relay, SNS 0 ms", "bench"),
     ("relay, SNS RTT", "bench"),
     ("relay, SNS RTT, FIFO", "bench.fifo"),
+    ("relay, webhook RTT", "webhook"),
+    ("relay, webhook RTT, batch", "webhook-batch"),
 ];
 
 async fn drain(
@@ -380,7 +383,15 @@ async fn drain(
 ) -> anyhow::Result<()> {
     let rounds = args.rounds.max(1);
     // Slots `bench_<contender>_<round>`, all copies of the first: one start LSN.
-    let contenders = ["recvlogical", "stdout", "sns", "snsrtt", "snsfifo"];
+    let contenders = [
+        "recvlogical",
+        "stdout",
+        "sns",
+        "snsrtt",
+        "snsfifo",
+        "webhook",
+        "webhookbatch",
+    ];
     let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
     let names: Vec<String> = (0..rounds)
         .flat_map(|round| contenders.iter().map(move |c| slot(c, round)))
@@ -401,7 +412,7 @@ async fn drain(
         args.sns_jitter * 100.0
     );
     let (mut recvlogicals, mut stdouts) = (Vec::new(), Vec::new());
-    let mut snss: [Vec<Usage>; 3] = Default::default();
+    let mut snss: [Vec<Usage>; 5] = Default::default();
     for round in 0..rounds {
         recvlogicals
             .push(recvlogical(pg_bin, url, sql, &slot("recvlogical", round), &end_lsn).await?);
@@ -428,11 +439,16 @@ async fn drain(
             let endpoint = if i == 0 { &local } else { &distant };
             let (before, _, _) = endpoint.counts.snapshot();
             let sns_slot = slot(contender, round);
-            let config = relay_config(
-                url,
-                &sns_slot,
-                &format!("[http]\nlisten = \"\"\n{}", sns_sink(&endpoint.url, topic)),
-            );
+            let sink = match *topic {
+                "webhook" | "webhook-batch" => format!(
+                    "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"{}/hook\"\n\
+                     secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nbatch = {}\n",
+                    endpoint.url,
+                    *topic == "webhook-batch"
+                ),
+                topic => sns_sink(&endpoint.url, topic),
+            };
+            let config = relay_config(url, &sns_slot, &format!("[http]\nlisten = \"\"\n{sink}"));
             snss[i].push(
                 run_relay(
                     relay,
@@ -514,11 +530,16 @@ async fn drain(
     };
     let (speed, per_row) = ratio(&stdouts);
     println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
-    let targets = ["0.6", "0.5", "0.3"];
+    let targets = ["0.6", "0.5", "0.3", "-", "-"];
     for (((name, _), runs), target) in SNS_CONTENDERS.iter().zip(&snss).zip(targets) {
         let (speed, per_row) = ratio(runs);
+        let target = if target == "-" {
+            String::new()
+        } else {
+            format!(" (target >= {target})")
+        };
         println!(
-            "ratio {} / pg_recvlogical: {speed:.2}x rows/s (target >= {target}), {per_row:.2}x CPU per row",
+            "ratio {} / pg_recvlogical: {speed:.2}x rows/s{target}, {per_row:.2}x CPU per row",
             name.trim_start_matches("relay, ")
         );
     }
