@@ -10,8 +10,9 @@ use crate::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::{de_duration, Secret};
 use crate::sink::settings::{check_template, Routes, Settings};
 
-/// Default ceiling of requests in flight.
-pub const DEFAULT_WEBHOOK_IN_FLIGHT: usize = 64;
+/// Default ceiling of requests in flight: 12,800 events/s one at a time
+/// 20 ms away (`batch = true` carries up to 100 events a request).
+pub const DEFAULT_WEBHOOK_IN_FLIGHT: usize = 256;
 /// Most events one batched request carries.
 pub const MAX_WEBHOOK_BATCH: usize = 100;
 
