@@ -288,6 +288,32 @@ impl<'de> serde::Deserialize<'de> for ConcurrencyMode {
 }
 
 impl ConcurrencyMode {
+    /// Report to `bad` what is wrong with a section's `concurrency` (under
+    /// `section.concurrency`) and its ceiling (`section.ceiling_key`).
+    pub fn validate(
+        self,
+        section: &str,
+        (ceiling_key, ceiling): (&str, usize),
+        bad: &mut dyn FnMut(&str, String),
+    ) {
+        if ceiling == 0 {
+            bad(
+                &format!("{section}.{ceiling_key}"),
+                "must be at least 1".into(),
+            );
+        }
+        if let Self::Fixed(n) = self {
+            if n == 0 || n > ceiling {
+                bad(
+                    &format!("{section}.concurrency"),
+                    format!(
+                        "{n} must be between 1 and {section}.{ceiling_key} ({ceiling}), or \"adaptive\""
+                    ),
+                );
+            }
+        }
+    }
+
     /// The publisher's concurrency: adaptive up to `ceiling`, or fixed.
     pub fn with_ceiling(self, ceiling: usize) -> Concurrency {
         match self {

@@ -56,7 +56,7 @@ fn envelopes(received: &[Received]) -> Vec<(String, String)> {
 }
 
 /// Per aggregate, the ids in first-arrival order must be the commit order.
-fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, String)]) {
+pub(crate) fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, String)]) {
     let mut want: HashMap<&str, Vec<&str>> = HashMap::new();
     for (id, agg) in expected {
         want.entry(agg).or_default().push(id);
@@ -77,7 +77,7 @@ fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, Str
     }
 }
 
-async fn insert(
+pub(crate) async fn insert(
     outbox: &Outbox,
     txs: usize,
     per_tx: usize,

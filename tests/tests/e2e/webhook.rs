@@ -2,7 +2,7 @@
 //! verifies every signature with the Standard Webhooks reference library
 //! (`tests/data/webhook_receiver.py`), behind TLS.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use harness::{wait_until, HttpsFront, RelayProcess, TestPki};
 
 use crate::outbox::Outbox;
+use crate::sns::{assert_per_aggregate_order, insert};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -130,47 +131,6 @@ fn spawn(config: &Path, pki: Option<&TestPki>) -> RelayProcess {
         env.push(("AWS_CA_BUNDLE", ca.as_str()));
     }
     RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &env)
-}
-
-/// Every id of `expected` arrived, each aggregate's in commit order.
-fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(String, String)]) {
-    let mut want: HashMap<&str, Vec<&str>> = HashMap::new();
-    for (id, agg) in expected {
-        want.entry(agg).or_default().push(id);
-    }
-    let mut seen = HashSet::new();
-    let mut have: HashMap<&str, Vec<&str>> = HashMap::new();
-    for (id, agg) in got {
-        if seen.insert(id.as_str()) {
-            have.entry(agg).or_default().push(id);
-        }
-    }
-    assert_eq!(want.len(), have.len(), "aggregates");
-    for (agg, ids) in &want {
-        assert_eq!(have.get(agg), Some(ids), "aggregate {agg} in commit order");
-    }
-}
-
-async fn insert(
-    outbox: &Outbox,
-    txs: usize,
-    per_tx: usize,
-    aggregates: usize,
-) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for t in 0..txs {
-        let events: Vec<(String, String)> = (0..per_tx)
-            .map(|i| {
-                (
-                    format!("agg-{}", (t * per_tx + i) % aggregates),
-                    "E".to_owned(),
-                )
-            })
-            .collect();
-        let ids = outbox.insert_tx(&events).await;
-        out.extend(ids.into_iter().zip(events.into_iter().map(|(a, _)| a)));
-    }
-    out
 }
 
 async fn wait_delivered(receiver: &Receiver, n: usize) -> Vec<(String, String)> {

@@ -220,20 +220,11 @@ impl Settings for SnsConfig {
         if sns.linger > Duration::from_secs(1) {
             bad("sns.linger", "must be at most 1s".into());
         }
-        if sns.max_in_flight_batches == 0 {
-            bad("sns.max_in_flight_batches", "must be at least 1".into());
-        }
-        if let ConcurrencyMode::Fixed(n) = sns.concurrency {
-            if n == 0 || n > sns.max_in_flight_batches {
-                bad(
-                    "sns.concurrency",
-                    format!(
-                        "{n} must be between 1 and sns.max_in_flight_batches ({}), or \"adaptive\"",
-                        sns.max_in_flight_batches
-                    ),
-                );
-            }
-        }
+        sns.concurrency.validate(
+            "sns",
+            ("max_in_flight_batches", sns.max_in_flight_batches),
+            bad,
+        );
         if let Err(message) = check_endpoint_url(&sns.endpoint_url) {
             bad("sns.endpoint_url", message);
         }

@@ -118,20 +118,8 @@ impl Settings for WebhookConfig {
                 format!("must be from 1 to {MAX_WEBHOOK_BATCH}"),
             );
         }
-        if self.max_in_flight == 0 {
-            bad("webhook.max_in_flight", "must be at least 1".into());
-        }
-        if let ConcurrencyMode::Fixed(n) = self.concurrency {
-            if n == 0 || n > self.max_in_flight {
-                bad(
-                    "webhook.concurrency",
-                    format!(
-                        "{n} must be between 1 and webhook.max_in_flight ({}), or \"adaptive\"",
-                        self.max_in_flight
-                    ),
-                );
-            }
-        }
+        self.concurrency
+            .validate("webhook", ("max_in_flight", self.max_in_flight), bad);
         if self.timeout.is_zero() {
             bad("webhook.timeout", "must be greater than zero".into());
         }
