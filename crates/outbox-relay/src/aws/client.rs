@@ -39,10 +39,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST, PROXY_AUTHORIZATION, USER_AGENT};
 use hyper::{Method, StatusCode};
-use hyper_util::client::legacy::Client as Pooled;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::connect::{self, Connector};
+use super::connect;
 use super::endpoint::Endpoint;
 use super::{Service, SetupError};
 
@@ -53,7 +51,8 @@ const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
 /// The largest answer read (a 10-entry answer is about 2 KiB).
 const MAX_ANSWER: usize = 1 << 20;
 const FORM: &str = "application/x-www-form-urlencoded; charset=utf-8";
-const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
+/// The `User-Agent` of the relay's HTTP requests.
+pub const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
 
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +139,7 @@ pub struct Client {
     region: String,
     credentials: Credentials,
     clock: Clock,
-    pooled: Pooled<Connector, Full<Bytes>>,
+    pooled: connect::Pooled,
     /// `Proxy-Authorization` for requests an `http` proxy forwards.
     forwarded_authorization: Option<HeaderValue>,
     attempt_timeout: Duration,
@@ -207,12 +206,7 @@ impl Client {
             key: "AWS_CA_BUNDLE",
             message,
         })?;
-        let pooled = Pooled::builder(TokioExecutor::new())
-            .pool_idle_timeout(IDLE)
-            .pool_max_idle_per_host(max_idle.max(1))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let pooled = connect::pooled(connector, max_idle);
         Ok(Self {
             service,
             endpoint,

@@ -50,6 +50,21 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// What the pooled client connects with.
 pub type Connector = HttpsConnector<Route>;
 
+/// hyper-util's pooled HTTP/1.1 client over a [`Connector`].
+pub type Pooled = hyper_util::client::legacy::Client<Connector, http_body_util::Full<bytes::Bytes>>;
+
+/// A pooled client over `connector`, keeping idle connections for
+/// [`super::IDLE`], at most `max_idle` (at least one) per host.
+pub fn pooled(connector: Connector, max_idle: usize) -> Pooled {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(super::IDLE)
+        .pool_max_idle_per_host(max_idle.max(1))
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
 /// A proxy to go through.
 #[derive(Debug, Clone)]
 pub struct Proxy {

@@ -30,7 +30,7 @@ mod client;
 pub mod connect;
 pub mod endpoint;
 
-pub use client::{CallError, Client, Request, IDLE};
+pub use client::{CallError, Client, Request, AGENT, IDLE};
 
 /// An AWS service as the layer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

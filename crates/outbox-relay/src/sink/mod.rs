@@ -52,7 +52,8 @@ pub struct Message {
     pub event: Box<OutboxEvent>,
     /// The encoded envelope.
     pub body: Bytes,
-    /// Where it goes (a topic ARN; empty for single-destination sinks).
+    /// Where it goes (an SNS topic ARN, a webhook URL; empty for
+    /// single-destination sinks), as the sink's routes named it.
     /// A batch holds messages of one destination.
     pub destination: Arc<str>,
     /// Commit time of the event's transaction, µs since 2000-01-01.

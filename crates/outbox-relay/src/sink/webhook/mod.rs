@@ -27,11 +27,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, StatusCode, Uri};
-use hyper_util::client::legacy::Client as Pooled;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::{Cause, Concurrency, Message, Outcome, Sink};
-use crate::aws::connect::{self, Connector};
+use crate::aws::connect;
 use crate::aws::SetupError;
 
 pub mod config;
@@ -39,13 +37,12 @@ mod sign;
 
 pub use config::WebhookConfig;
 
-const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
 /// Most of an answer read (for the reason of a rejection).
 const MAX_ANSWER: usize = 64 << 10;
 
 /// POSTs envelopes to webhook endpoints.
 pub struct WebhookSink {
-    pooled: Pooled<Connector, Full<Bytes>>,
+    pooled: connect::Pooled,
     key: ring::hmac::Key,
     batch: bool,
     max_batch: usize,
@@ -63,20 +60,15 @@ impl WebhookSink {
                     message,
                 }
             })?;
-        // The proxy of the default URL's scheme and host; per-event URLs go the
-        // same way.
-        let probe: Uri = if config.url.is_empty() {
-            config
-                .url_template
-                .split('{')
-                .next()
-                .unwrap_or_default()
-                .parse()
-                .unwrap_or_default()
+        // One proxy decision for the sink, by the default URL (or the
+        // template's fixed start): per-event URLs go the same way.
+        let base = if config.url.is_empty() {
+            config.url_template.split('{').next().unwrap_or_default()
         } else {
-            config.url.parse().unwrap_or_default()
+            config.url.as_str()
         };
-        let https = probe.scheme_str() == Some("https");
+        let https = base.starts_with("https://");
+        let probe: Uri = base.parse().unwrap_or_default();
         let proxy = connect::proxy_for(&probe, |name| std::env::var(name).ok())
             .map_err(|(key, message)| SetupError { key, message })?;
         let connector = connect::connector(
@@ -89,14 +81,8 @@ impl WebhookSink {
             key: "AWS_CA_BUNDLE",
             message,
         })?;
-        let pooled = Pooled::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(20))
-            .pool_max_idle_per_host(config.max_in_flight.max(1))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
         Ok(Self {
-            pooled,
+            pooled: connect::pooled(connector, config.max_in_flight),
             key,
             batch: config.batch,
             max_batch: if config.batch { config.max_batch } else { 1 },
@@ -117,7 +103,7 @@ impl WebhookSink {
             .method(Method::POST)
             .uri(uri)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, HeaderValue::from_static(AGENT))
+            .header(USER_AGENT, HeaderValue::from_static(crate::aws::AGENT))
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)
