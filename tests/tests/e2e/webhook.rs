@@ -271,3 +271,29 @@ async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
     assert!(error.contains("422"), "{error}");
     relay.stop_gracefully().await;
 }
+
+/// The connections to the receiver freeze (no FIN, no RST, nothing moves):
+/// each request in flight ends at `webhook.timeout` and goes again on a new
+/// connection; every event arrives, each aggregate's in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_frozen_in_the_network_are_given_up_and_every_event_arrives() {
+    let receiver = Receiver::start().await;
+    let proxy = harness::FreezingProxy::start(&format!("127.0.0.1:{}", receiver.port));
+    let outbox = Outbox::new().await;
+    let url = format!("http://127.0.0.1:{}", proxy.port());
+    let config = outbox.config_file(&toml(&url, "timeout = \"2s\""));
+    let mut relay = spawn(&config, None);
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert(&outbox, 5, 4, 4).await;
+    wait_delivered(&receiver, expected.len()).await;
+    let before = proxy.accepted();
+    proxy.freeze();
+    expected.extend(insert(&outbox, 10, 4, 4).await);
+    let got = wait_delivered(&receiver, expected.len()).await;
+    assert_per_aggregate_order(&expected, &got);
+    assert!(
+        proxy.accepted() > before,
+        "new connections replaced the frozen ones"
+    );
+    relay.stop_gracefully().await;
+}
