@@ -80,7 +80,7 @@ impl Columns for TextRow {
     }
 }
 
-use crate::config::ColumnMapping;
+use crate::config::columns::ColumnMapping;
 
 /// Type OIDs the payload column may have.
 mod oid {

@@ -35,7 +35,9 @@ fn sns_toml(endpoint: &str, topic_arn: &str, extra: &str) -> String {
 async fn start(outbox: &Outbox, toml: &str) -> Running {
     test_credentials();
     let config = outbox.config(toml);
-    let sink = SnsSink::new(&config.sns).await.expect("sns sink");
+    let sink = SnsSink::new(&config.destinations.sns)
+        .await
+        .expect("sns sink");
     let running = Running::start(config, sink);
     outbox.wait_slot_active(true).await;
     running

@@ -64,6 +64,54 @@ pub fn s3_bucket(
     }
 }
 
+/// The endpoint AWS's rules give `prefix` (`sqs`, `events`, `kinesis`) in
+/// `region`: `https://<prefix>[-fips].<region>.<partition's DNS suffix>`, or
+/// the dual-stack `api.aws` names. The same rules the SDKs' resolvers apply
+/// to these services for a region (the relay does not compile three SDK
+/// crates for them; SNS keeps its SDK's resolver, already in the tree).
+pub fn regional(prefix: &str, region: &str, fips: bool, dual_stack: bool) -> String {
+    let (suffix, dual_suffix) = match region {
+        r if r.starts_with("cn-") => ("amazonaws.com.cn", "api.amazonwebservices.com.cn"),
+        r if r.starts_with("us-isob-") => ("sc2s.sgov.gov", "sc2s.sgov.gov"),
+        r if r.starts_with("us-isof-") => ("csp.hci.ic.gov", "csp.hci.ic.gov"),
+        r if r.starts_with("us-iso-") => ("c2s.ic.gov", "c2s.ic.gov"),
+        r if r.starts_with("eu-isoe-") => ("cloud.adc-e.uk", "cloud.adc-e.uk"),
+        r if r.starts_with("eusc-") => ("amazonaws.eu", "api.amazonwebservices.eu"),
+        _ => ("amazonaws.com", "api.aws"),
+    };
+    let name = if fips {
+        format!("{prefix}-fips")
+    } else {
+        prefix.to_owned()
+    };
+    let suffix = if dual_stack { dual_suffix } else { suffix };
+    format!("https://{name}.{region}.{suffix}")
+}
+
+/// The endpoint of `service` for a sink: configured ([`configured`], with
+/// the sink's own `explicit` key), else [`regional`] for `prefix` with the
+/// FIPS and dual-stack settings of `sdk`. With the key that set it.
+pub fn for_service(
+    sdk: &SdkConfig,
+    service: &Service,
+    explicit: (&'static str, &str),
+    prefix: &str,
+    region: &str,
+    region_key: &'static str,
+) -> (&'static str, String) {
+    configured(sdk, service, explicit).unwrap_or_else(|| {
+        (
+            region_key,
+            regional(
+                prefix,
+                region,
+                sdk.use_fips().unwrap_or(false),
+                sdk.use_dual_stack().unwrap_or(false),
+            ),
+        )
+    })
+}
+
 /// An endpoint URL taken apart for requests.
 #[derive(Debug, Clone)]
 pub struct Endpoint {
@@ -150,6 +198,42 @@ impl Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn regional_endpoints_match_the_sdk_resolver_of_sns_in_every_partition() {
+        use aws_sdk_sns::config::endpoint::{DefaultResolver, Params, ResolveEndpoint as _};
+        for region in [
+            "us-east-1",
+            "eu-west-1",
+            "ap-southeast-5",
+            "cn-north-1",
+            "us-gov-west-1",
+            "us-iso-east-1",
+            "us-isob-east-1",
+        ] {
+            for (fips, dual_stack) in [(false, false), (false, true), (true, false)] {
+                if fips && region.starts_with("us-gov-") {
+                    continue; // SNS's GovCloud endpoints are FIPS ones already
+                }
+                if (fips || dual_stack) && region.starts_with("us-iso") {
+                    continue; // neither exists there
+                }
+                let params = Params::builder()
+                    .region(region)
+                    .use_fips(fips)
+                    .use_dual_stack(dual_stack)
+                    .build()
+                    .unwrap();
+                let sdk = DefaultResolver::new().resolve_endpoint(&params).await;
+                let Ok(sdk) = sdk else { continue };
+                assert_eq!(
+                    regional("sns", region, fips, dual_stack),
+                    sdk.url(),
+                    "{region} fips={fips} dual_stack={dual_stack}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn endpoints_are_parsed_with_their_host_header() {

@@ -26,9 +26,12 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
+pub mod batch;
 mod client;
 pub mod connect;
 pub mod endpoint;
+pub mod errors;
+pub mod json;
 
 pub use client::{CallError, Client, Request, AGENT, IDLE};
 
@@ -57,6 +60,62 @@ pub const S3: Service = Service {
     service_id: "S3",
     endpoint_variable: "AWS_ENDPOINT_URL_S3",
 };
+
+/// Amazon SQS.
+pub const SQS: Service = Service {
+    signing_name: "sqs",
+    service_id: "SQS",
+    endpoint_variable: "AWS_ENDPOINT_URL_SQS",
+};
+
+/// Amazon EventBridge.
+pub const EVENTBRIDGE: Service = Service {
+    signing_name: "events",
+    service_id: "EventBridge",
+    endpoint_variable: "AWS_ENDPOINT_URL_EVENTBRIDGE",
+};
+
+/// Amazon Kinesis Data Streams.
+pub const KINESIS: Service = Service {
+    signing_name: "kinesis",
+    service_id: "Kinesis",
+    endpoint_variable: "AWS_ENDPOINT_URL_KINESIS",
+};
+
+/// Whether SNS and SQS accept `name` as a message attribute name: 1 to 256
+/// characters of ASCII letters, digits, `_`, `-` and `.`; no `.` first, last
+/// or twice in a row; no `AWS.` or `Amazon.` prefix in any casing (reserved
+/// for AWS). The service refuses a message whose attribute breaks one of
+/// these, so every event carrying such a header would end FAILED: refused at
+/// start-up instead.
+pub fn message_attribute_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("it is empty");
+    }
+    if name.len() > 256 {
+        return Err("it is longer than 256 characters");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    {
+        return Err("only ASCII letters, digits, _, - and . are allowed");
+    }
+    if name.starts_with('.') || name.ends_with('.') {
+        return Err("it must not start or end with a period");
+    }
+    if name.contains("..") {
+        return Err("it must not have two periods in a row");
+    }
+    let reserved = |prefix: &str| {
+        name.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if reserved("aws.") || reserved("amazon.") {
+        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
+    }
+    Ok(())
+}
 
 /// An AWS client cannot be built from the configuration.
 #[derive(Debug, thiserror::Error)]

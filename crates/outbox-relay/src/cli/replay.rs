@@ -42,7 +42,7 @@ pub(super) async fn run(
     let database = ConnInfo::new(&config.postgres)
         .map(|c| c.dbname)
         .unwrap_or_default();
-    let sink = match Configured::new(config).await {
+    let sink = match Configured::new(config.sink.kind, &config.destinations).await {
         Ok(sink) => sink,
         Err(e) => {
             eprintln!("error: {e}");

@@ -20,7 +20,7 @@ pub(super) async fn run(config: Config, signals: Option<StopSignals>) -> ExitCod
     if let Some(signals) = signals {
         tokio::spawn(signals.watch(stop.clone()));
     }
-    match Configured::new(&config).await {
+    match Configured::new(config.sink.kind, &config.destinations).await {
         Ok(sink) => relay(&config, sink, stop).await,
         Err(e) => {
             tracing::error!(error = %crate::report::Chain(&e), "cannot set up the sink");

@@ -18,14 +18,17 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
+pub mod columns;
 pub mod value;
 
-use crate::sink::settings::{Settings, Unnamed};
-use crate::sink::sns::config::SnsConfig;
-use crate::sink::webhook::config::WebhookConfig;
+use crate::sink::settings::Settings;
+use crate::sink::Sections;
 
+pub use crate::sink::Kind as SinkKind;
+pub use columns::ColumnMapping;
+use value::field_names;
 pub use value::{check_endpoint_url, de_duration, parse_duration, Secret};
 
 /// Every key at its default, commented: what `outbox-relay config` prints.
@@ -78,12 +81,10 @@ pub struct Config {
     /// Where envelopes go.
     #[serde(default)]
     pub sink: SinkConfig,
-    /// The SNS sink.
-    #[serde(default)]
-    pub sns: SnsConfig,
-    /// The webhook sink.
-    #[serde(default)]
-    pub webhook: WebhookConfig,
+    /// Each destination's own section (`[sns]`, `[sqs]`, `[webhook]`, …),
+    /// read from the file beside the others ([`Sections::NAMES`]).
+    #[serde(skip)]
+    pub destinations: Sections,
     /// How an event becomes a message.
     #[serde(default)]
     pub envelope: EnvelopeConfig,
@@ -216,98 +217,13 @@ impl Default for PostgresConfig {
     }
 }
 
-/// `[columns]`: the outbox table's column names. The first five are required
-/// in the table; `headers`, `topic` and `created_at` are used when the table
-/// has them, and an empty name switches one off.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ColumnMapping {
-    /// Event id (becomes the envelope id and the deduplication id).
-    pub id: String,
-    /// Aggregate type, e.g. `order`.
-    pub aggregate_type: String,
-    /// Aggregate id; the default ordering group.
-    pub aggregate_id: String,
-    /// Event type, e.g. `OrderCreated`.
-    pub event_type: String,
-    /// Payload: jsonb, json, text or bytea.
-    pub payload: String,
-    /// Headers (jsonb object of strings): trace context, correlation ids.
-    pub headers: String,
-    /// Per-row topic override.
-    pub topic: String,
-    /// When the event happened; the commit time is used without it.
-    pub created_at: String,
-    /// Ordering group (the FIFO MessageGroupId); empty means the aggregate id.
-    pub group: String,
-}
-
-impl Default for ColumnMapping {
-    fn default() -> Self {
-        Self {
-            id: "id".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            payload: "payload".into(),
-            headers: "headers".into(),
-            topic: "topic".into(),
-            created_at: "created_at".into(),
-            group: String::new(),
-        }
-    }
-}
-
-impl ColumnMapping {
-    /// The required columns with their keys, in table order of the default schema.
-    pub fn required(&self) -> [(&'static str, &str); 5] {
-        [
-            ("id", &self.id),
-            ("aggregate_type", &self.aggregate_type),
-            ("aggregate_id", &self.aggregate_id),
-            ("event_type", &self.event_type),
-            ("payload", &self.payload),
-        ]
-    }
-
-    /// The optional columns with their keys (an empty name is switched off).
-    pub fn optional(&self) -> [(&'static str, &str); 3] {
-        [
-            ("headers", &self.headers),
-            ("topic", &self.topic),
-            ("created_at", &self.created_at),
-        ]
-    }
-
-    /// The ordering group column: `group`, or the aggregate id column.
-    pub fn group_column(&self) -> &str {
-        if self.group.is_empty() {
-            &self.aggregate_id
-        } else {
-            &self.group
-        }
-    }
-}
-
 /// `[sink]`: where envelopes are delivered.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SinkConfig {
-    /// `stdout` (NDJSON, one envelope a line) or `sns`.
+    /// The destination: `stdout` (NDJSON, one envelope a line), `sns`,
+    /// `sqs`, `eventbridge`, `kinesis` or `webhook` ([`SinkKind`]).
     pub kind: SinkKind,
-}
-
-/// The sink implementations.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SinkKind {
-    /// One envelope per line on standard output.
-    #[default]
-    Stdout,
-    /// AWS SNS (`[sns]`).
-    Sns,
-    /// HTTP POST signed as Standard Webhooks (`[webhook]`).
-    Webhook,
 }
 
 /// `[envelope]`: the message format.
@@ -662,6 +578,30 @@ fn list(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// `root` as a `T`; an error names its key (and the variable that set it).
+fn deserialize<T: for<'de> Deserialize<'de>>(
+    root: toml::Table,
+    origins: &BTreeMap<String, String>,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
+        let key = e.path().to_string();
+        let origin = origins
+            .get(&key)
+            .map(|var| format!(" (set by environment variable {var})"))
+            .unwrap_or_default();
+        let message = e.inner().to_string();
+        let message = message.lines().next().unwrap_or_default().to_owned();
+        ConfigError::Invalid(vec![Problem {
+            key: if key == "." {
+                "(top level)".into()
+            } else {
+                key
+            },
+            message: format!("{message}{origin}"),
+        }])
+    })
+}
+
 impl Config {
     /// Load `path`, apply the process environment's overrides, and validate.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -695,24 +635,16 @@ impl Config {
             }
         })?;
         let origins = apply_env(&mut root, env)?;
-        let config: Config =
-            serde_path_to_error::deserialize(toml::Value::Table(root)).map_err(|e| {
-                let key = e.path().to_string();
-                let origin = origins
-                    .get(&key)
-                    .map(|var| format!(" (set by environment variable {var})"))
-                    .unwrap_or_default();
-                let message = e.inner().to_string();
-                let message = message.lines().next().unwrap_or_default().to_owned();
-                ConfigError::Invalid(vec![Problem {
-                    key: if key == "." {
-                        "(top level)".into()
-                    } else {
-                        key
-                    },
-                    message: format!("{message}{origin}"),
-                }])
-            })?;
+        // The destinations' sections are read on their own: `Config` cannot
+        // both flatten them and refuse unknown keys.
+        let mut sections = toml::Table::new();
+        for name in Sections::NAMES {
+            if let Some(section) = root.remove(*name) {
+                sections.insert((*name).to_owned(), section);
+            }
+        }
+        let mut config: Config = deserialize(root, &origins)?;
+        config.destinations = deserialize(sections, &origins)?;
         config.validate().map_err(ConfigError::Invalid)?;
         Ok(config)
     }
@@ -904,11 +836,7 @@ impl Config {
 
     /// The settings of the destination `[sink] kind` names.
     pub fn destination(&self) -> &dyn Settings {
-        match self.sink.kind {
-            SinkKind::Stdout => &Unnamed,
-            SinkKind::Sns => &self.sns,
-            SinkKind::Webhook => &self.webhook,
-        }
+        self.destinations.get(self.sink.kind)
     }
 
     /// The outbox table's schema and name.
@@ -1021,7 +949,7 @@ impl fmt::Display for TableName {
 }
 
 /// Keys whose values are secrets.
-const SECRET_KEYS: [&str; 3] = ["postgres.url", "postgres.password", "webhook.secret"];
+const SECRET_KEYS: [&str; 2] = ["postgres.url", "postgres.password"];
 
 /// Merge `OUTBOX_RELAY__A__B` variables into `root`; returns which key came
 /// from which variable.
@@ -1048,7 +976,9 @@ fn apply_env(
         }
         // Secrets are taken as they are: never parsed (a password of digits
         // would otherwise become a number, and an error would print it).
-        let value = if SECRET_KEYS.contains(&path.join(".").as_str()) {
+        let key = path.join(".");
+        let value = if SECRET_KEYS.contains(&key.as_str()) || Sections::secret_keys().contains(&key)
+        {
             toml::Value::String(raw)
         } else {
             env_value(&raw)
@@ -1093,9 +1023,15 @@ pub fn keys() -> Vec<String> {
         let fields = match *section {
             "postgres" => field_names::<PostgresConfig>(),
             "columns" => field_names::<ColumnMapping>(),
-            "sink" => field_names::<SinkConfig>(),
-            "sns" => field_names::<SnsConfig>(),
-            "webhook" => field_names::<WebhookConfig>(),
+            "sink" => {
+                keys.extend(
+                    field_names::<SinkConfig>()
+                        .iter()
+                        .map(|f| format!("sink.{f}")),
+                );
+                keys.extend(Sections::keys());
+                continue;
+            }
             "envelope" => field_names::<EnvelopeConfig>(),
             "stream" => field_names::<StreamConfig>(),
             "retry" => field_names::<RetryConfig>(),
@@ -1116,37 +1052,6 @@ pub fn keys() -> Vec<String> {
 /// The environment variable that overrides `key` (`section.key`).
 pub fn env_var(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
-}
-
-/// The field names of a derived `Deserialize` struct.
-fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
-    struct Probe<'a>(&'a mut &'static [&'static str]);
-    impl<'de> Deserializer<'de> for Probe<'_> {
-        type Error = serde::de::value::Error;
-        fn deserialize_any<V: serde::de::Visitor<'de>>(
-            self,
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            Err(serde::de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: serde::de::Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(serde::de::Error::custom("probed"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-            ignored_any
-        }
-    }
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Probe(&mut fields));
-    fields
 }
 
 #[cfg(test)]

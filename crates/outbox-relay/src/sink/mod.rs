@@ -37,10 +37,10 @@ pub mod sns;
 pub mod stdout;
 pub mod webhook;
 
-pub use settings::Settings;
-pub use sns::SnsSink;
+pub use settings::{Settings, Unnamed};
+pub use sns::{SnsConfig, SnsSink};
 pub use stdout::StdoutSink;
-pub use webhook::WebhookSink;
+pub use webhook::{WebhookConfig, WebhookSink};
 
 /// One envelope on its way to the sink.
 #[derive(Debug, Clone)]
@@ -141,22 +141,73 @@ pub trait Sink: Send + Sync + 'static {
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
 }
 
-/// The sinks `[sink] kind` names, behind one type so callers need one code
-/// path: `Variant(SinkType) = |config| expression making the sink from the
-/// whole configuration`. Adding a destination is one line here.
-macro_rules! configured {
-    ($($(#[$doc:meta])* $variant:ident($sink:ty) = |$config:ident| $build:expr;)+) => {
+/// Every destination, one line each:
+/// `name: Variant(SinkType, SettingsType) = |section| expression making the sink`.
+/// `name` is the `[sink] kind` value and the name of the settings' TOML
+/// section (`Variant` is `name` capitalised; serde matches it lower-cased).
+/// From the list come [`Kind`], the sections' struct [`Sections`] (which
+/// [`crate::config::Config`] holds), and [`Configured`], the sink behind one
+/// type so callers need one code path. Adding a destination is one line here.
+macro_rules! destinations {
+    ($($(#[$doc:meta])* $name:ident: $variant:ident($sink:ty, $settings:ty) = |$section:ident| $build:expr;)+) => {
+        /// The destinations `[sink] kind` can name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum Kind {
+            $($(#[$doc])* $variant,)+
+        }
+
+        /// Every destination's settings section.
+        #[derive(Debug, Clone, Default, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Sections {
+            $($(#[$doc])* #[serde(default)] pub $name: $settings,)+
+        }
+
+        impl Sections {
+            /// The sections' names (`sns`, `webhook`, …).
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($name)),+];
+
+            /// The settings of `kind`.
+            pub fn get(&self, kind: Kind) -> &dyn Settings {
+                match kind { $(Kind::$variant => &self.$name,)+ }
+            }
+
+            /// Every key of every section, `section.key`.
+            pub fn keys() -> Vec<String> {
+                let mut keys = Vec::new();
+                $(keys.extend(
+                    crate::config::value::field_names::<$settings>()
+                        .iter()
+                        .map(|f| format!("{}.{f}", stringify!($name))),
+                );)+
+                keys
+            }
+
+            /// The keys whose values are secrets, `section.key`.
+            pub fn secret_keys() -> Vec<String> {
+                let sections = Self::default();
+                let mut keys = Vec::new();
+                $(keys.extend(
+                    Settings::secrets(&sections.$name)
+                        .iter()
+                        .map(|f| format!("{}.{f}", stringify!($name))),
+                );)+
+                keys
+            }
+        }
+
         /// The configured sink.
         pub enum Configured {
             $($(#[$doc])* $variant(Box<$sink>),)+
         }
 
         impl Configured {
-            /// Build the configured sink.
-            pub async fn new(config: &crate::config::Config) -> Result<Self, crate::aws::SetupError> {
-                Ok(match config.sink.kind {
-                    $(crate::config::SinkKind::$variant => {
-                        let $config = config;
+            /// Build the sink `kind` names from its section of `sections`.
+            pub async fn new(kind: Kind, sections: &Sections) -> Result<Self, crate::aws::SetupError> {
+                Ok(match kind {
+                    $(Kind::$variant => {
+                        let $section = &sections.$name;
                         Self::$variant(Box::new($build))
                     })+
                 })
@@ -190,11 +241,19 @@ macro_rules! configured {
     };
 }
 
-configured! {
-    /// `stdout`.
-    Stdout(StdoutSink) = |_config| StdoutSink::new();
-    /// `sns`.
-    Sns(SnsSink) = |config| SnsSink::new(&config.sns).await?;
-    /// `webhook`.
-    Webhook(WebhookSink) = |config| WebhookSink::new(&config.webhook)?;
+// Not derived: `#[default]` would have to go through the macro's list.
+#[allow(clippy::derivable_impls)]
+impl Default for Kind {
+    fn default() -> Self {
+        Self::Stdout
+    }
+}
+
+destinations! {
+    /// One envelope per line on standard output.
+    stdout: Stdout(StdoutSink, Unnamed) = |_section| StdoutSink::new();
+    /// AWS SNS (`[sns]`).
+    sns: Sns(SnsSink, SnsConfig) = |section| SnsSink::new(section).await?;
+    /// HTTP POST signed as Standard Webhooks (`[webhook]`).
+    webhook: Webhook(WebhookSink, WebhookConfig) = |section| WebhookSink::new(section)?;
 }

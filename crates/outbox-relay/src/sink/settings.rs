@@ -19,6 +19,12 @@ pub trait Settings {
     /// Whether `name` (`poller.dead_letter_topic`) is a destination that can
     /// take notices of dead rows, or why not.
     fn dead_letter(&self, name: &str) -> Result<(), String>;
+
+    /// The section's keys whose values are secrets (taken verbatim from the
+    /// environment, never parsed or printed).
+    fn secrets(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// A destination's routing rules.
@@ -60,9 +66,10 @@ impl std::fmt::Debug for Routes {
     }
 }
 
-/// The settings of a sink without a section of its own and with one unnamed
-/// destination (stdout).
-pub struct Unnamed;
+/// The settings of a sink with no keys and one unnamed destination (stdout).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unnamed {}
 
 impl Settings for Unnamed {
     fn validate(&self, _: &mut dyn FnMut(&str, String)) {}

@@ -29,7 +29,7 @@ use std::borrow::Cow;
 
 use aws_smithy_xml::decode::{try_data, Document};
 
-use super::errors::{self, Class};
+use crate::aws::errors::{self, Class};
 use crate::aws::{Client, Request};
 
 /// The pointer's class name, first in the body.

@@ -291,39 +291,8 @@ impl Settings for SnsConfig {
 }
 
 /// Whether SNS (and SQS, which receives the attributes of raw delivery)
-/// accepts `name` as a message attribute name: 1 to 256 characters of ASCII
-/// letters, digits, `_`, `-` and `.`; no `.` first, last or twice in a row; no
-/// `AWS.` or `Amazon.` prefix in any casing (reserved for AWS). SNS refuses a
-/// message whose attribute breaks one of these, so every event carrying such a
-/// header would end FAILED: refused at start-up instead.
-pub fn sns_attribute_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() {
-        return Err("it is empty");
-    }
-    if name.len() > 256 {
-        return Err("it is longer than 256 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-    {
-        return Err("only ASCII letters, digits, _, - and . are allowed");
-    }
-    if name.starts_with('.') || name.ends_with('.') {
-        return Err("it must not start or end with a period");
-    }
-    if name.contains("..") {
-        return Err("it must not have two periods in a row");
-    }
-    let reserved = |prefix: &str| {
-        name.get(..prefix.len())
-            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
-    };
-    if reserved("aws.") || reserved("amazon.") {
-        return Err("the prefixes AWS. and Amazon. (in any casing) are reserved for AWS");
-    }
-    Ok(())
-}
+/// accepts `name` as a message attribute name ([`crate::aws::message_attribute_name`]).
+pub use crate::aws::message_attribute_name as sns_attribute_name;
 
 #[cfg(test)]
 mod tests {
@@ -341,17 +310,20 @@ mod tests {
         };
         let c = sns("", &[]).unwrap();
         assert_eq!(
-            c.sns.concurrency(),
+            c.destinations.sns.concurrency(),
             Concurrency::Adaptive {
                 ceiling: DEFAULT_SNS_IN_FLIGHT_BATCHES
             }
         );
         let c = sns("concurrency = 16\n", &[]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(16));
+        assert_eq!(c.destinations.sns.concurrency(), Concurrency::Fixed(16));
         let c = sns("", &[("OUTBOX_RELAY__SNS__CONCURRENCY", "32")]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Fixed(32));
+        assert_eq!(c.destinations.sns.concurrency(), Concurrency::Fixed(32));
         let c = sns("max_in_flight_batches = 64\n", &[]).unwrap();
-        assert_eq!(c.sns.concurrency(), Concurrency::Adaptive { ceiling: 64 });
+        assert_eq!(
+            c.destinations.sns.concurrency(),
+            Concurrency::Adaptive { ceiling: 64 }
+        );
         let p = problems(sns("max_in_flight_batches = 4\nconcurrency = 8\n", &[]).unwrap_err());
         assert_eq!(p[0].key, "sns.concurrency");
         assert!(sns("concurrency = \"fast\"\n", &[]).is_err());
@@ -381,8 +353,8 @@ mod tests {
             "{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:orders.fifo\"\ntopic_template = \"arn:aws:sns:{{region}}:{{account}}:{{aggregate_type}}\"\n"
         );
         let c = load(&ok, &[]).unwrap();
-        assert_eq!(c.sns.account(), Some("123456789012"));
-        assert_eq!(c.sns.region_or_arn(), Some("eu-west-1"));
+        assert_eq!(c.destinations.sns.account(), Some("123456789012"));
+        assert_eq!(c.destinations.sns.region_or_arn(), Some("eu-west-1"));
     }
 
     #[test]
@@ -446,7 +418,10 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(ok.sns.large_payload_bucket, "outbox-payloads.v2");
+        assert_eq!(
+            ok.destinations.sns.large_payload_bucket,
+            "outbox-payloads.v2"
+        );
         let p = problems(
             load(
                 &format!(

@@ -56,14 +56,15 @@ use std::time::Duration;
 
 use aws_config::SdkConfig;
 
-use self::errors::Class;
 use self::protocol::{Entry, EntryResult};
-use super::{Cause, Concurrency, Message, Outcome, Sink};
+use super::{Concurrency, Message, Outcome, Sink};
+use crate::aws::batch::{self, fifo_id, Verdict};
+use crate::aws::errors::{self, Class};
 use crate::aws::{self, CallError, Client, SetupError};
 
 pub mod claim_check;
 pub mod config;
-pub mod errors;
+
 pub mod limits;
 mod protocol;
 
@@ -277,7 +278,7 @@ impl SnsSink {
             Class::Invalid => Ok(self.limits.denied(topic, &reason)),
             // The publish says so (and the topic is recorded missing); its
             // limit is learned once it exists.
-            Class::NoTopic => Ok(limits::DEFAULT_LIMIT),
+            Class::Missing => Ok(limits::DEFAULT_LIMIT),
             class => Err((class, reason)),
         }
     }
@@ -403,7 +404,7 @@ impl SnsSink {
         };
         let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
         match class {
-            Class::NoTopic => {
+            Class::Missing => {
                 let reason = format!(
                     "topic {topic} does not exist ({reason}): create it or fix the routing"
                 );
@@ -477,7 +478,7 @@ impl SnsSink {
                     let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
                     let class = errors::classify(None, Some(&code), Some(sender_fault));
                     verdicts[i] = Some(match class {
-                        Class::NoTopic => Verdict::Rejected(format!(
+                        Class::Missing => Verdict::Rejected(format!(
                             "topic {topic} does not exist ({reason}): create it or fix the routing"
                         )),
                         Class::Invalid => Verdict::Rejected(reason),
@@ -499,37 +500,6 @@ impl SnsSink {
             }
         }
     }
-}
-
-/// What the sink makes of one message before it becomes an [`Outcome`]: the
-/// class of a failure is kept until the batch is settled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Verdict {
-    Delivered,
-    Rejected(String),
-    Retry(Class, String),
-}
-
-/// A FIFO `MessageGroupId` / `MessageDeduplicationId`: SNS takes at most 128
-/// characters of ASCII letters, digits and punctuation. A value that does not
-/// fit is replaced by the hex SHA-256 of it: stable (the same aggregate keeps
-/// its group, a repeat keeps its dedup id) and distinct in practice.
-pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
-    use sha2::Digest as _;
-    let fits = !value.is_empty()
-        && value.len() <= 128
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());
-    if fits {
-        return std::borrow::Cow::Borrowed(value);
-    }
-    let digest = sha2::Sha256::digest(value.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for byte in digest {
-        hex.push_str(&format!("{byte:02x}"));
-    }
-    std::borrow::Cow::Owned(hex)
 }
 
 /// Every one of `entries` is to be sent again, for `reason`.
@@ -589,7 +559,7 @@ impl Sink for SnsSink {
                     Ok(pointer) => pointers[i] = Some(pointer),
                     Err((class, reason)) => {
                         let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
-                        return self.settle(batch, verdicts);
+                        return batch::settle(&self.unknown, batch, verdicts);
                     }
                 }
             }
@@ -622,7 +592,7 @@ impl Sink for SnsSink {
                 }
             }
         }
-        self.settle(batch, verdicts)
+        batch::settle(&self.unknown, batch, verdicts)
     }
 }
 
@@ -682,38 +652,6 @@ impl SnsSink {
         }
         plan
     }
-
-    /// The outcomes of `verdicts`: a failure of unknown class is retried
-    /// until the same event has failed so for `sns.retry_unknown_errors_for`,
-    /// then recorded ([`errors::UnknownSince`]).
-    fn settle(&self, batch: &[Message], verdicts: Vec<Option<Verdict>>) -> Vec<Outcome> {
-        let unknown = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, _)));
-        let (unknown_ids, other_ids): (Vec<_>, Vec<_>) =
-            batch.iter().zip(&verdicts).partition(|(_, v)| unknown(v));
-        let given_up = self.unknown.settle(
-            std::time::Instant::now(),
-            unknown_ids.iter().map(|(m, _)| m.event.id()),
-            other_ids.iter().map(|(m, _)| m.event.id()),
-        );
-        batch
-            .iter()
-            .zip(verdicts)
-            .map(|(message, verdict)| match verdict {
-                Some(Verdict::Delivered) => Outcome::Delivered,
-                Some(Verdict::Rejected(reason)) => Outcome::Rejected(reason),
-                Some(Verdict::Retry(Class::Unknown, reason))
-                    if given_up.contains(&message.event.id()) =>
-                {
-                    Outcome::Rejected(format!(
-                        "{reason} (failing for {:?} for a reason not known to pass)",
-                        self.unknown.limit()
-                    ))
-                }
-                Some(Verdict::Retry(class, reason)) => Outcome::retry(class.cause(), reason),
-                None => Outcome::retry(Cause::Other, "not sent"),
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]
@@ -751,6 +689,7 @@ mod tests {
 
     #[test]
     fn fifo_ids_that_sns_would_refuse_are_hashed_stably() {
+        use crate::aws::batch::fifo_id;
         assert_eq!(fifo_id("order-42"), "order-42");
         let spaced = fifo_id("order 42");
         assert_eq!(spaced.len(), 64);

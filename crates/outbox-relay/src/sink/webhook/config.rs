@@ -138,4 +138,8 @@ impl Settings for WebhookConfig {
     fn dead_letter(&self, name: &str) -> Result<(), String> {
         http_url(name)
     }
+
+    fn secrets(&self) -> &'static [&'static str] {
+        &["secret"]
+    }
 }

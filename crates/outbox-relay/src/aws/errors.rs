@@ -1,22 +1,25 @@
-//! What SNS's refusals mean for the entries they concern, by the error's
-//! typed parts alone (HTTP status, error code, `SenderFault`), never by its
-//! message text: one table ([`classify`]), pinned by a table test.
+//! What AWS services' refusals mean for the entries they concern (SNS, SQS,
+//! EventBridge, Kinesis, S3), by the error's typed parts alone (HTTP status,
+//! error code, `SenderFault`), never by its message text: one table
+//! ([`classify`]), pinned by a table test. The JSON protocols' codes come
+//! without their namespace (`com.amazonaws.sqs#QueueDoesNotExist` is
+//! `QueueDoesNotExist`, see [`crate::aws::json`]).
 //!
 //! | class | when | outcome |
 //! |---|---|---|
 //! | [`Class::Invalid`] | `InvalidParameter`, `ValidationException` and the other codes of a bad request; an entry failure with `SenderFault=true`; any other 4xx code | rejected: recorded FAILED. A request of several entries refused so is narrowed down (each entry sent alone) |
-//! | [`Class::NoTopic`] | `NotFound` | rejected, every entry: the topic does not exist |
-//! | [`Class::Access`] | credentials, signatures, permissions, the topic's KMS key | retried forever, logged as an error (an operator fixes it) |
-//! | [`Class::Throttled`] | `Throttling` and kin, HTTP 429 | retried forever |
-//! | [`Class::Unavailable`] | `InternalError` and kin, any 5xx, no connection | retried forever |
+//! | [`Class::Missing`] | `NotFound`, `QueueDoesNotExist`, `ResourceNotFoundException` | rejected, every entry: the topic, queue, bus or stream does not exist |
+//! | [`Class::Access`] | credentials, signatures, permissions, the destination's KMS key | retried forever, logged as an error (an operator fixes it) |
+//! | [`Class::Throttled`] | `Throttling`, `ProvisionedThroughputExceededException` and kin, HTTP 429 | retried forever |
+//! | [`Class::Unavailable`] | `InternalError`, `InternalFailure` and kin, any 5xx, no connection | retried forever |
 //! | [`Class::TimedOut`] | no answer within the attempt or operation timeout | retried forever |
-//! | [`Class::Unknown`] | an entry failure of an unknown code that is not the sender's fault; an answer without an error code that is not 5xx | retried for `sns.retry_unknown_errors_for`, then recorded |
+//! | [`Class::Unknown`] | an entry failure of an unknown code that is not the sender's fault; an answer without an error code that is not 5xx | retried for the sink's `retry_unknown_errors_for`, then recorded |
 //!
 //! Throttling and access codes win over `SenderFault=true` (SNS marks a
 //! throttled request as the sender's), and the 4xx rule applies only to codes
-//! that are not known: a 4xx answer must be SNS's own verdict on the request
-//! before it condemns anything, so a 4xx without an AWS error body (a proxy's
-//! page) is `Unknown`, not `Invalid`.
+//! that are not known: a 4xx answer must be the service's own verdict on the
+//! request before it condemns anything, so a 4xx without an AWS error body (a
+//! proxy's page) is `Unknown`, not `Invalid`.
 
 use crate::sink::Cause;
 use std::collections::HashMap;
@@ -28,8 +31,8 @@ use std::time::{Duration, Instant};
 pub enum Class {
     /// The entry is wrong; sending it again cannot help.
     Invalid,
-    /// The topic does not exist.
-    NoTopic,
+    /// The destination (topic, queue, bus, stream) does not exist.
+    Missing,
     /// Credentials, permissions or the topic's KMS key: fixed by an operator.
     Access,
     /// SNS asks the relay to slow down.
@@ -52,7 +55,7 @@ impl Class {
             Self::Throttled => Cause::Throttled,
             Self::TimedOut => Cause::TimedOut,
             Self::Unavailable => Cause::Unavailable,
-            Self::Invalid | Self::NoTopic | Self::Access | Self::Unknown => Cause::Other,
+            Self::Invalid | Self::Missing | Self::Access | Self::Unknown => Cause::Other,
         }
     }
 
@@ -69,7 +72,7 @@ impl Class {
 
     /// Whether the entries are recorded as failed at once.
     pub fn rejects(self) -> bool {
-        matches!(self, Self::Invalid | Self::NoTopic)
+        matches!(self, Self::Invalid | Self::Missing)
     }
 
     /// Whether a request of several entries refused so is sent again entry by
@@ -114,8 +117,24 @@ fn known(code: &str) -> Option<Class> {
         | "InvalidBatchEntryId"
         | "BatchEntryIdsNotDistinct"
         | "EmptyBatchRequest"
-        | "TooManyEntriesInBatchRequest" => Class::Invalid,
-        "NotFound" | "NotFoundException" => Class::NoTopic,
+        | "TooManyEntriesInBatchRequest"
+        | "BatchRequestTooLongException"
+        | "InvalidBatchEntryIdException"
+        | "BatchEntryIdsNotDistinctException"
+        | "EmptyBatchRequestException"
+        | "TooManyEntriesInBatchRequestException"
+        | "InvalidMessageContentsException"
+        | "InvalidArgument"
+        | "InvalidArgumentException"
+        | "MalformedDetail"
+        | "MalformedQueryString"
+        | "SerializationException" => Class::Invalid,
+        "NotFound"
+        | "NotFoundException"
+        | "QueueDoesNotExist"
+        | "AWS.SimpleQueueService.NonExistentQueue"
+        | "InvalidAddress"
+        | "ResourceNotFoundException" => Class::Missing,
         "AuthorizationError"
         | "AuthorizationErrorException"
         | "RequestExpired"
@@ -136,7 +155,19 @@ fn known(code: &str) -> Option<Class> {
         | "KMSDisabled"
         | "KMSInvalidState"
         | "KMSNotFound"
-        | "KMSOptInRequired" => Class::Access,
+        | "KMSOptInRequired"
+        | "KmsAccessDenied"
+        | "KmsDisabled"
+        | "KmsInvalidState"
+        | "KmsNotFound"
+        | "KmsOptInRequired"
+        | "KMSAccessDeniedException"
+        | "KMSDisabledException"
+        | "KMSInvalidStateException"
+        | "KMSNotFoundException"
+        | "KMSOptInRequiredException"
+        | "NotAuthorized"
+        | "InvalidSecurityException" => Class::Access,
         "Throttling"
         | "ThrottlingException"
         | "ThrottledException"
@@ -145,13 +176,19 @@ fn known(code: &str) -> Option<Class> {
         | "RequestLimitExceeded"
         | "TooManyRequestsException"
         | "SlowDown"
-        | "KMSThrottling" => Class::Throttled,
+        | "KMSThrottling"
+        | "KmsThrottled"
+        | "KMSThrottlingException"
+        | "ProvisionedThroughputExceededException"
+        | "LimitExceededException" => Class::Throttled,
         "InternalError"
         | "InternalFailure"
         | "InternalErrorException"
         | "ServiceUnavailable"
         | "ServiceUnavailableException"
-        | "Unavailable" => Class::Unavailable,
+        | "Unavailable"
+        | "InternalServerError"
+        | "InternalException" => Class::Unavailable,
         _ => return None,
     })
 }
@@ -279,7 +316,7 @@ mod tests {
                 request(409, Some("ConcurrentAccess")),
                 Invalid,
             ),
-            ("NotFound", request(404, Some("NotFound")), NoTopic),
+            ("NotFound", request(404, Some("NotFound")), Missing),
             (
                 "AuthorizationError",
                 request(403, Some("AuthorizationError")),
@@ -325,7 +362,7 @@ mod tests {
             ("KMSAccessDenied", true, Access),
             ("InternalError", false, Unavailable),
             ("InternalError", true, Unavailable),
-            ("NotFound", true, NoTopic),
+            ("NotFound", true, Missing),
         ];
         for (code, sender_fault, want) in entries {
             assert_eq!(
@@ -334,7 +371,7 @@ mod tests {
                 "entry {code} sender_fault={sender_fault}"
             );
         }
-        for class in [Invalid, NoTopic] {
+        for class in [Invalid, Missing] {
             assert!(class.rejects());
         }
         for class in [Access, Throttled, Unavailable, TimedOut, Unknown] {
@@ -347,7 +384,7 @@ mod tests {
             !permission_denied("SignatureDoesNotMatch")
                 && !permission_denied("InvalidClientTokenId")
         );
-        assert!(!NoTopic.narrows() && !Access.narrows() && !Throttled.narrows());
+        assert!(!Missing.narrows() && !Access.narrows() && !Throttled.narrows());
     }
 
     #[test]

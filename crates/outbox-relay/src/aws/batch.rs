@@ -1,0 +1,393 @@
+//! Batches of entries to one AWS destination over a JSON protocol
+//! (SQS `SendMessageBatch`, EventBridge `PutEvents`, Kinesis `PutRecords`):
+//! what is the same for all of them, once. A destination's folder says only
+//! how an entry is written and counted and how an answer lists the entries
+//! ([`Protocol`]).
+//!
+//! * A batch (one destination) is split into requests of at most
+//!   [`Protocol::MAX_ENTRIES`] entries and [`Protocol::MAX_REQUEST_BYTES`],
+//!   counted as the service counts; an entry over the destination's limit
+//!   alone is rejected before anything is sent.
+//! * Requests go one after the other; once one is to be retried, the later
+//!   ones are not sent (retried with it), so no entry overtakes an earlier one.
+//! * Every refusal is classified by its typed parts ([`crate::aws::errors`]):
+//!   a missing destination rejects every entry; a request refused for a
+//!   reason one entry could cause is narrowed (each entry sent alone, in
+//!   order) so only the culprit is rejected; access errors are logged as
+//!   errors and retried; load (throttling, 5xx, timeouts) is retried with
+//!   its [`Cause`], so the publisher's concurrency limit backs off.
+//! * An entry that failed for a reason nobody classified is retried for the
+//!   sink's `retry_unknown_errors_for`, then recorded ([`UnknownSince`]).
+//! * Nothing that may have reached the service is sent again here: the
+//!   publisher retries, and keeps each group in order (after a partial
+//!   failure the failed entry and the later ones of its group go again).
+
+use std::time::Duration;
+
+use super::errors::{self, Class, UnknownSince};
+use super::{json, CallError, Client};
+use crate::sink::{Cause, Message, Outcome};
+
+/// How a destination writes, counts and reads back the entries of a batch.
+pub trait Protocol: Send + Sync + 'static {
+    /// What a destination is, in messages: "queue", "event bus", "stream".
+    const WHAT: &'static str;
+    /// The operation, for `X-Amz-Target` (`AmazonSQS.SendMessageBatch`).
+    const TARGET: &'static str;
+    /// `Content-Type` ([`json::JSON_10`] or [`json::JSON_11`]).
+    const CONTENT_TYPE: &'static str;
+    /// Most entries in one request.
+    const MAX_ENTRIES: usize;
+    /// Most bytes of one request's entries, as the service counts them.
+    const MAX_REQUEST_BYTES: usize;
+
+    /// The size of `message`'s entry as the service counts it, or why the
+    /// service can never take it.
+    fn size(&self, message: &Message) -> Result<usize, String>;
+
+    /// The body of a request of `entries` to `destination`; an entry's id,
+    /// where the protocol has ids, is its position in `entries`.
+    fn body(&self, destination: &str, entries: &[&Message]) -> Vec<u8>;
+
+    /// Each entry's answer, by position, from a successful call's body
+    /// (`None`: the answer does not mention it).
+    fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String>;
+}
+
+/// What the service said of one entry of a successful call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Taken.
+    Accepted,
+    /// Not taken.
+    Failed {
+        /// The entry's error code.
+        code: String,
+        /// Its message.
+        message: Option<String>,
+        /// Whether the service says the entry is at fault (SQS's `SenderFault`).
+        sender_fault: Option<bool>,
+    },
+}
+
+/// What becomes of one message before it is an [`Outcome`]: the class of a
+/// failure is kept until the batch is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Taken by the destination.
+    Delivered,
+    /// Never acceptable.
+    Rejected(String),
+    /// To be sent again.
+    Retry(Class, String),
+}
+
+/// Sends batches to one service's destinations with `P`.
+pub struct Batches<P> {
+    client: Client,
+    protocol: P,
+    operation_timeout: Duration,
+    unknown: UnknownSince,
+}
+
+impl<P: Protocol> Batches<P> {
+    /// Batches through `client`; each call bounded by `operation_timeout`;
+    /// unknown failures retried for `retry_unknown_for`.
+    pub fn new(
+        client: Client,
+        protocol: P,
+        operation_timeout: Duration,
+        retry_unknown_for: Duration,
+    ) -> Self {
+        Self {
+            client,
+            protocol,
+            operation_timeout,
+            unknown: UnknownSince::new(retry_unknown_for),
+        }
+    }
+
+    /// The signed-request client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The protocol.
+    pub fn protocol(&self) -> &P {
+        &self.protocol
+    }
+
+    /// Deliver `batch` (one destination) with entries of at most `limit`
+    /// bytes; one outcome per message, in order.
+    pub async fn publish(&self, batch: &[Message], limit: usize) -> Vec<Outcome> {
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        let destination = &*first.destination;
+        let mut verdicts = vec![None; batch.len()];
+        let mut requests: Vec<Vec<usize>> = Vec::new();
+        let mut request = Vec::new();
+        let mut bytes = 0;
+        for (i, message) in batch.iter().enumerate() {
+            debug_assert_eq!(
+                *message.destination, *destination,
+                "one destination per batch"
+            );
+            let size = match self.protocol.size(message) {
+                Ok(size) if size > limit => {
+                    verdicts[i] = Some(Verdict::Rejected(format!(
+                        "message too large: {size} bytes as the service counts them; the {} takes at most {limit}",
+                        P::WHAT
+                    )));
+                    continue;
+                }
+                Ok(size) => size,
+                Err(reason) => {
+                    verdicts[i] = Some(Verdict::Rejected(reason));
+                    continue;
+                }
+            };
+            if request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES {
+                requests.push(std::mem::take(&mut request));
+                bytes = 0;
+            }
+            request.push(i);
+            bytes += size;
+        }
+        if !request.is_empty() {
+            requests.push(request);
+        }
+        for request in requests {
+            match pending_retry(&verdicts) {
+                // An earlier request failed: later ones wait, so nothing overtakes it.
+                Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
+                None => {
+                    self.send(destination, batch, &request, &mut verdicts).await;
+                }
+            }
+        }
+        settle(&self.unknown, batch, verdicts)
+    }
+
+    /// Send one request of the messages of `batch` at `indices`; fill their
+    /// verdicts.
+    async fn send(
+        &self,
+        destination: &str,
+        batch: &[Message],
+        indices: &[usize],
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        // Outside the call's timeout: a credential fetch is bounded by the
+        // providers' own timeouts and must not be cut off halfway.
+        let identity = match self.client.identity().await {
+            Ok(identity) => identity,
+            Err(error) => {
+                let reason = error.to_string();
+                tracing::error!(destination, error = %reason, "the AWS credential chain gave no credentials; retrying");
+                retry_all(indices, verdicts, Class::Access, &reason);
+                return;
+            }
+        };
+        let entries: Vec<&Message> = indices.iter().map(|&i| &batch[i]).collect();
+        let body = self.protocol.body(destination, &entries);
+        let target = json::target(P::TARGET);
+        let call = self
+            .client
+            .send(&identity, json::request(P::CONTENT_TYPE, &target, body));
+        let answer = match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout {
+                endpoint: self.client.endpoint().to_owned(),
+                timeout: self.operation_timeout,
+            }),
+        };
+        let (status, body) = match answer {
+            Ok(answer) => answer,
+            Err(error) => {
+                let reason = error.to_string();
+                if let CallError::Signing(_) = error {
+                    tracing::error!(destination, error = %reason, "cannot sign the requests; retrying");
+                }
+                retry_all(indices, verdicts, Class::of(&error), &reason);
+                return;
+            }
+        };
+        if status.is_success() {
+            self.read_answers(destination, &body, indices, verdicts);
+            return;
+        }
+        let error = json::parse_error(&body);
+        let code = error.as_ref().map(|(code, _)| code.as_str());
+        let reason = match &error {
+            Some((code, message)) => {
+                format!("{code}: {}", message.as_deref().unwrap_or("no message"))
+            }
+            None => format!(
+                "HTTP {status} from {}: {}",
+                self.client.endpoint(),
+                String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+            ),
+        };
+        let class = errors::classify(Some(status.as_u16()), code, None);
+        match class {
+            Class::Missing => {
+                let reason = missing::<P>(destination, &reason);
+                for &i in indices {
+                    verdicts[i] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            _ if class.narrows() && indices.len() > 1 => {
+                // Find the culprit: each entry alone, in order; after a
+                // failure that is retried the rest wait, so nothing overtakes it.
+                for (n, &i) in indices.iter().enumerate() {
+                    if let Some((class, reason)) = pending_retry(verdicts) {
+                        retry_all(&indices[n..], verdicts, class, &reason);
+                        break;
+                    }
+                    Box::pin(self.send(destination, batch, &[i], verdicts)).await;
+                }
+            }
+            Class::Invalid => {
+                for &i in indices {
+                    verdicts[i] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            Class::Access => {
+                tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                if code.is_some_and(errors::stale_credentials) {
+                    self.client.forget_credentials().await;
+                }
+                retry_all(indices, verdicts, class, &reason);
+            }
+            _ => retry_all(indices, verdicts, class, &reason),
+        }
+    }
+
+    /// The verdicts a successful call's answer gives the entries at `indices`.
+    fn read_answers(
+        &self,
+        destination: &str,
+        body: &[u8],
+        indices: &[usize],
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        let answers = match self.protocol.answers(body, indices.len()) {
+            Ok(answers) => answers,
+            Err(error) => {
+                // Nothing says an entry is at fault: retried as an outage is.
+                let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
+                retry_all(indices, verdicts, Class::Unavailable, &reason);
+                return;
+            }
+        };
+        for (n, &i) in indices.iter().enumerate() {
+            verdicts[i] = Some(match answers.get(n).cloned().flatten() {
+                Some(Answer::Accepted) => Verdict::Delivered,
+                Some(Answer::Failed {
+                    code,
+                    message,
+                    sender_fault,
+                }) => {
+                    let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                    match errors::classify(None, Some(&code), sender_fault) {
+                        Class::Missing => Verdict::Rejected(missing::<P>(destination, &reason)),
+                        Class::Invalid => Verdict::Rejected(reason),
+                        Class::Access => {
+                            tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                            Verdict::Retry(Class::Access, reason)
+                        }
+                        class => Verdict::Retry(class, reason),
+                    }
+                }
+                None => Verdict::Retry(
+                    Class::Unknown,
+                    "the answer does not mention the entry".into(),
+                ),
+            });
+        }
+    }
+}
+
+/// Why entries for a destination that does not exist are rejected.
+fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
+    format!(
+        "{} {destination} does not exist ({reason}): create it or fix the routing",
+        P::WHAT
+    )
+}
+
+/// The first retry among `verdicts`, if any.
+pub fn pending_retry(verdicts: &[Option<Verdict>]) -> Option<(Class, String)> {
+    verdicts.iter().find_map(|v| match v {
+        Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
+        _ => None,
+    })
+}
+
+/// The messages at `indices` are to be sent again, for `reason`.
+pub fn retry_all(indices: &[usize], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
+    for &i in indices {
+        verdicts[i] = Some(Verdict::Retry(class, reason.to_owned()));
+    }
+}
+
+/// The outcomes of `verdicts`: a failure of unknown class is retried until
+/// the same event has failed so for `unknown`'s limit, then recorded.
+pub fn settle(
+    unknown: &UnknownSince,
+    batch: &[Message],
+    verdicts: Vec<Option<Verdict>>,
+) -> Vec<Outcome> {
+    let is_unknown = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, _)));
+    let (unknown_ids, other_ids): (Vec<_>, Vec<_>) = batch
+        .iter()
+        .zip(&verdicts)
+        .partition(|(_, v)| is_unknown(v));
+    let given_up = unknown.settle(
+        std::time::Instant::now(),
+        unknown_ids.iter().map(|(m, _)| m.event.id()),
+        other_ids.iter().map(|(m, _)| m.event.id()),
+    );
+    batch
+        .iter()
+        .zip(verdicts)
+        .map(|(message, verdict)| match verdict {
+            Some(Verdict::Delivered) => Outcome::Delivered,
+            Some(Verdict::Rejected(reason)) => Outcome::Rejected(reason),
+            Some(Verdict::Retry(Class::Unknown, reason))
+                if given_up.contains(&message.event.id()) =>
+            {
+                Outcome::Rejected(format!(
+                    "{reason} (failing for {:?} for a reason not known to pass)",
+                    unknown.limit()
+                ))
+            }
+            Some(Verdict::Retry(class, reason)) => Outcome::retry(class.cause(), reason),
+            None => Outcome::retry(Cause::Other, "not sent"),
+        })
+        .collect()
+}
+
+/// A FIFO `MessageGroupId` / `MessageDeduplicationId` (SNS and SQS take at
+/// most 128 characters of ASCII letters, digits and punctuation). A value
+/// that does not fit is replaced by the hex SHA-256 of it: stable (the same
+/// aggregate keeps its group, a repeat keeps its dedup id) and distinct in
+/// practice.
+pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
+    use sha2::Digest as _;
+    let fits = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());
+    if fits {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let digest = sha2::Sha256::digest(value.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    std::borrow::Cow::Owned(hex)
+}
