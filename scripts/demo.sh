@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
 # The README's "run it locally" command: an ephemeral PostgreSQL (15, or the
-# major in PG_VERSION) and a local SNS/SQS endpoint (moto), the shipped setup
+# major in PG_VERSION) and a local AWS endpoint (moto), the shipped setup
 # SQL, a FIFO topic with a subscribed SQS queue, the relay publishing to it, a
 # few sample outbox inserts, and what arrived in the queue. Everything is
 # removed when it ends.
 #
-#   bash scripts/demo.sh                  # SNS (moto) -> SQS
-#   bash scripts/demo.sh --sink stdout    # the stdout sink instead (also --stdout)
-#   bash scripts/demo.sh --sink webhook   # signed POSTs to a local receiver that
-#                                         # verifies them (Standard Webhooks library)
+#   bash scripts/demo.sh                      # SNS (moto) -> SQS
+#   bash scripts/demo.sh --sink sqs           # straight to a FIFO queue
+#   bash scripts/demo.sh --sink eventbridge   # a bus, a rule, a queue behind it
+#   bash scripts/demo.sh --sink kinesis       # a stream of two shards, read back
+#   bash scripts/demo.sh --sink stdout        # the stdout sink instead (also --stdout)
+#   bash scripts/demo.sh --sink webhook       # signed POSTs to a local receiver that
+#                                             # verifies them (Standard Webhooks library)
+# (scripts/demo_aws.py creates the AWS destinations and reads them back.)
 set -euo pipefail
 sink=sns
 case "${1:-}" in
     --stdout) sink=stdout ;;
-    --sink) sink=${2:?--sink needs sns, stdout or webhook} ;;
+    --sink) sink=${2:?--sink needs sns, sqs, eventbridge, kinesis, stdout or webhook} ;;
     "") ;;
-    *) echo "usage: $0 [--sink sns|stdout|webhook]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--sink sns|sqs|eventbridge|kinesis|stdout|webhook]" >&2; exit 2 ;;
 esac
+aws=false
 case "$sink" in
-    sns | stdout | webhook) ;;
-    *) echo "--sink: $sink is not one of sns, stdout, webhook" >&2; exit 2 ;;
+    sns | sqs | eventbridge | kinesis) aws=true ;;
+    stdout | webhook) ;;
+    *) echo "--sink: $sink is not one of sns, sqs, eventbridge, kinesis, stdout, webhook" >&2; exit 2 ;;
 esac
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -47,8 +53,8 @@ trap cleanup EXIT
 echo "== starting PostgreSQL (wal_level=logical)"
 url=$(bash scripts/pg-cluster.sh start "$work/pg" | tail -n 1 | cut -d= -f2-)
 app_url=${url%/postgres}/postgres
-if [ "$sink" = sns ]; then
-    echo "== starting a local SNS/SQS endpoint (moto)"
+if $aws; then
+    echo "== starting a local AWS endpoint (moto)"
     moto_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     python3 -m moto.server -H 127.0.0.1 -p "$moto_port" > "$work/moto.log" 2>&1 &
     moto_pid=$!
@@ -62,26 +68,16 @@ for _ in range(200):
     except Exception:
         time.sleep(0.1)
 PY
-    echo "== creating FIFO topic orders.fifo and FIFO queue orders.fifo subscribed to it"
-    python3 - <<'PY'
-import os, boto3
-kw = dict(endpoint_url=os.environ["MOTO_URL"], region_name="us-east-1")
-sns, sqs = boto3.client("sns", **kw), boto3.client("sqs", **kw)
-topic = sns.create_topic(Name="orders.fifo", Attributes={"FifoTopic": "true"})["TopicArn"]
-queue = sqs.create_queue(QueueName="orders.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
-arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"})
-PY
+    echo "== creating the $sink destination"
+    section=$(python3 scripts/demo_aws.py setup "$sink")
     cat > "$work/relay.toml" <<TOML
 [postgres]
 url = "$app_url"
 
 [sink]
-kind = "sns"
+kind = "$sink"
 
-[sns]
-endpoint_url = "$MOTO_URL"
-topic_arn = "arn:aws:sns:us-east-1:123456789012:orders.fifo"
+$section
 
 [http]
 listen = ""
@@ -150,24 +146,9 @@ VALUES ('order', 'ord-1', 'OrderPaid', '{"order_id": "ord-1", "method": "card"}'
        ('order', 'ord-2', 'OrderCreated', '{"order_id": "ord-2", "total": 7}');
 SQL
 
-if [ "$sink" = sns ]; then
-    echo "== what arrived in the SQS queue (group id, attributes, body):"
-    python3 - <<'PY'
-import json, os, time, boto3
-sqs = boto3.client("sqs", endpoint_url=os.environ["MOTO_URL"], region_name="us-east-1")
-queue = sqs.get_queue_url(QueueName="orders.fifo")["QueueUrl"]
-got, deadline = 0, time.time() + 15
-while got < 3 and time.time() < deadline:
-    for m in sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                                 AttributeNames=["All"], MessageAttributeNames=["All"]).get("Messages", []):
-        attrs = {k: v["StringValue"] for k, v in sorted(m.get("MessageAttributes", {}).items())}
-        print(f"-- group {m['Attributes']['MessageGroupId']}  attributes {attrs}")
-        print(json.dumps(json.loads(m["Body"])))
-        sqs.delete_message(QueueUrl=queue, ReceiptHandle=m["ReceiptHandle"])
-        got += 1
-if got < 3:
-    raise SystemExit(f"only {got} of 3 messages arrived; see the relay log below")
-PY
+if $aws; then
+    echo "== what arrived ($sink):"
+    python3 scripts/demo_aws.py show "$sink" 3
 elif [ "$sink" = webhook ]; then
     for _ in $(seq 75); do
         [ -f "$work/requests.jsonl" ] && [ "$(wc -l < "$work/requests.jsonl")" -ge 3 ] && break

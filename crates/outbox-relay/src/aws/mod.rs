@@ -117,6 +117,89 @@ pub fn message_attribute_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// What an AWS destination's section says about its calls.
+#[derive(Debug, Clone, Copy)]
+pub struct Calls<'a> {
+    /// The region set for the sink (or read from its destination), if any.
+    pub region: Option<&'a str>,
+    /// Its key (`sqs.region`).
+    pub region_key: &'static str,
+    /// The endpoint set for the sink, empty when unset.
+    pub endpoint_url: &'a str,
+    /// Its key (`sqs.endpoint_url`).
+    pub endpoint_key: &'static str,
+    /// Calls in flight at most (idle connections kept).
+    pub max_in_flight: usize,
+    /// Ceiling of one call.
+    pub operation_timeout: Duration,
+    /// Ceiling of one attempt.
+    pub attempt_timeout: Duration,
+}
+
+/// A client for `service` as `calls` says: the standard settings
+/// ([`load`]), the endpoint by the SDK's order ([`endpoint::for_service`],
+/// `prefix` naming the service's regional host).
+pub async fn client(
+    service: Service,
+    prefix: &str,
+    calls: Calls<'_>,
+) -> Result<Client, SetupError> {
+    let (sdk, region) = load(
+        calls.region,
+        calls.region_key,
+        calls.operation_timeout,
+        calls.attempt_timeout,
+    )
+    .await?;
+    let (key, url) = endpoint::for_service(
+        &sdk,
+        &service,
+        (calls.endpoint_key, calls.endpoint_url),
+        prefix,
+        &region,
+        calls.region_key,
+    );
+    let client = Client::new(
+        &sdk,
+        service,
+        &region,
+        (key, &url),
+        calls.max_in_flight,
+        calls.attempt_timeout,
+    )?;
+    tracing::debug!(endpoint = client.endpoint(), region = %region, service = service.signing_name, "AWS client ready");
+    Ok(client)
+}
+
+/// Check the call settings every AWS batch destination has, each problem
+/// under `section.key`.
+pub fn check_calls(
+    section: &str,
+    endpoint_url: &str,
+    (operation_timeout, attempt_timeout): (Duration, Duration),
+    linger: Duration,
+    bad: &mut dyn FnMut(&str, String),
+) {
+    if operation_timeout.is_zero() || attempt_timeout.is_zero() {
+        bad(
+            &format!("{section}.operation_timeout"),
+            format!("{section}.operation_timeout and {section}.attempt_timeout must be greater than zero"),
+        );
+    }
+    if attempt_timeout > operation_timeout {
+        bad(
+            &format!("{section}.attempt_timeout"),
+            format!("must not be longer than {section}.operation_timeout"),
+        );
+    }
+    if linger > Duration::from_secs(1) {
+        bad(&format!("{section}.linger"), "must be at most 1s".into());
+    }
+    if let Err(message) = crate::config::value::check_endpoint_url(endpoint_url) {
+        bad(&format!("{section}.endpoint_url"), message);
+    }
+}
+
 /// An AWS client cannot be built from the configuration.
 #[derive(Debug, thiserror::Error)]
 #[error("{key}: {message}")]

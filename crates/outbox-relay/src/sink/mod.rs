@@ -33,9 +33,6 @@ pub use crate::concurrency::Concurrency;
 use crate::event::OutboxEvent;
 
 pub mod settings;
-pub mod sns;
-pub mod stdout;
-pub mod webhook;
 
 pub use settings::{Settings, Unnamed};
 pub use sns::{SnsConfig, SnsSink};
@@ -143,13 +140,17 @@ pub trait Sink: Send + Sync + 'static {
 
 /// Every destination, one line each:
 /// `name: Variant(SinkType, SettingsType) = |section| expression making the sink`.
-/// `name` is the `[sink] kind` value and the name of the settings' TOML
-/// section (`Variant` is `name` capitalised; serde matches it lower-cased).
+/// `name` is the `[sink] kind` value, the name of the settings' TOML
+/// section and of the destination's module (`sink/<name>/` or
+/// `sink/<name>.rs`); `Variant` is `name` capitalised (serde matches it
+/// lower-cased).
 /// From the list come [`Kind`], the sections' struct [`Sections`] (which
 /// [`crate::config::Config`] holds), and [`Configured`], the sink behind one
 /// type so callers need one code path. Adding a destination is one line here.
 macro_rules! destinations {
     ($($(#[$doc:meta])* $name:ident: $variant:ident($sink:ty, $settings:ty) = |$section:ident| $build:expr;)+) => {
+        $($(#[$doc])* pub mod $name;)+
+
         /// The destinations `[sink] kind` can name.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
         #[serde(rename_all = "lowercase")]
@@ -256,4 +257,6 @@ destinations! {
     sns: Sns(SnsSink, SnsConfig) = |section| SnsSink::new(section).await?;
     /// HTTP POST signed as Standard Webhooks (`[webhook]`).
     webhook: Webhook(WebhookSink, WebhookConfig) = |section| WebhookSink::new(section)?;
+    /// Amazon SQS (`[sqs]`).
+    sqs: Sqs(sqs::SqsSink, sqs::SqsConfig) = |section| sqs::SqsSink::new(section).await?;
 }

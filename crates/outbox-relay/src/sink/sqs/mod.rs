@@ -1,0 +1,415 @@
+//! The `sqs` sink: `SendMessageBatch` to Amazon SQS queues (AWS JSON 1.0).
+//!
+//! "Delivered" means SQS listed the entry as successful. Each batch goes to
+//! one queue (the publisher groups by destination) and is split into
+//! requests of at most 10 entries and 1 MiB, counted as SQS counts: the
+//! body and the attributes (names, types and values, in bytes). A message
+//! over the queue's `MaximumMessageSize` (read with `GetQueueAttributes` on
+//! the first batch to the queue, or `sqs.max_message_size`) is rejected
+//! before anything is sent.
+//!
+//! On FIFO queues (URL ending in `.fifo`) every entry carries
+//! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
+//! = the event id (hashed when SQS would refuse them, [`fifo_id`]), so the
+//! queue keeps each group in order and drops repeats within its five-minute
+//! window. Standard queues do not keep order; the relay still sends each
+//! group in order.
+//!
+//! Message attributes: `event_id`, `event_type`, `aggregate_type`,
+//! `aggregate_id` and the headers named in `sqs.attributes`, as `String`.
+//!
+//! Failures are classified once for every AWS destination
+//! ([`crate::aws::errors`], [`crate::aws::batch`]): `QueueDoesNotExist`
+//! rejects the entries, an entry failure with `SenderFault` or an invalid
+//! request is recorded (a request refused as a whole is narrowed down to the
+//! culprit), throttling, 5xx, timeouts and credential errors are retried.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Concurrency, Message, Outcome, Sink};
+use crate::aws::batch::{fifo_id, Answer, Batches, Protocol};
+use crate::aws::errors::{self, Class};
+use crate::aws::{self, json, SetupError};
+use crate::event::OutboxEvent;
+
+pub mod config;
+
+pub use config::SqsConfig;
+use config::SQS_MAX_MESSAGE_SIZE;
+
+/// Publishes to SQS.
+pub struct SqsSink {
+    batches: Batches<Sqs>,
+    concurrency: Concurrency,
+    linger: Duration,
+    operation_timeout: Duration,
+    configured_limit: Option<usize>,
+    limits: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+impl SqsSink {
+    /// A sink for `config` (validated): the standard AWS settings, explicit
+    /// timeouts, no retries but the publisher's.
+    pub async fn new(config: &SqsConfig) -> Result<Self, SetupError> {
+        let client = aws::client(
+            aws::SQS,
+            "sqs",
+            aws::Calls {
+                region: config.region_or_url(),
+                region_key: "sqs.region",
+                endpoint_url: &config.endpoint_url,
+                endpoint_key: "sqs.endpoint_url",
+                max_in_flight: config.max_in_flight_batches,
+                operation_timeout: config.operation_timeout,
+                attempt_timeout: config.attempt_timeout,
+            },
+        )
+        .await?;
+        let protocol = Sqs {
+            attributes: config.attributes.clone(),
+        };
+        Ok(Self {
+            batches: Batches::new(
+                client,
+                protocol,
+                config.operation_timeout,
+                config.retry_unknown_errors_for,
+            ),
+            concurrency: config.concurrency(),
+            linger: config.linger,
+            operation_timeout: config.operation_timeout,
+            configured_limit: (config.max_message_size > 0).then_some(config.max_message_size),
+            limits: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The message size limit of `queue`: configured, known, or asked of SQS
+    /// now. While it cannot be learned, SQS's own ceiling is used (SQS then
+    /// refuses what is over the queue's, and the refusal is recorded).
+    async fn limit(&self, queue: &Arc<str>) -> usize {
+        if let Some(limit) = self.configured_limit {
+            return limit;
+        }
+        let known = self
+            .limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(queue)
+            .copied();
+        if let Some(limit) = known {
+            return limit;
+        }
+        match self.ask_limit(queue).await {
+            Ok(limit) => {
+                tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
+                self.limits
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(Arc::clone(queue), limit);
+                limit
+            }
+            Err(reason) => {
+                tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize; assuming SQS's ceiling");
+                SQS_MAX_MESSAGE_SIZE
+            }
+        }
+    }
+
+    /// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
+    /// has SQS's ceiling: the publish says it does not exist.
+    async fn ask_limit(&self, queue: &str) -> Result<usize, String> {
+        let client = self.batches.client();
+        let identity = client.identity().await.map_err(|e| e.to_string())?;
+        let body = serde_json::json!({
+            "QueueUrl": queue,
+            "AttributeNames": ["MaximumMessageSize"],
+        })
+        .to_string()
+        .into_bytes();
+        let target = json::target("AmazonSQS.GetQueueAttributes");
+        let call = client.send(&identity, json::request(json::JSON_10, &target, body));
+        let (status, body) = tokio::time::timeout(self.operation_timeout, call)
+            .await
+            .map_err(|_| format!("no answer within {:?}", self.operation_timeout))?
+            .map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            let error = json::parse_error(&body);
+            let code = error.as_ref().map(|(code, _)| code.as_str());
+            if errors::classify(Some(status.as_u16()), code, None) == Class::Missing {
+                return Ok(SQS_MAX_MESSAGE_SIZE);
+            }
+            return Err(format!("GetQueueAttributes: HTTP {status}: {error:?}"));
+        }
+        #[derive(Deserialize)]
+        struct Answer {
+            #[serde(rename = "Attributes", default)]
+            attributes: HashMap<String, String>,
+        }
+        let answer: Answer = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        Ok(answer
+            .attributes
+            .get("MaximumMessageSize")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(SQS_MAX_MESSAGE_SIZE)
+            .clamp(1, SQS_MAX_MESSAGE_SIZE))
+    }
+}
+
+impl Sink for SqsSink {
+    fn name(&self) -> &'static str {
+        "sqs"
+    }
+
+    fn max_batch(&self) -> usize {
+        Sqs::MAX_ENTRIES
+    }
+
+    fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
+
+    fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        let limit = self.limit(&first.destination).await;
+        self.batches.publish(batch, limit).await
+    }
+}
+
+/// SQS's `SendMessageBatch`.
+struct Sqs {
+    attributes: Vec<String>,
+}
+
+impl Sqs {
+    /// The message attributes of `event` (empty values left out: SQS refuses them).
+    fn attributes<'a>(&self, event: &'a OutboxEvent) -> Vec<(String, std::borrow::Cow<'a, str>)> {
+        use std::borrow::Cow;
+        let mut attributes = Vec::with_capacity(4 + self.attributes.len());
+        for (name, value) in [
+            ("event_id", event.id()),
+            ("event_type", event.event_type()),
+            ("aggregate_type", event.aggregate_type()),
+            ("aggregate_id", event.aggregate_id()),
+        ] {
+            if !value.is_empty() {
+                attributes.push((name.to_owned(), Cow::Borrowed(value)));
+            }
+        }
+        if !self.attributes.is_empty() {
+            if let Some(headers) = event.headers() {
+                if let Ok(mut map) =
+                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(headers)
+                {
+                    for name in &self.attributes {
+                        if let Some(serde_json::Value::String(value)) = map.remove(name) {
+                            if !value.is_empty() {
+                                attributes.push((name.clone(), Cow::Owned(value)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        attributes
+    }
+}
+
+/// Whether SQS takes `text` as a message body: XML's characters only
+/// (`#x9 | #xA | #xD | #x20-#xD7FF | #xE000-#xFFFD | #x10000-#x10FFFF`).
+fn sqs_text(text: &str) -> Result<(), String> {
+    match text
+        .chars()
+        .find(|&c| (c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{FFFE}' | '\u{FFFF}'))
+    {
+        None => Ok(()),
+        Some(c) => Err(format!(
+            "the message holds the character U+{:04X}, which SQS does not take (XML's characters only)",
+            u32::from(c)
+        )),
+    }
+}
+
+#[derive(Serialize)]
+struct SendMessageBatch<'a> {
+    #[serde(rename = "QueueUrl")]
+    queue_url: &'a str,
+    #[serde(rename = "Entries")]
+    entries: Vec<Entry<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Entry<'a> {
+    id: String,
+    message_body: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    message_attributes: HashMap<String, Attribute<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_group_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message_deduplication_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Attribute<'a> {
+    data_type: &'static str,
+    string_value: std::borrow::Cow<'a, str>,
+}
+
+impl Protocol for Sqs {
+    const WHAT: &'static str = "queue";
+    const TARGET: &'static str = "AmazonSQS.SendMessageBatch";
+    const CONTENT_TYPE: &'static str = json::JSON_10;
+    const MAX_ENTRIES: usize = 10;
+    const MAX_REQUEST_BYTES: usize = SQS_MAX_MESSAGE_SIZE;
+
+    fn size(&self, message: &Message) -> Result<usize, String> {
+        let body = std::str::from_utf8(&message.body)
+            .map_err(|_| "the message is not UTF-8 text, which SQS requires".to_owned())?;
+        sqs_text(body)?;
+        let attributes: usize = self
+            .attributes(&message.event)
+            .iter()
+            .map(|(name, value)| name.len() + "String".len() + value.len())
+            .sum();
+        Ok(body.len() + attributes)
+    }
+
+    fn body(&self, queue: &str, entries: &[&Message]) -> Vec<u8> {
+        let fifo = queue.ends_with(".fifo");
+        let entries = entries
+            .iter()
+            .enumerate()
+            .map(|(i, message)| Entry {
+                id: i.to_string(),
+                message_body: String::from_utf8_lossy(&message.body),
+                message_attributes: self
+                    .attributes(&message.event)
+                    .into_iter()
+                    .map(|(name, value)| {
+                        (
+                            name,
+                            Attribute {
+                                data_type: "String",
+                                string_value: value,
+                            },
+                        )
+                    })
+                    .collect(),
+                message_group_id: fifo.then(|| fifo_id(message.event.group())),
+                message_deduplication_id: fifo.then(|| fifo_id(message.event.id())),
+            })
+            .collect();
+        serde_json::to_vec(&SendMessageBatch {
+            queue_url: queue,
+            entries,
+        })
+        .expect("a request of strings serialises")
+    }
+
+    fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String> {
+        #[derive(Deserialize)]
+        struct Batch {
+            #[serde(rename = "Successful", default)]
+            successful: Vec<Successful>,
+            #[serde(rename = "Failed", default)]
+            failed: Vec<Failed>,
+        }
+        #[derive(Deserialize)]
+        struct Successful {
+            #[serde(rename = "Id")]
+            id: String,
+        }
+        #[derive(Deserialize)]
+        struct Failed {
+            #[serde(rename = "Id")]
+            id: String,
+            #[serde(rename = "Code")]
+            code: String,
+            #[serde(rename = "Message")]
+            message: Option<String>,
+            #[serde(rename = "SenderFault", default)]
+            sender_fault: serde_json::Value,
+        }
+        let batch: Batch = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let mut answers = vec![None; entries];
+        let index = |id: &str| id.parse::<usize>().ok().filter(|&i| i < entries);
+        for ok in batch.successful {
+            if let Some(i) = index(&ok.id) {
+                answers[i] = Some(Answer::Accepted);
+            }
+        }
+        for failed in batch.failed {
+            if let Some(i) = index(&failed.id) {
+                // A boolean in AWS's answers, a string in some compatible ones.
+                let sender_fault = match &failed.sender_fault {
+                    serde_json::Value::Bool(b) => Some(*b),
+                    serde_json::Value::String(s) => Some(s == "true"),
+                    _ => None,
+                };
+                answers[i] = Some(Answer::Failed {
+                    code: failed.code,
+                    message: failed.message,
+                    sender_fault,
+                });
+            }
+        }
+        Ok(answers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_by_entry_id_with_either_kind_of_sender_fault() {
+        let sqs = Sqs {
+            attributes: Vec::new(),
+        };
+        let answers = sqs
+            .answers(
+                br#"{"Successful":[{"Id":"0","MessageId":"m"},{"Id":"2","MessageId":"n"}],
+                    "Failed":[{"Id":"1","SenderFault":"true","Code":"InvalidParameterValue","Message":"bad"},
+                              {"Id":"3","SenderFault":false,"Code":"InternalError"}]}"#,
+                5,
+            )
+            .unwrap();
+        assert_eq!(answers[0], Some(Answer::Accepted));
+        assert_eq!(
+            answers[1],
+            Some(Answer::Failed {
+                code: "InvalidParameterValue".into(),
+                message: Some("bad".into()),
+                sender_fault: Some(true)
+            })
+        );
+        assert_eq!(answers[2], Some(Answer::Accepted));
+        assert!(matches!(
+            &answers[3],
+            Some(Answer::Failed { sender_fault: Some(false), .. })
+        ));
+        assert_eq!(answers[4], None, "not mentioned");
+        assert!(sqs.answers(b"<html>", 1).is_err());
+    }
+
+    #[test]
+    fn bodies_sqs_refuses_are_known_before_sending() {
+        assert!(sqs_text("{\"a\":\"tab\there\"}\n").is_ok());
+        assert!(sqs_text("emoji \u{1F600} and \u{E000}").is_ok());
+        let refused = sqs_text("bell \u{7}").unwrap_err();
+        assert!(refused.contains("U+0007"), "{refused}");
+        assert!(sqs_text("\u{FFFF}").is_err());
+    }
+}
