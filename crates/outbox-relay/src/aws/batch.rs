@@ -6,8 +6,9 @@
 //!
 //! * A batch (one destination) is split into requests of at most
 //!   [`Protocol::MAX_ENTRIES`] entries and [`Protocol::MAX_REQUEST_BYTES`],
-//!   counted as the service counts; an entry over the destination's limit
-//!   alone is rejected before anything is sent.
+//!   counted as the service counts (and, where [`Protocol::one_per_group`]
+//!   says so, one entry of each ordering group); an entry over the
+//!   destination's limit alone is rejected before anything is sent.
 //! * Requests go one after the other; once one is to be retried, the later
 //!   ones are not sent (retried with it), so no entry overtakes an earlier one.
 //! * Every refusal is classified by its typed parts ([`crate::aws::errors`]):
@@ -52,6 +53,15 @@ pub trait Protocol: Send + Sync + 'static {
     /// Each entry's answer, by position, from a successful call's body
     /// (`None`: the answer does not mention it).
     fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String>;
+
+    /// Whether a request holds at most one entry of each ordering group.
+    /// Where the service may take a later entry of a request and fail an
+    /// earlier one of the same group (and has no deduplication to drop the
+    /// later one when it is sent again), this is what keeps each group in
+    /// order; the price is one entry per group per round trip.
+    fn one_per_group(&self) -> bool {
+        false
+    }
 }
 
 /// What the service said of one entry of a successful call.
@@ -128,6 +138,8 @@ impl<P: Protocol> Batches<P> {
         let mut requests: Vec<Vec<usize>> = Vec::new();
         let mut request = Vec::new();
         let mut bytes = 0;
+        let one_per_group = self.protocol.one_per_group();
+        let mut groups = std::collections::HashSet::new();
         for (i, message) in batch.iter().enumerate() {
             debug_assert_eq!(
                 *message.destination, *destination,
@@ -147,9 +159,13 @@ impl<P: Protocol> Batches<P> {
                     continue;
                 }
             };
-            if request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES {
+            let group_again = one_per_group && !groups.insert(message.event.group());
+            if request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES || group_again
+            {
                 requests.push(std::mem::take(&mut request));
                 bytes = 0;
+                groups.clear();
+                groups.insert(message.event.group());
             }
             request.push(i);
             bytes += size;

@@ -167,6 +167,8 @@ fn known(code: &str) -> Option<Class> {
         | "KMSNotFoundException"
         | "KMSOptInRequiredException"
         | "NotAuthorized"
+        | "NotAuthorizedForSourceException"
+        | "NotAuthorizedForDetailTypeException"
         | "InvalidSecurityException" => Class::Access,
         "Throttling"
         | "ThrottlingException"

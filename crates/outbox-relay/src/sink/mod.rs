@@ -259,4 +259,6 @@ destinations! {
     webhook: Webhook(WebhookSink, WebhookConfig) = |section| WebhookSink::new(section)?;
     /// Amazon SQS (`[sqs]`).
     sqs: Sqs(sqs::SqsSink, sqs::SqsConfig) = |section| sqs::SqsSink::new(section).await?;
+    /// Amazon EventBridge (`[eventbridge]`).
+    eventbridge: EventBridge(eventbridge::EventBridgeSink, eventbridge::EventBridgeConfig) = |section| eventbridge::EventBridgeSink::new(section).await?;
 }

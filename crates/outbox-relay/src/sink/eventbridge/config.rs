@@ -1,0 +1,183 @@
+//! `[eventbridge]`: the EventBridge sink's settings, their defaults and
+//! their validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::config::value::de_duration;
+use crate::sink::settings::{check_template, Routes, Settings};
+
+/// Default ceiling of `PutEvents` calls in flight.
+pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
+
+/// `[eventbridge]`: the EventBridge sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventBridgeConfig {
+    /// AWS region; empty: the bus ARN's, else the standard AWS chain.
+    pub region: String,
+    /// Endpoint override for local or compatible endpoints.
+    pub endpoint_url: String,
+    /// The default event bus: a name (`default`, `orders`) or an ARN.
+    pub bus: String,
+    /// Each event's `Source`, with `{aggregate_type}` and `{event_type}`.
+    pub source: String,
+    /// Each event's `DetailType`, with `{aggregate_type}` and `{event_type}`.
+    pub detail_type: String,
+    /// The most `PutEvents` calls in flight at once.
+    pub max_in_flight_batches: usize,
+    /// How many calls are in flight: adaptive (up to
+    /// `max_in_flight_batches`) or a fixed number.
+    pub concurrency: ConcurrencyMode,
+    /// How long a partial batch waits for more messages.
+    #[serde(deserialize_with = "de_duration")]
+    pub linger: Duration,
+    /// Ceiling of one call.
+    #[serde(deserialize_with = "de_duration")]
+    pub operation_timeout: Duration,
+    /// Ceiling of one attempt of a call.
+    #[serde(deserialize_with = "de_duration")]
+    pub attempt_timeout: Duration,
+    /// How long an event failing for a reason EventBridge does not make
+    /// known as passing or permanent is retried before it is recorded.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
+}
+
+impl Default for EventBridgeConfig {
+    fn default() -> Self {
+        Self {
+            region: String::new(),
+            endpoint_url: String::new(),
+            bus: String::new(),
+            source: "outbox-relay".into(),
+            detail_type: "{event_type}".into(),
+            max_in_flight_batches: DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES,
+            concurrency: ConcurrencyMode::Adaptive,
+            linger: Duration::from_millis(5),
+            operation_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(5),
+            retry_unknown_errors_for: Duration::from_secs(600),
+        }
+    }
+}
+
+impl EventBridgeConfig {
+    /// The publisher's concurrency for this sink.
+    pub fn concurrency(&self) -> Concurrency {
+        self.concurrency.with_ceiling(self.max_in_flight_batches)
+    }
+
+    /// The region of `region`, or of the bus ARN.
+    pub fn region_or_arn(&self) -> Option<&str> {
+        if !self.region.is_empty() {
+            return Some(&self.region);
+        }
+        self.bus
+            .strip_prefix("arn:")
+            .and_then(|arn| arn.split(':').nth(2))
+            .filter(|r| !r.is_empty())
+    }
+}
+
+/// Whether `name` can name an event bus: a name of letters, digits and
+/// `.-_/`, or an event bus ARN.
+fn bus_name(name: &str) -> Result<(), String> {
+    let arn = name.starts_with("arn:") && name.contains(":event-bus/");
+    let plain = (1..=256).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'/'));
+    if arn || plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an event bus name (letters, digits, . - _ /) or ARN (arn:aws:events:<region>:<account>:event-bus/<name>)"
+        ))
+    }
+}
+
+impl Settings for EventBridgeConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.bus.is_empty() {
+            bad(
+                "eventbridge.bus",
+                "missing: set eventbridge.bus, the event bus name (e.g. default) or ARN".into(),
+            );
+        } else if let Err(message) = bus_name(&self.bus) {
+            bad("eventbridge.bus", message);
+        }
+        for (key, value) in [
+            ("eventbridge.source", &self.source),
+            ("eventbridge.detail_type", &self.detail_type),
+        ] {
+            if value.trim().is_empty() {
+                bad(key, "must not be empty".into());
+            }
+            check_template(key, value, &[], bad);
+        }
+        if self.source.starts_with("aws.") {
+            bad(
+                "eventbridge.source",
+                "sources starting with aws. are reserved for AWS services".into(),
+            );
+        }
+        self.concurrency.validate(
+            "eventbridge",
+            ("max_in_flight_batches", self.max_in_flight_batches),
+            bad,
+        );
+        crate::aws::check_calls(
+            "eventbridge",
+            &self.endpoint_url,
+            (self.operation_timeout, self.attempt_timeout),
+            self.linger,
+            bad,
+        );
+    }
+
+    fn routes(&self) -> Routes {
+        Routes {
+            default: (!self.bus.is_empty()).then(|| self.bus.clone()),
+            template: None,
+            variables: Vec::new(),
+            expand: Arc::new(str::to_owned),
+            missing: "no event bus: the row names none and eventbridge.bus is not set".into(),
+        }
+    }
+
+    fn dead_letter(&self, name: &str) -> Result<(), String> {
+        bus_name(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{load, problems, MINIMAL};
+
+    #[test]
+    fn the_eventbridge_sink_needs_a_bus_and_names_each_bad_key() {
+        let eb = |extra: &str| format!("{MINIMAL}\n[sink]\nkind = \"eventbridge\"\n[eventbridge]\n{extra}");
+        let p = problems(load(&eb(""), &[]).unwrap_err());
+        assert!(p.iter().any(|p| p.key == "eventbridge.bus"), "{p:?}");
+        let p = problems(
+            load(
+                &eb("bus = \"my bus\"\nsource = \"aws.orders\"\ndetail_type = \"{nope}\""),
+                &[],
+            )
+            .unwrap_err(),
+        );
+        for key in ["eventbridge.bus", "eventbridge.source", "eventbridge.detail_type"] {
+            assert!(p.iter().any(|p| p.key == key), "{key}: {p:?}");
+        }
+        let ok = load(
+            &eb("bus = \"arn:aws:events:eu-west-1:123456789012:event-bus/orders\""),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.destinations.eventbridge.region_or_arn(), Some("eu-west-1"));
+    }
+}

@@ -1,0 +1,178 @@
+//! `[kinesis]`: the Kinesis Data Streams sink's settings, their defaults and
+//! their validation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::config::value::de_duration;
+use crate::sink::settings::{Routes, Settings};
+
+/// Default ceiling of `PutRecords` calls in flight.
+pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
+/// A stream's record size limit unless raised (`MaxRecordSizeInKiB` 1024).
+pub const DEFAULT_MAX_RECORD_SIZE: usize = 1 << 20;
+/// The most a stream's record size limit can be raised to.
+pub const MAX_RECORD_SIZE: usize = 10 << 20;
+
+/// `[kinesis]`: the Kinesis Data Streams sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KinesisConfig {
+    /// AWS region; empty: the stream ARN's, else the standard AWS chain.
+    pub region: String,
+    /// Endpoint override for local or compatible endpoints.
+    pub endpoint_url: String,
+    /// The default stream: a name or an ARN.
+    pub stream: String,
+    /// The stream's largest record (data and partition key, in bytes): 1 MiB
+    /// unless the stream's `MaxRecordSizeInKiB` was raised (up to 10 MiB).
+    pub max_record_size: usize,
+    /// At most one record of each ordering group in a `PutRecords` call, so a
+    /// record that fails (throttled by its shard) is never overtaken by a
+    /// later one of its key. `false` sends runs of a group in one call:
+    /// faster for few busy groups, but a failed record then arrives after
+    /// later ones of its key.
+    pub strict_order: bool,
+    /// The most `PutRecords` calls in flight at once.
+    pub max_in_flight_batches: usize,
+    /// How many calls are in flight: adaptive (up to
+    /// `max_in_flight_batches`) or a fixed number.
+    pub concurrency: ConcurrencyMode,
+    /// How long a partial batch waits for more messages.
+    #[serde(deserialize_with = "de_duration")]
+    pub linger: Duration,
+    /// Ceiling of one call.
+    #[serde(deserialize_with = "de_duration")]
+    pub operation_timeout: Duration,
+    /// Ceiling of one attempt of a call.
+    #[serde(deserialize_with = "de_duration")]
+    pub attempt_timeout: Duration,
+    /// How long a record failing for a reason Kinesis does not make known as
+    /// passing or permanent is retried before it is recorded as failed.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
+}
+
+impl Default for KinesisConfig {
+    fn default() -> Self {
+        Self {
+            region: String::new(),
+            endpoint_url: String::new(),
+            stream: String::new(),
+            max_record_size: DEFAULT_MAX_RECORD_SIZE,
+            strict_order: true,
+            max_in_flight_batches: DEFAULT_KINESIS_IN_FLIGHT_BATCHES,
+            concurrency: ConcurrencyMode::Adaptive,
+            linger: Duration::from_millis(5),
+            operation_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(5),
+            retry_unknown_errors_for: Duration::from_secs(600),
+        }
+    }
+}
+
+impl KinesisConfig {
+    /// The publisher's concurrency for this sink.
+    pub fn concurrency(&self) -> Concurrency {
+        self.concurrency.with_ceiling(self.max_in_flight_batches)
+    }
+
+    /// The region of `region`, or of the stream ARN.
+    pub fn region_or_arn(&self) -> Option<&str> {
+        if !self.region.is_empty() {
+            return Some(&self.region);
+        }
+        self.stream
+            .strip_prefix("arn:")
+            .and_then(|arn| arn.split(':').nth(2))
+            .filter(|r| !r.is_empty())
+    }
+}
+
+/// Whether `name` can name a stream: 1 to 128 of letters, digits and `_.-`,
+/// or a stream ARN.
+fn stream_name(name: &str) -> Result<(), String> {
+    let arn = name.starts_with("arn:") && name.contains(":stream/");
+    let plain = (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'));
+    if arn || plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a stream name (1 to 128 letters, digits, . - _) or ARN (arn:aws:kinesis:<region>:<account>:stream/<name>)"
+        ))
+    }
+}
+
+impl Settings for KinesisConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.stream.is_empty() {
+            bad(
+                "kinesis.stream",
+                "missing: set kinesis.stream, the stream name or ARN".into(),
+            );
+        } else if let Err(message) = stream_name(&self.stream) {
+            bad("kinesis.stream", message);
+        }
+        if !(1024..=MAX_RECORD_SIZE).contains(&self.max_record_size) {
+            bad(
+                "kinesis.max_record_size",
+                format!("must be from 1024 to {MAX_RECORD_SIZE} bytes (the stream's MaxRecordSizeInKiB)"),
+            );
+        }
+        self.concurrency.validate(
+            "kinesis",
+            ("max_in_flight_batches", self.max_in_flight_batches),
+            bad,
+        );
+        crate::aws::check_calls(
+            "kinesis",
+            &self.endpoint_url,
+            (self.operation_timeout, self.attempt_timeout),
+            self.linger,
+            bad,
+        );
+    }
+
+    fn routes(&self) -> Routes {
+        Routes {
+            default: (!self.stream.is_empty()).then(|| self.stream.clone()),
+            template: None,
+            variables: Vec::new(),
+            expand: Arc::new(str::to_owned),
+            missing: "no stream: the row names none and kinesis.stream is not set".into(),
+        }
+    }
+
+    fn dead_letter(&self, name: &str) -> Result<(), String> {
+        stream_name(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{load, problems, MINIMAL};
+
+    #[test]
+    fn the_kinesis_sink_needs_a_stream_and_names_each_bad_key() {
+        let k = |extra: &str| format!("{MINIMAL}\n[sink]\nkind = \"kinesis\"\n[kinesis]\n{extra}");
+        let p = problems(load(&k(""), &[]).unwrap_err());
+        assert!(p.iter().any(|p| p.key == "kinesis.stream"), "{p:?}");
+        let p = problems(load(&k("stream = \"a b\"\nmax_record_size = 20000000"), &[]).unwrap_err());
+        for key in ["kinesis.stream", "kinesis.max_record_size"] {
+            assert!(p.iter().any(|p| p.key == key), "{key}: {p:?}");
+        }
+        let ok = load(
+            &k("stream = \"arn:aws:kinesis:eu-west-1:123456789012:stream/orders\""),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(ok.destinations.kinesis.region_or_arn(), Some("eu-west-1"));
+        assert!(ok.destinations.kinesis.strict_order);
+    }
+}
