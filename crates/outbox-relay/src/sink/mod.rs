@@ -261,4 +261,6 @@ destinations! {
     sqs: Sqs(sqs::SqsSink, sqs::SqsConfig) = |section| sqs::SqsSink::new(section).await?;
     /// Amazon EventBridge (`[eventbridge]`).
     eventbridge: EventBridge(eventbridge::EventBridgeSink, eventbridge::EventBridgeConfig) = |section| eventbridge::EventBridgeSink::new(section).await?;
+    /// Amazon Kinesis Data Streams (`[kinesis]`).
+    kinesis: Kinesis(kinesis::KinesisSink, kinesis::KinesisConfig) = |section| kinesis::KinesisSink::new(section).await?;
 }
