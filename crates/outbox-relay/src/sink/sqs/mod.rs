@@ -49,6 +49,8 @@ pub struct SqsSink {
     operation_timeout: Duration,
     configured_limit: Option<usize>,
     limits: Mutex<HashMap<Arc<str>, usize>>,
+    /// Held while a queue's limit is asked of SQS.
+    asking: tokio::sync::Mutex<()>,
 }
 
 impl SqsSink {
@@ -84,46 +86,68 @@ impl SqsSink {
             operation_timeout: config.operation_timeout,
             configured_limit: (config.max_message_size > 0).then_some(config.max_message_size),
             limits: Mutex::new(HashMap::new()),
+            asking: tokio::sync::Mutex::new(()),
         })
     }
 
     /// The message size limit of `queue`: configured, known, or asked of SQS
-    /// now. While it cannot be learned, SQS's own ceiling is used (SQS then
-    /// refuses what is over the queue's, and the refusal is recorded).
+    /// now (one ask at a time: batches that start meanwhile wait for its
+    /// answer). While it cannot be learned (SQS unreachable), SQS's own
+    /// ceiling is used for this batch (SQS then refuses what is over the
+    /// queue's, and the refusal is recorded); when it may not be read
+    /// (permissions), the ceiling is kept for the queue, said once.
     async fn limit(&self, queue: &Arc<str>) -> usize {
         if let Some(limit) = self.configured_limit {
             return limit;
         }
-        let known = self
-            .limits
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(queue)
-            .copied();
-        if let Some(limit) = known {
+        let known = |limits: &Mutex<HashMap<Arc<str>, usize>>| {
+            limits
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(queue)
+                .copied()
+        };
+        if let Some(limit) = known(&self.limits) {
             return limit;
         }
-        match self.ask_limit(queue).await {
+        let _asking = self.asking.lock().await;
+        if let Some(limit) = known(&self.limits) {
+            return limit;
+        }
+        let limit = match self.ask_limit(queue).await {
             Ok(limit) => {
                 tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
-                self.limits
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(Arc::clone(queue), limit);
                 limit
             }
-            Err(reason) => {
-                tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize; assuming SQS's ceiling");
+            Err(Ask::Refused(reason)) => {
+                tracing::warn!(
+                    queue = %queue,
+                    error = %reason,
+                    "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
+                     assuming {SQS_MAX_MESSAGE_SIZE} bytes"
+                );
                 SQS_MAX_MESSAGE_SIZE
             }
-        }
+            Err(Ask::Unanswered(reason)) => {
+                tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
+                return SQS_MAX_MESSAGE_SIZE;
+            }
+        };
+        self.limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(Arc::clone(queue), limit);
+        limit
     }
 
     /// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
     /// has SQS's ceiling: the publish says it does not exist.
-    async fn ask_limit(&self, queue: &str) -> Result<usize, String> {
+    async fn ask_limit(&self, queue: &str) -> Result<usize, Ask> {
         let client = self.batches.client();
-        let identity = client.identity().await.map_err(|e| e.to_string())?;
+        let identity = client
+            .identity()
+            .await
+            .map_err(|e| Ask::Unanswered(e.to_string()))?;
         let body = serde_json::json!({
             "QueueUrl": queue,
             "AttributeNames": ["MaximumMessageSize"],
@@ -134,22 +158,25 @@ impl SqsSink {
         let call = client.send(&identity, json::request(json::JSON_10, &target, body));
         let (status, body) = tokio::time::timeout(self.operation_timeout, call)
             .await
-            .map_err(|_| format!("no answer within {:?}", self.operation_timeout))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| Ask::Unanswered(format!("no answer within {:?}", self.operation_timeout)))?
+            .map_err(|e| Ask::Unanswered(e.to_string()))?;
         if !status.is_success() {
             let error = json::parse_error(&body);
             let code = error.as_ref().map(|(code, _)| code.as_str());
-            if errors::classify(Some(status.as_u16()), code, None) == Class::Missing {
-                return Ok(SQS_MAX_MESSAGE_SIZE);
-            }
-            return Err(format!("GetQueueAttributes: HTTP {status}: {error:?}"));
+            let reason = format!("GetQueueAttributes: HTTP {status}: {error:?}");
+            return match errors::classify(Some(status.as_u16()), code, None) {
+                Class::Missing => Ok(SQS_MAX_MESSAGE_SIZE),
+                Class::Access | Class::Invalid if code.is_some() => Err(Ask::Refused(reason)),
+                _ => Err(Ask::Unanswered(reason)),
+            };
         }
         #[derive(Deserialize)]
         struct Answer {
             #[serde(rename = "Attributes", default)]
             attributes: HashMap<String, String>,
         }
-        let answer: Answer = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let answer: Answer = serde_json::from_slice(&body)
+            .map_err(|e| Ask::Refused(format!("unreadable GetQueueAttributes answer: {e}")))?;
         Ok(answer
             .attributes
             .get("MaximumMessageSize")
@@ -157,6 +184,14 @@ impl SqsSink {
             .unwrap_or(SQS_MAX_MESSAGE_SIZE)
             .clamp(1, SQS_MAX_MESSAGE_SIZE))
     }
+}
+
+/// Why a queue's limit was not learned.
+enum Ask {
+    /// SQS refused to tell (permissions, an endpoint without the call).
+    Refused(String),
+    /// No answer now (network, throttling, credentials).
+    Unanswered(String),
 }
 
 impl Sink for SqsSink {
