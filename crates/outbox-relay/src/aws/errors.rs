@@ -348,6 +348,36 @@ mod tests {
                 Unavailable,
             ),
             ("a 502 without a code", request(502, None), Unavailable),
+            (
+                "SQS QueueDoesNotExist",
+                request(400, Some("QueueDoesNotExist")),
+                Missing,
+            ),
+            (
+                "EventBridge or Kinesis ResourceNotFoundException",
+                request(400, Some("ResourceNotFoundException")),
+                Missing,
+            ),
+            (
+                "Kinesis record too large",
+                request(400, Some("ValidationException")),
+                Invalid,
+            ),
+            (
+                "SQS batch too long",
+                request(400, Some("BatchRequestTooLong")),
+                Invalid,
+            ),
+            (
+                "SQS RequestThrottled",
+                request(400, Some("RequestThrottled")),
+                Throttled,
+            ),
+            (
+                "Kinesis KMS throttling",
+                request(400, Some("KMSThrottlingException")),
+                Throttled,
+            ),
             ("a 4xx without a code", request(403, None), Unknown),
             ("a 3xx without a code", request(302, None), Unknown),
         ];
@@ -365,6 +395,11 @@ mod tests {
             ("InternalError", false, Unavailable),
             ("InternalError", true, Unavailable),
             ("NotFound", true, Missing),
+            ("ProvisionedThroughputExceededException", false, Throttled),
+            ("InternalFailure", false, Unavailable),
+            ("MalformedDetail", false, Invalid),
+            ("InvalidArgument", false, Invalid),
+            ("NotAuthorizedForSourceException", false, Access),
         ];
         for (code, sender_fault, want) in entries {
             assert_eq!(
