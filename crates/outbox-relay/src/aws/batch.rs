@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use super::errors::{self, Class, UnknownSince};
 use super::{json, CallError, Client};
-use crate::sink::{Cause, Message, Outcome};
+use crate::sink::{Cause, Concurrency, Message, Outcome, Sink};
 
 /// How a destination writes, counts and reads back the entries of a batch.
 pub trait Protocol: Send + Sync + 'static {
@@ -322,6 +322,56 @@ impl<P: Protocol> Batches<P> {
                 ),
             });
         }
+    }
+}
+
+/// A sink that is a batch protocol and nothing more: a fixed entry limit,
+/// the publisher's concurrency and linger (EventBridge, Kinesis).
+pub struct BatchSink<P> {
+    name: &'static str,
+    batches: Batches<P>,
+    concurrency: Concurrency,
+    linger: Duration,
+    limit: usize,
+}
+
+impl<P: Protocol> BatchSink<P> {
+    /// The sink `name` sending with `batches`, entries of at most `limit` bytes.
+    pub fn assemble(
+        name: &'static str,
+        batches: Batches<P>,
+        (concurrency, linger): (Concurrency, Duration),
+        limit: usize,
+    ) -> Self {
+        Self {
+            name,
+            batches,
+            concurrency,
+            linger,
+            limit,
+        }
+    }
+}
+
+impl<P: Protocol> Sink for BatchSink<P> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn max_batch(&self) -> usize {
+        P::MAX_ENTRIES
+    }
+
+    fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
+
+    fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        self.batches.publish(batch, self.limit).await
     }
 }
 

@@ -19,12 +19,10 @@
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 
-use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{Answer, Batches, Protocol};
+use super::Message;
+use crate::aws::batch::{Answer, BatchSink, Batches, Protocol};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -35,11 +33,7 @@ pub use config::EventBridgeConfig;
 pub const MAX_EVENT_SIZE: usize = 1_048_576;
 
 /// Publishes to EventBridge.
-pub struct EventBridgeSink {
-    batches: Batches<PutEvents>,
-    concurrency: Concurrency,
-    linger: Duration,
-}
+pub type EventBridgeSink = BatchSink<PutEvents>;
 
 impl EventBridgeSink {
     /// A sink for `config` (validated).
@@ -62,43 +56,22 @@ impl EventBridgeSink {
             source: config.source.clone(),
             detail_type: config.detail_type.clone(),
         };
-        Ok(Self {
-            batches: Batches::new(
+        Ok(BatchSink::assemble(
+            "eventbridge",
+            Batches::new(
                 client,
                 protocol,
                 config.operation_timeout,
                 config.retry_unknown_errors_for,
             ),
-            concurrency: config.concurrency(),
-            linger: config.linger,
-        })
-    }
-}
-
-impl Sink for EventBridgeSink {
-    fn name(&self) -> &'static str {
-        "eventbridge"
-    }
-
-    fn max_batch(&self) -> usize {
-        PutEvents::MAX_ENTRIES
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        self.concurrency
-    }
-
-    fn linger(&self) -> Duration {
-        self.linger
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        self.batches.publish(batch, MAX_EVENT_SIZE).await
+            (config.concurrency(), config.linger),
+            MAX_EVENT_SIZE,
+        ))
     }
 }
 
 /// EventBridge's `PutEvents`.
-struct PutEvents {
+pub struct PutEvents {
     source: String,
     detail_type: String,
 }

@@ -21,13 +21,11 @@
 //! records ([`crate::aws::errors`]).
 
 use std::borrow::Cow;
-use std::time::Duration;
-
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{Answer, Batches, Protocol};
+use super::Message;
+use crate::aws::batch::{Answer, BatchSink, Batches, Protocol};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -35,12 +33,7 @@ pub mod config;
 pub use config::KinesisConfig;
 
 /// Publishes to Kinesis Data Streams.
-pub struct KinesisSink {
-    batches: Batches<PutRecords>,
-    concurrency: Concurrency,
-    linger: Duration,
-    max_record_size: usize,
-}
+pub type KinesisSink = BatchSink<PutRecords>;
 
 impl KinesisSink {
     /// A sink for `config` (validated).
@@ -59,46 +52,25 @@ impl KinesisSink {
             },
         )
         .await?;
-        Ok(Self {
-            batches: Batches::new(
+        let protocol = PutRecords {
+            strict_order: config.strict_order,
+        };
+        Ok(BatchSink::assemble(
+            "kinesis",
+            Batches::new(
                 client,
-                PutRecords {
-                    strict_order: config.strict_order,
-                },
+                protocol,
                 config.operation_timeout,
                 config.retry_unknown_errors_for,
             ),
-            concurrency: config.concurrency(),
-            linger: config.linger,
-            max_record_size: config.max_record_size,
-        })
-    }
-}
-
-impl Sink for KinesisSink {
-    fn name(&self) -> &'static str {
-        "kinesis"
-    }
-
-    fn max_batch(&self) -> usize {
-        PutRecords::MAX_ENTRIES
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        self.concurrency
-    }
-
-    fn linger(&self) -> Duration {
-        self.linger
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        self.batches.publish(batch, self.max_record_size).await
+            (config.concurrency(), config.linger),
+            config.max_record_size,
+        ))
     }
 }
 
 /// Kinesis's `PutRecords`.
-struct PutRecords {
+pub struct PutRecords {
     strict_order: bool,
 }
 
