@@ -117,6 +117,14 @@ pub fn message_attribute_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// The region of an ARN (`arn:aws:kinesis:eu-west-1:…` is `eu-west-1`), if
+/// `name` is one.
+pub fn arn_region(name: &str) -> Option<&str> {
+    name.strip_prefix("arn:")
+        .and_then(|arn| arn.split(':').nth(2))
+        .filter(|r| !r.is_empty())
+}
+
 /// What an AWS destination's section says about its calls.
 #[derive(Debug, Clone, Copy)]
 pub struct Calls<'a> {

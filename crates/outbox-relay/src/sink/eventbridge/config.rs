@@ -76,10 +76,7 @@ impl EventBridgeConfig {
         if !self.region.is_empty() {
             return Some(&self.region);
         }
-        self.bus
-            .strip_prefix("arn:")
-            .and_then(|arn| arn.split(':').nth(2))
-            .filter(|r| !r.is_empty())
+        crate::aws::arn_region(&self.bus)
     }
 }
 

@@ -85,10 +85,7 @@ impl KinesisConfig {
         if !self.region.is_empty() {
             return Some(&self.region);
         }
-        self.stream
-            .strip_prefix("arn:")
-            .and_then(|arn| arn.split(':').nth(2))
-            .filter(|r| !r.is_empty())
+        crate::aws::arn_region(&self.stream)
     }
 }
 
