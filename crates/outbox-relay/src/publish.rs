@@ -206,6 +206,8 @@ struct Publisher<S> {
     /// Batches in flight (`tasks` also records rejected rows).
     batches: usize,
     max_batch: usize,
+    /// Most messages of one group in a batch ([`Sink::max_run`]).
+    max_run: usize,
     limiter: Limiter,
     linger: Duration,
 }
@@ -231,6 +233,7 @@ pub async fn run<S: Sink>(
     metrics.sink_concurrency_limit.set(limiter.limit() as i64);
     let mut p = Publisher {
         max_batch: sink.max_batch().max(1),
+        max_run: sink.max_run().max(1),
         limiter,
         linger: sink.linger(),
         sink,
@@ -497,7 +500,7 @@ impl<S: Sink> Publisher<S> {
             }
             destination = Some(here);
             oldest = Some(oldest.map_or(front.arrived, |o| o.min(front.arrived)));
-            let room = self.max_batch - picked.len();
+            let room = (self.max_batch - picked.len()).min(self.max_run);
             let run = queue
                 .iter()
                 .take(room)
@@ -551,7 +554,7 @@ impl<S: Sink> Publisher<S> {
             destination = Some(here);
             oldest = Some(oldest.map_or(q.arrived, |o| o.min(q.arrived)));
             picked.push(key);
-            if let Some(after) = queue.get(index + 1) {
+            if let Some(after) = queue.get(index + 1).filter(|_| index + 1 < self.max_run) {
                 next.push(Reverse((after.seq, key, index + 1)));
             }
         }
@@ -865,11 +868,26 @@ mod tests {
         }
     }
 
-    /// Records the size of each batch; answers after `delay`.
+    /// Records the size of each batch and the most messages of one group
+    /// in a batch; answers after `delay`.
     struct Sizes {
         sizes: Mutex<Vec<usize>>,
         delay: Duration,
         linger: Duration,
+        max_run: usize,
+        longest_run: Mutex<usize>,
+    }
+
+    impl Sizes {
+        fn new(delay: Duration, linger: Duration) -> Self {
+            Self {
+                sizes: Mutex::new(Vec::new()),
+                delay,
+                linger,
+                max_run: usize::MAX,
+                longest_run: Mutex::new(0),
+            }
+        }
     }
 
     impl Sink for Sizes {
@@ -885,8 +903,20 @@ mod tests {
         fn linger(&self) -> Duration {
             self.linger
         }
+        fn max_run(&self) -> usize {
+            self.max_run
+        }
         async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
             self.sizes.lock().unwrap().push(batch.len());
+            let mut runs = HashMap::new();
+            for m in batch {
+                *runs.entry(m.event.group().to_owned()).or_insert(0) += 1;
+            }
+            let longest = runs.values().copied().max().unwrap_or(0);
+            {
+                let mut longest_run = self.longest_run.lock().unwrap();
+                *longest_run = (*longest_run).max(longest);
+            }
             tokio::time::sleep(self.delay).await;
             vec![Outcome::Delivered; batch.len()]
         }
@@ -909,11 +939,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_backlog_of_few_groups_fills_every_batch() {
-        let sink = Arc::new(Sizes {
-            sizes: Mutex::new(Vec::new()),
-            delay: Duration::from_millis(5),
-            linger: Duration::from_millis(1),
-        });
+        let sink = Arc::new(Sizes::new(
+            Duration::from_millis(5),
+            Duration::from_millis(1),
+        ));
         let (tx, mut done, task) = start(&sink);
         let mut tracker = AckTracker::new(0);
         tracker.begin().unwrap();
@@ -933,12 +962,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_idle_publisher_sends_a_lone_message_without_lingering() {
+    async fn a_sink_that_takes_one_message_a_group_gets_batches_of_distinct_groups() {
         let sink = Arc::new(Sizes {
-            sizes: Mutex::new(Vec::new()),
-            delay: Duration::ZERO,
-            linger: Duration::from_secs(30),
+            max_run: 1,
+            ..Sizes::new(Duration::from_millis(2), Duration::from_millis(1))
         });
+        let (tx, mut done, task) = start(&sink);
+        let mut tracker = AckTracker::new(0);
+        tracker.begin().unwrap();
+        // Three groups, eight messages each, arriving group by group.
+        let backlog = (0..24)
+            .map(|n| Dispatch::Publish(message(&mut tracker, ["a", "b", "c"][n / 8], n)))
+            .collect();
+        tx.send(backlog).await.unwrap();
+        drop(tx);
+        task.await.unwrap().unwrap();
+        let mut reported = 0;
+        while let Ok(batch) = done.try_recv() {
+            reported += batch.len();
+        }
+        assert_eq!(reported, 24);
+        assert_eq!(*sink.longest_run.lock().unwrap(), 1);
+        let sizes = sink.sizes.lock().unwrap();
+        assert!(sizes.iter().all(|&n| n <= 3), "{sizes:?}");
+        assert!(
+            sizes.iter().any(|&n| n > 1),
+            "groups still share batches: {sizes:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_idle_publisher_sends_a_lone_message_without_lingering() {
+        let sink = Arc::new(Sizes::new(Duration::ZERO, Duration::from_secs(30)));
         let (tx, mut done, task) = start(&sink);
         let mut tracker = AckTracker::new(0);
         tracker.begin().unwrap();

@@ -58,7 +58,10 @@ pub trait Protocol: Send + Sync + 'static {
     /// Where the service may take a later entry of a request and fail an
     /// earlier one of the same group (and has no deduplication to drop the
     /// later one when it is sent again), this is what keeps each group in
-    /// order; the price is one entry per group per round trip.
+    /// order; the price is one entry per group per round trip. The publisher
+    /// then forms batches of one message a group ([`Sink::max_run`]), so a
+    /// batch is one request; a batch that holds a group twice all the same
+    /// is sent as several requests, one after the other.
     fn one_per_group(&self) -> bool {
         false
     }
@@ -360,6 +363,14 @@ impl<P: Protocol> Sink for BatchSink<P> {
 
     fn max_batch(&self) -> usize {
         P::MAX_ENTRIES
+    }
+
+    fn max_run(&self) -> usize {
+        if self.batches.protocol.one_per_group() {
+            1
+        } else {
+            usize::MAX
+        }
     }
 
     fn concurrency(&self) -> Concurrency {

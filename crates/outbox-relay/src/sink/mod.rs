@@ -122,6 +122,14 @@ pub trait Sink: Send + Sync + 'static {
     /// Most messages a batch may hold.
     fn max_batch(&self) -> usize;
 
+    /// Most messages of one ordering group in a batch. A sink whose
+    /// destination may take a later message of a group and fail an earlier
+    /// one of the same request, with nothing to drop the later one when it is
+    /// sent again (Kinesis), keeps each group to one message a batch.
+    fn max_run(&self) -> usize {
+        usize::MAX
+    }
+
     /// Batches in flight at once: fixed, or adaptive up to a ceiling
     /// (per-group order is kept regardless).
     fn concurrency(&self) -> Concurrency {
@@ -222,6 +230,10 @@ macro_rules! destinations {
 
             fn max_batch(&self) -> usize {
                 match self { $(Self::$variant(s) => s.max_batch(),)+ }
+            }
+
+            fn max_run(&self) -> usize {
+                match self { $(Self::$variant(s) => s.max_run(),)+ }
             }
 
             fn concurrency(&self) -> Concurrency {
