@@ -8,9 +8,13 @@
 //!    the stdout sink to /dev/null, and the relay with the SNS sink against a
 //!    local SNS endpoint ([`sns`]): answering at once, and `--sns-latency`
 //!    away (a standard topic, and a FIFO topic; the backlog has 1,000
-//!    aggregates, so 1,000 ordering groups). Default configuration but for
+//!    aggregates, so 1,000 ordering groups); then, against the same endpoint
+//!    `--sns-latency` away, the webhook sink (one event a request, and
+//!    batches), the SQS sink (a standard queue and a FIFO queue), the
+//!    EventBridge sink and the Kinesis sink. Default configuration but for
 //!    the lifecycle (`none`: streaming alone). Printed: rows/s, client CPU
-//!    seconds per million rows, peak RSS, and every ratio relay / pg_recvlogical.
+//!    seconds per million rows, peak RSS, messages per call at the endpoint,
+//!    and every ratio relay / pg_recvlogical.
 //! 2. **Default lifecycle**: a fresh backlog of `--lifecycle-rows`, drained
 //!    `--sns-latency` away with the default configuration (rows marked
 //!    PUBLISHED): rows/s until the slot has confirmed, and until no row is
@@ -157,12 +161,13 @@ async fn main() -> anyhow::Result<()> {
         tokio::task::spawn_blocking(|| {
             let cluster = Cluster::start();
             // Room for the backlog without checkpoints in the middle of a run,
-            // and status updates every 200 ms from the relay (half of this).
+            // status updates every 200 ms from the relay (half of this), and a
+            // slot per drain contender and round (13 a round).
             let conf = cluster.data_dir().join("postgresql.conf");
             let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
             text.push_str(
                 "\n# outbox-relay bench\nmax_wal_size = '16GB'\ncheckpoint_timeout = '1h'\n\
-                 wal_sender_timeout = '400ms'\nmax_replication_slots = 16\nmax_wal_senders = 16\n",
+                 wal_sender_timeout = '400ms'\nmax_replication_slots = 64\nmax_wal_senders = 16\n",
             );
             std::fs::write(&conf, text).expect("postgresql.conf");
             cluster.restart(harness::StopMode::Fast);
@@ -363,15 +368,54 @@ async fn recvlogical(
     Ok(usage)
 }
 
-/// The network contenders of the drain: name, destination (an SNS topic, or
-/// a webhook and its mode).
-const SNS_CONTENDERS: [(&str, &str); 5] = [
+/// The network contenders of the drain: name, destination (an SNS topic, a
+/// webhook and its mode, or another sink: [`network_sink`]). The first
+/// answers at once, the others `--sns-latency` away.
+const NETWORK_CONTENDERS: [(&str, &str); 10] = [
     ("relay, SNS 0 ms", "bench"),
     ("relay, SNS RTT", "bench"),
     ("relay, SNS RTT, FIFO", "bench.fifo"),
     ("relay, webhook RTT", "webhook"),
     ("relay, webhook RTT, batch", "webhook-batch"),
+    ("relay, SQS RTT", "sqs"),
+    ("relay, SQS RTT, FIFO", "sqs-fifo"),
+    ("relay, EventBridge RTT", "eventbridge"),
+    ("relay, Kinesis RTT", "kinesis"),
+    ("relay, Kinesis RTT, strict_order off", "kinesis-loose"),
 ];
+
+/// The `[sink]` section and the destination's for `destination` (a
+/// [`NETWORK_CONTENDERS`] entry) at `endpoint`. Each names the endpoint
+/// itself (`endpoint_url`) besides the environment's `AWS_ENDPOINT_URL`;
+/// everything else is the sink's default (Kinesis: `strict_order = true`,
+/// at most one record of a group a call; `kinesis-loose` sets it `false`,
+/// to show what that costs).
+fn network_sink(endpoint: &str, destination: &str) -> String {
+    let aws = format!("region = \"us-east-1\"\nendpoint_url = \"{endpoint}\"\n");
+    match destination {
+        "webhook" | "webhook-batch" => format!(
+            "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"{endpoint}/hook\"\n\
+             secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nbatch = {}\n",
+            destination == "webhook-batch"
+        ),
+        "sqs" | "sqs-fifo" => {
+            let fifo = if destination == "sqs-fifo" {
+                ".fifo"
+            } else {
+                ""
+            };
+            format!("[sink]\nkind = \"sqs\"\n[sqs]\n{aws}queue_url = \"{endpoint}/123456789012/bench{fifo}\"\n")
+        }
+        "eventbridge" => {
+            format!("[sink]\nkind = \"eventbridge\"\n[eventbridge]\n{aws}bus = \"bench\"\n")
+        }
+        "kinesis" | "kinesis-loose" => format!(
+            "[sink]\nkind = \"kinesis\"\n[kinesis]\n{aws}stream = \"bench\"\nstrict_order = {}\n",
+            destination == "kinesis"
+        ),
+        topic => sns_sink(endpoint, topic),
+    }
+}
 
 async fn drain(
     args: &Args,
@@ -391,6 +435,11 @@ async fn drain(
         "snsfifo",
         "webhook",
         "webhookbatch",
+        "sqs",
+        "sqsfifo",
+        "eventbridge",
+        "kinesis",
+        "kinesisloose",
     ];
     let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
     let names: Vec<String> = (0..rounds)
@@ -412,7 +461,9 @@ async fn drain(
         args.sns_jitter * 100.0
     );
     let (mut recvlogicals, mut stdouts) = (Vec::new(), Vec::new());
-    let mut snss: [Vec<Usage>; 5] = Default::default();
+    let mut snss: [Vec<Usage>; NETWORK_CONTENDERS.len()] = Default::default();
+    // Messages and calls at the endpoint, per contender, over the rounds.
+    let mut traffic = [(0u64, 0u64); NETWORK_CONTENDERS.len()];
     for round in 0..rounds {
         recvlogicals
             .push(recvlogical(pg_bin, url, sql, &slot("recvlogical", round), &end_lsn).await?);
@@ -434,20 +485,13 @@ async fn drain(
             .await?,
         );
 
-        for (i, ((_, topic), contender)) in SNS_CONTENDERS.iter().zip(&contenders[2..]).enumerate()
+        for (i, ((_, destination), contender)) in
+            NETWORK_CONTENDERS.iter().zip(&contenders[2..]).enumerate()
         {
             let endpoint = if i == 0 { &local } else { &distant };
-            let (before, _, _) = endpoint.counts.snapshot();
+            let (before, calls_before, _) = endpoint.counts.snapshot();
             let sns_slot = slot(contender, round);
-            let sink = match *topic {
-                "webhook" | "webhook-batch" => format!(
-                    "[sink]\nkind = \"webhook\"\n[webhook]\nurl = \"{}/hook\"\n\
-                     secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\nbatch = {}\n",
-                    endpoint.url,
-                    *topic == "webhook-batch"
-                ),
-                topic => sns_sink(&endpoint.url, topic),
-            };
+            let sink = network_sink(&endpoint.url, destination);
             let config = relay_config(url, &sns_slot, &format!("[http]\nlisten = \"\"\n{sink}"));
             snss[i].push(
                 run_relay(
@@ -460,13 +504,16 @@ async fn drain(
                 )
                 .await?,
             );
-            let (after, _, _) = endpoint.counts.snapshot();
+            let (after, calls_after, _) = endpoint.counts.snapshot();
             if after - before < rows {
                 bail!(
-                    "the SNS endpoint received {} messages of {rows}",
-                    after - before
+                    "the endpoint received {} messages of {rows} ({})",
+                    after - before,
+                    NETWORK_CONTENDERS[i].0
                 );
             }
+            traffic[i].0 += after - before;
+            traffic[i].1 += calls_after - calls_before;
         }
         if rounds > 1 {
             let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
@@ -478,7 +525,7 @@ async fn drain(
                 rate(&stdouts[round]),
                 rate(&stdouts[round]) / rate(b),
             );
-            for ((name, _), runs) in SNS_CONTENDERS.iter().zip(&snss) {
+            for ((name, _), runs) in NETWORK_CONTENDERS.iter().zip(&snss) {
                 let n = &runs[round];
                 line.push_str(&format!(
                     ", {} {:.0} ({:.2}x)",
@@ -495,17 +542,21 @@ async fn drain(
     // Medians over the rounds: of each figure, and of each round's ratios.
     let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
     let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
-    let report = |name: &str, runs: &[Usage]| {
+    let report = |name: &str, runs: &[Usage], traffic: Option<(u64, u64)>| {
         println!(
-            "{name:<28} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS",
+            "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS{}",
             median(runs.iter().map(rate).collect()),
             median(runs.iter().map(|u| u.wall.as_secs_f64()).collect()),
             median(runs.iter().map(cpu).collect()),
             median(runs.iter().map(|u| u.max_rss_kib as f64 / 1024.0).collect()),
+            traffic.map_or(String::new(), |(messages, calls)| format!(
+                " {:>8.1} messages/call",
+                messages as f64 / calls.max(1) as f64
+            )),
         )
     };
     println!(
-        "{:<28} {:>17} {:>10} {:>21} {:>19}",
+        "{:<36} {:>17} {:>10} {:>21} {:>19} {:>22}",
         if rounds > 1 {
             "median of rounds"
         } else {
@@ -514,12 +565,13 @@ async fn drain(
         "throughput",
         "wall",
         "client CPU",
-        "memory"
+        "memory",
+        "at the endpoint"
     );
-    report("pg_recvlogical (baseline)", &recvlogicals);
-    report("relay, stdout sink", &stdouts);
-    for ((name, _), runs) in SNS_CONTENDERS.iter().zip(&snss) {
-        report(name, runs);
+    report("pg_recvlogical (baseline)", &recvlogicals, None);
+    report("relay, stdout sink", &stdouts, None);
+    for (((name, _), runs), traffic) in NETWORK_CONTENDERS.iter().zip(&snss).zip(traffic) {
+        report(name, runs, Some(traffic));
     }
     let ratio = |runs: &[Usage]| {
         let pairs = || runs.iter().zip(&recvlogicals);
@@ -530,8 +582,8 @@ async fn drain(
     };
     let (speed, per_row) = ratio(&stdouts);
     println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
-    let targets = ["0.6", "0.5", "0.3", "-", "-"];
-    for (((name, _), runs), target) in SNS_CONTENDERS.iter().zip(&snss).zip(targets) {
+    let targets = ["0.6", "0.5", "0.3", "-", "-", "-", "-", "-", "-", "-"];
+    for (((name, _), runs), target) in NETWORK_CONTENDERS.iter().zip(&snss).zip(targets) {
         let (speed, per_row) = ratio(runs);
         let target = if target == "-" {
             String::new()
@@ -545,7 +597,7 @@ async fn drain(
     }
     for (what, endpoint) in [("local", &local), ("distant", &distant)] {
         let (messages, calls, _) = endpoint.counts.snapshot();
-        println!("SNS endpoint ({what}): {messages} messages in {calls} PublishBatch calls");
+        println!("endpoint ({what}): {messages} messages in {calls} calls");
     }
     Ok(())
 }
@@ -957,7 +1009,9 @@ async fn run_relay_until(
         .context("spawn the relay")?;
     let pid = child.id() as libc::pid_t;
     let guard = KillOnError(pid);
-    wait_confirmed(sql, slot, end_lsn, Duration::from_secs(600), Some(pid)).await?;
+    // Long enough for the slowest contender (Kinesis with strict_order drains
+    // a 200,000-row backlog at a few hundred rows/s: docs/benchmarks.md).
+    wait_confirmed(sql, slot, end_lsn, Duration::from_secs(3600), Some(pid)).await?;
     let wall = started.elapsed();
     let settled = if settle {
         let deadline = Instant::now() + Duration::from_secs(600);
