@@ -4,7 +4,8 @@
 //! ([`topic_with_queue`], [`receive_all`]) and a fault-injecting HTTP proxy
 //! ([`FaultProxy`]) and an HTTPS front for it ([`HttpsFront`]), a TLS front for
 //! PostgreSQL ([`PgTlsFront`]: a man in the middle, or direct TLS as PostgreSQL 17 has it),
-//! and a TCP proxy that freezes connections ([`FreezingProxy`]).
+//! and a TCP proxy that freezes connections ([`FreezingProxy`]); raw AWS JSON-protocol calls
+//! to moto for EventBridge buses and Kinesis streams ([`aws_json`]).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -29,6 +30,7 @@
 //! `OUTBOX_RELAY_TEST_SNS_URL` (use that moto server instead of starting one per
 //! test process).
 
+pub mod aws_json;
 mod cluster;
 mod database;
 mod freeze;

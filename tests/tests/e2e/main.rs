@@ -2,8 +2,10 @@
 
 mod bad_input;
 mod check;
+mod eventbridge;
 mod failover;
 mod harness_smoke;
+mod kinesis;
 mod lifecycle;
 mod operations;
 mod outbox;
@@ -13,6 +15,7 @@ mod position;
 mod process;
 mod sns;
 mod sns_fixture;
+mod sqs;
 mod stream;
 mod tls;
 mod two_phase;

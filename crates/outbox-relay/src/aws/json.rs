@@ -40,20 +40,19 @@ pub fn request<'a>(
 /// suffix (`…:http://internal.amazon.com/…`), and `message` (or `Message`).
 /// `None` when the body is not an AWS JSON error (a proxy's page).
 pub fn parse_error(body: &[u8]) -> Option<(String, Option<String>)> {
-    #[derive(serde::Deserialize)]
-    struct Error {
-        #[serde(rename = "__type", alias = "code")]
-        kind: String,
-        #[serde(alias = "Message")]
-        message: Option<String>,
-    }
-    let error: Error = serde_json::from_slice(body).ok()?;
-    let code = error.kind.rsplit('#').next().unwrap_or(&error.kind);
+    // A map, not a struct: SQS's answers carry `message` and `Message` both.
+    let error: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    let text = |key: &str| error.get(key).and_then(serde_json::Value::as_str);
+    let kind = text("__type").or_else(|| text("code"))?;
+    let code = kind.rsplit('#').next().unwrap_or(kind);
     let code = code.split(':').next().unwrap_or(code).trim();
     if code.is_empty() {
         return None;
     }
-    Some((code.to_owned(), error.message))
+    let message = text("message")
+        .or_else(|| text("Message"))
+        .map(str::to_owned);
+    Some((code.to_owned(), message))
 }
 
 #[cfg(test)]
@@ -75,6 +74,16 @@ mod tests {
                 br#"{"__type":"SerializationException:http://internal.amazon.com/coral/com.amazon.coral.service/"}"#
             ),
             Some(("SerializationException".into(), None))
+        );
+        // SQS's own answer: both spellings of the message.
+        assert_eq!(
+            parse_error(
+                br#"{"__type": "com.amazonaws.sqs#QueueDoesNotExist", "message": "The specified queue does not exist.", "Message": "The specified queue does not exist."}"#
+            ),
+            Some((
+                "QueueDoesNotExist".into(),
+                Some("The specified queue does not exist.".into())
+            ))
         );
         assert_eq!(parse_error(b"<html>Bad Gateway</html>"), None);
         assert_eq!(parse_error(br#"{"__type":""}"#), None);
