@@ -83,6 +83,42 @@ pub enum Answer {
     },
 }
 
+/// One entry's result in an answer that lists them in request order
+/// (EventBridge `Entries`, Kinesis `Records`): an error code, or the id the
+/// service gave the entry.
+#[derive(Debug, serde::Deserialize)]
+pub struct Positional {
+    /// The entry's error code, when it failed.
+    #[serde(rename = "ErrorCode")]
+    pub error_code: Option<String>,
+    /// Its error message.
+    #[serde(rename = "ErrorMessage")]
+    pub error_message: Option<String>,
+    /// The id the service gave it (`EventId`, `SequenceNumber`), when taken.
+    #[serde(alias = "EventId", alias = "SequenceNumber")]
+    pub id: Option<String>,
+}
+
+/// The answers of `results`, by position, for `entries` entries (those the
+/// answer does not list: `None`).
+pub fn positional(results: Vec<Positional>, entries: usize) -> Vec<Option<Answer>> {
+    let mut answers: Vec<Option<Answer>> = results
+        .into_iter()
+        .take(entries)
+        .map(|result| match (result.error_code, result.id) {
+            (Some(code), _) if !code.is_empty() => Some(Answer::Failed {
+                code,
+                message: result.error_message,
+                sender_fault: None,
+            }),
+            (_, Some(_)) => Some(Answer::Accepted),
+            _ => None,
+        })
+        .collect();
+    answers.resize(entries, None);
+    answers
+}
+
 /// What becomes of one message before it is an [`Outcome`]: the class of a
 /// failure is kept until the batch is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]

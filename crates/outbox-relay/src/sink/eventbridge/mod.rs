@@ -22,7 +22,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::Message;
-use crate::aws::batch::{Answer, BatchSink, Batches, Protocol};
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -144,34 +144,10 @@ impl Protocol for PutEvents {
         #[derive(Deserialize)]
         struct Answers {
             #[serde(rename = "Entries", default)]
-            entries: Vec<Result_>,
-        }
-        #[derive(Deserialize)]
-        struct Result_ {
-            #[serde(rename = "EventId")]
-            event_id: Option<String>,
-            #[serde(rename = "ErrorCode")]
-            error_code: Option<String>,
-            #[serde(rename = "ErrorMessage")]
-            error_message: Option<String>,
+            entries: Vec<Positional>,
         }
         let answers: Answers = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-        let mut out: Vec<Option<Answer>> = answers
-            .entries
-            .into_iter()
-            .take(entries)
-            .map(|entry| match (entry.error_code, entry.event_id) {
-                (Some(code), _) if !code.is_empty() => Some(Answer::Failed {
-                    code,
-                    message: entry.error_message,
-                    sender_fault: None,
-                }),
-                (_, Some(_)) => Some(Answer::Accepted),
-                _ => None,
-            })
-            .collect();
-        out.resize(entries, None);
-        Ok(out)
+        Ok(positional(answers.entries, entries))
     }
 }
 

@@ -25,7 +25,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::Message;
-use crate::aws::batch::{Answer, BatchSink, Batches, Protocol};
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -141,34 +141,10 @@ impl Protocol for PutRecords {
         #[derive(Deserialize)]
         struct Answers {
             #[serde(rename = "Records", default)]
-            records: Vec<Result_>,
-        }
-        #[derive(Deserialize)]
-        struct Result_ {
-            #[serde(rename = "SequenceNumber")]
-            sequence_number: Option<String>,
-            #[serde(rename = "ErrorCode")]
-            error_code: Option<String>,
-            #[serde(rename = "ErrorMessage")]
-            error_message: Option<String>,
+            records: Vec<Positional>,
         }
         let answers: Answers = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-        let mut out: Vec<Option<Answer>> = answers
-            .records
-            .into_iter()
-            .take(entries)
-            .map(|record| match (record.error_code, record.sequence_number) {
-                (Some(code), _) if !code.is_empty() => Some(Answer::Failed {
-                    code,
-                    message: record.error_message,
-                    sender_fault: None,
-                }),
-                (_, Some(_)) => Some(Answer::Accepted),
-                _ => None,
-            })
-            .collect();
-        out.resize(entries, None);
-        Ok(out)
+        Ok(positional(answers.records, entries))
     }
 
     fn one_per_group(&self) -> bool {
