@@ -201,9 +201,39 @@ impl Drop for TestDb {
     }
 }
 
-/// Terminates the sessions (walsenders included) of `name`, drops its
-/// replication slots, then drops it.
+/// Rolls back the prepared transactions of `name` (a test that failed
+/// between PREPARE and COMMIT PREPARED leaves one): they would keep the
+/// database from being dropped, and hold every logical slot created in the
+/// cluster afterwards (slot creation waits for running transactions),
+/// hanging the tests that come after.
+async fn rollback_prepared(admin_url: &str, name: &str) -> Result<(), String> {
+    let url = with_database(admin_url, name);
+    let (client, conn) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .map_err(|e| format!("connect {url}: {e}"))?;
+    tokio::spawn(conn);
+    let prepared = client
+        .query(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()",
+            &[],
+        )
+        .await
+        .map_err(|e| format!("listing prepared transactions: {e}"))?;
+    for row in prepared {
+        let gid: String = row.get(0);
+        client
+            .batch_execute(&format!("ROLLBACK PREPARED '{}'", gid.replace('\'', "''")))
+            .await
+            .map_err(|e| format!("ROLLBACK PREPARED {gid:?}: {e}"))?;
+        eprintln!("harness: rolled back prepared transaction {gid:?} left in {name}");
+    }
+    Ok(())
+}
+
+/// Terminates the sessions (walsenders included) of `name`, rolls back its
+/// prepared transactions, drops its replication slots, then drops it.
 async fn drop_database(admin_url: &str, name: &str) -> Result<(), String> {
+    rollback_prepared(admin_url, name).await?;
     let (client, conn) = tokio_postgres::connect(admin_url, NoTls)
         .await
         .map_err(|e| format!("connect {admin_url}: {e}"))?;

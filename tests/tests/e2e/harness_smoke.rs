@@ -369,3 +369,37 @@ async fn the_built_relay_binary_is_found_and_runs() {
         relay.stdout_text()
     );
 }
+
+/// A test that fails between PREPARE TRANSACTION and COMMIT PREPARED leaves
+/// a prepared transaction: dropping its database rolls it back, so the
+/// database goes and later slot creations in the cluster do not wait on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_test_database_rolls_back_its_prepared_transactions() {
+    let db = TestDb::new().await;
+    let admin_url = shared_admin_url(); // keeps a per-process cluster alive after `db`
+    let name = db.name().to_owned();
+    let gid = format!("{name}-left-behind");
+    let client = db.client().await;
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE t (x int); BEGIN; INSERT INTO t VALUES (1); PREPARE TRANSACTION '{gid}';"
+        ))
+        .await
+        .unwrap();
+    drop(client);
+    drop(db);
+    let admin = connect(&admin_url).await;
+    let left: i64 = admin
+        .query_one(
+            "SELECT (SELECT count(*) FROM pg_prepared_xacts WHERE gid = $1) \
+             + (SELECT count(*) FROM pg_database WHERE datname = $2)",
+            &[&gid, &name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        left, 0,
+        "the prepared transaction and the database are gone"
+    );
+}
