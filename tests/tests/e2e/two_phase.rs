@@ -38,9 +38,17 @@ async fn decodes_at_prepare(sql: &Client) -> bool {
 }
 
 /// Prepare a transaction `gid` inserting one event for each aggregate
-/// (as `Outbox::insert_tx` does): its ids, and an LSN at or before the start
-/// of its PREPARE record.
+/// (as `Outbox::insert_tx` does): its ids, and an LSN after its rows and
+/// before its PREPARE record.
 async fn prepare(sql: &Client, gid: &str, aggregates: &[&str]) -> (Vec<String>, u64) {
+    let written = write_uncommitted(sql, aggregates).await;
+    prepare_transaction(sql, gid).await;
+    written
+}
+
+/// Begin a transaction and insert one event for each aggregate: their ids,
+/// and the LSN after them.
+async fn write_uncommitted(sql: &Client, aggregates: &[&str]) -> (Vec<String>, u64) {
     sql.batch_execute("BEGIN").await.expect("begin");
     let rows = sql
         .query(
@@ -56,11 +64,38 @@ async fn prepare(sql: &Client, gid: &str, aggregates: &[&str]) -> (Vec<String>, 
         .await
         .expect("lsn")
         .get(0);
+    let ids = rows.iter().map(|r| r.get(0)).collect();
+    (ids, crate::outbox::parse_lsn(&before))
+}
+
+async fn prepare_transaction(sql: &Client, gid: &str) {
     sql.batch_execute(&format!("PREPARE TRANSACTION '{gid}'"))
         .await
         .expect("prepare transaction");
-    let ids = rows.iter().map(|r| r.get(0)).collect();
-    (ids, crate::outbox::parse_lsn(&before))
+}
+
+/// Where the PREPARE record of the prepared transaction `gid` starts, found
+/// with pg_walinspect (15+) from `from` on. The slot may be confirmed up to
+/// there and not past it: a walsender that starts at or before it sends the
+/// prepared transaction again. (An LSN read before the PREPARE in its own
+/// session is no bound: other sessions and databases write WAL in between,
+/// which an idle relay rightly confirms on keepalives.)
+async fn prepare_record_start(sql: &Client, gid: &str, from: u64) -> u64 {
+    sql.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        .await
+        .expect("pg_walinspect");
+    let from = format!("{:X}/{:X}", from >> 32, from & 0xFFFF_FFFF);
+    let rows = sql
+        .query(
+            "SELECT start_lsn::text FROM pg_get_wal_records_info($1::text::pg_lsn, pg_current_wal_flush_lsn()) \
+             WHERE resource_manager = 'Transaction' AND record_type = 'PREPARE' \
+             AND xid = (SELECT transaction FROM pg_prepared_xacts WHERE gid = $2)",
+            &[&from, &gid],
+        )
+        .await
+        .expect("read the PREPARE record");
+    assert_eq!(rows.len(), 1, "one PREPARE record of {gid} after {from}");
+    crate::outbox::parse_lsn(rows[0].get(0))
 }
 
 async fn finish_prepared(sql: &Client, verb: &str, gid: &str) {
@@ -163,6 +198,13 @@ async fn a_rolled_back_prepared_transaction_is_never_published() {
 async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resolved() {
     let outbox = two_phase_outbox().await;
     let at_prepare = decodes_at_prepare(&outbox.sql).await;
+    // Another session writes WAL while the transaction is open, as other
+    // sessions and databases do on a busy server.
+    let other = outbox.db.client().await;
+    other
+        .batch_execute("CREATE TABLE noise (g int)")
+        .await
+        .unwrap();
     let sink = Collect::default();
     let relay = Running::start(outbox.config(""), sink.clone());
     outbox.wait_slot_active(true).await;
@@ -176,7 +218,31 @@ async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resol
     )
     .await;
     let gid = gid(&outbox, "order-3");
-    let (prepared, before_prepare) = prepare(&outbox.sql, &gid, &["c-2"]).await;
+    let (prepared, after_rows) = write_uncommitted(&outbox.sql, &["c-2"]).await;
+    // Before its PREPARE the transaction holds nothing: the idle relay
+    // confirms the other session's commits past its rows (a walsender that
+    // starts there still decodes them, from the slot's restart_lsn).
+    for n in 0..5 {
+        other
+            .batch_execute(&format!(
+                "INSERT INTO noise SELECT g FROM generate_series(1, {} * 100) g",
+                n + 1
+            ))
+            .await
+            .unwrap();
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "the slot is confirmed past the open transaction's rows",
+        || async { outbox.confirmed_flush().await > after_rows },
+    )
+    .await;
+    prepare_transaction(&outbox.sql, &gid).await;
+    let prepare_start = if at_prepare {
+        prepare_record_start(&outbox.sql, &gid, after_rows).await
+    } else {
+        u64::MAX
+    };
     let between = outbox.insert_tx(&one("c-3")).await;
     wait_until(
         Duration::from_secs(20),
@@ -185,20 +251,17 @@ async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resol
     )
     .await;
     // Time passes, status updates and keepalives go back and forth, other
-    // WAL is written: the slot stays before the prepared transaction.
-    outbox
-        .sql
-        .batch_execute("CREATE TABLE noise AS SELECT g FROM generate_series(1, 10000) g")
+    // WAL is written: the slot stays at or before the PREPARE record.
+    other
+        .batch_execute("INSERT INTO noise SELECT g FROM generate_series(1, 10000) g")
         .await
         .unwrap();
     for _ in 0..30 {
         let confirmed = outbox.confirmed_flush().await;
-        if at_prepare {
-            assert!(
-                confirmed <= before_prepare,
-                "confirmed {confirmed:X} passed the PREPARE record at {before_prepare:X} or later"
-            );
-        }
+        assert!(
+            confirmed <= prepare_start,
+            "confirmed {confirmed:X} passed the PREPARE record at {prepare_start:X}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let held: i64 = outbox
@@ -323,7 +386,7 @@ async fn restart_between_prepare_and_commit_prepared(stop: Stop) {
     outbox.wait_slot_active(true).await;
     let before = outbox.insert_tx(&one("k-1")).await;
     let gid = gid(&outbox, "order-4");
-    let (prepared, before_prepare) = prepare(&outbox.sql, &gid, &["k-1", "k-2"]).await;
+    let (prepared, after_rows) = prepare(&outbox.sql, &gid, &["k-1", "k-2"]).await;
     let between = outbox.insert_tx(&one("k-1")).await;
     wait_until(
         Duration::from_secs(30),
@@ -345,10 +408,11 @@ async fn restart_between_prepare_and_commit_prepared(stop: Stop) {
         "nothing of the prepared transaction before COMMIT PREPARED"
     );
     if at_prepare {
+        let prepare_start = prepare_record_start(&outbox.sql, &gid, after_rows).await;
         let confirmed = outbox.confirmed_flush().await;
         assert!(
-            confirmed <= before_prepare,
-            "{stop:?}: confirmed {confirmed:X} passed the PREPARE at {before_prepare:X} or later"
+            confirmed <= prepare_start,
+            "{stop:?}: confirmed {confirmed:X} passed the PREPARE record at {prepare_start:X}"
         );
     }
 
