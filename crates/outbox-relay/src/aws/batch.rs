@@ -199,8 +199,8 @@ impl<P: Protocol> Batches<P> {
                 }
             };
             let group_again = one_per_group && !groups.insert(message.event.group());
-            if request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES || group_again
-            {
+            let full = request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES;
+            if !request.is_empty() && (full || group_again) {
                 requests.push(std::mem::take(&mut request));
                 bytes = 0;
                 groups.clear();
@@ -213,12 +213,10 @@ impl<P: Protocol> Batches<P> {
             requests.push(request);
         }
         for request in requests {
-            match pending_retry(&verdicts) {
-                // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
-                None => {
-                    self.send(destination, batch, &request, &mut verdicts).await;
-                }
+            // An earlier request is to be sent again: later ones wait unsent,
+            // so nothing overtakes it.
+            if !retrying(&verdicts) {
+                self.send(destination, batch, &request, &mut verdicts).await;
             }
         }
         settle(&self.unknown, batch, verdicts)
@@ -294,10 +292,10 @@ impl<P: Protocol> Batches<P> {
             }
             _ if class.narrows() && indices.len() > 1 => {
                 // Find the culprit: each entry alone, in order; after a
-                // failure that is retried the rest wait, so nothing overtakes it.
-                for (n, &i) in indices.iter().enumerate() {
-                    if let Some((class, reason)) = pending_retry(verdicts) {
-                        retry_all(&indices[n..], verdicts, class, &reason);
+                // failure that is retried the rest wait unsent, so nothing
+                // overtakes it.
+                for &i in indices {
+                    if retrying(verdicts) {
                         break;
                     }
                     Box::pin(self.send(destination, batch, &[i], verdicts)).await;
@@ -330,9 +328,12 @@ impl<P: Protocol> Batches<P> {
         let answers = match self.protocol.answers(body, indices.len()) {
             Ok(answers) => answers,
             Err(error) => {
-                // Nothing says an entry is at fault: retried as an outage is.
+                // A success the relay cannot read (a proxy's page, a service
+                // that is not the one configured): the entries may have been
+                // taken, and nothing says a retry will do better, so they are
+                // retried for `retry_unknown_errors_for`, then recorded.
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(indices, verdicts, Class::Unavailable, &reason);
+                retry_all(indices, verdicts, Class::Unknown, &reason);
                 return;
             }
         };
@@ -430,12 +431,13 @@ fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
     )
 }
 
-/// The first retry among `verdicts`, if any.
-pub fn pending_retry(verdicts: &[Option<Verdict>]) -> Option<(Class, String)> {
-    verdicts.iter().find_map(|v| match v {
-        Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
-        _ => None,
-    })
+/// Whether an entry of `verdicts` is to be sent again: the entries after it
+/// then wait unsent, without a verdict (a failure of their own would start
+/// [`UnknownSince`]'s clock for entries that never reached the service).
+pub fn retrying(verdicts: &[Option<Verdict>]) -> bool {
+    verdicts
+        .iter()
+        .any(|v| matches!(v, Some(Verdict::Retry(..))))
 }
 
 /// The messages at `indices` are to be sent again, for `reason`.
@@ -477,7 +479,10 @@ pub fn settle(
                 ))
             }
             Some(Verdict::Retry(class, reason)) => Outcome::retry(class.cause(), reason),
-            None => Outcome::retry(Cause::Other, "not sent"),
+            None => Outcome::retry(
+                Cause::Other,
+                "not sent: an earlier entry of its batch is sent again first",
+            ),
         })
         .collect()
 }

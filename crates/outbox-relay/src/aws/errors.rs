@@ -13,7 +13,7 @@
 //! | [`Class::Throttled`] | `Throttling`, `ProvisionedThroughputExceededException` and kin, HTTP 429 | retried forever |
 //! | [`Class::Unavailable`] | `InternalError`, `InternalFailure` and kin, any 5xx, no connection | retried forever |
 //! | [`Class::TimedOut`] | no answer within the attempt or operation timeout | retried forever |
-//! | [`Class::Unknown`] | an entry failure of an unknown code that is not the sender's fault; an answer without an error code that is not 5xx | retried for the sink's `retry_unknown_errors_for`, then recorded |
+//! | [`Class::Unknown`] | an entry failure of an unknown code that is not the sender's fault; an answer without an error code that is not 5xx; a success that cannot be read | retried for the sink's `retry_unknown_errors_for`, then recorded |
 //!
 //! Throttling and access codes win over `SenderFault=true` (SNS marks a
 //! throttled request as the sender's), and the 4xx rule applies only to codes
@@ -148,7 +148,9 @@ fn known(code: &str) -> Option<Class> {
         | "ExpiredTokenException"
         | "UnrecognizedClientException"
         | "MissingAuthenticationToken"
+        | "MissingAuthenticationTokenException"
         | "IncompleteSignature"
+        | "IncompleteSignatureException"
         | "InvalidSecurity"
         | "OptInRequired"
         | "KMSAccessDenied"
@@ -158,6 +160,8 @@ fn known(code: &str) -> Option<Class> {
         | "KMSOptInRequired"
         | "KmsAccessDenied"
         | "KmsDisabled"
+        | "KmsInvalidKeyUsage"
+        | "KMSInvalidKeyUsageException"
         | "KmsInvalidState"
         | "KmsNotFound"
         | "KmsOptInRequired"
@@ -330,6 +334,21 @@ mod tests {
                 Access,
             ),
             ("KMSDisabled", request(400, Some("KMSDisabled")), Access),
+            (
+                "KmsInvalidKeyUsage (SQS)",
+                request(400, Some("KmsInvalidKeyUsage")),
+                Access,
+            ),
+            (
+                "IncompleteSignatureException (JSON services)",
+                request(400, Some("IncompleteSignatureException")),
+                Access,
+            ),
+            (
+                "MissingAuthenticationTokenException (JSON services)",
+                request(403, Some("MissingAuthenticationTokenException")),
+                Access,
+            ),
             ("Throttling", request(400, Some("Throttling")), Throttled),
             (
                 "a 429 of any code",

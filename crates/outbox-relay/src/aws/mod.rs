@@ -82,6 +82,32 @@ pub const KINESIS: Service = Service {
     endpoint_variable: "AWS_ENDPOINT_URL_KINESIS",
 };
 
+/// The headers named in `names`, from the row's headers (a JSON object), as
+/// message attribute values: a string as it is, a number, boolean, array or
+/// object as its JSON text. Absent, `null` and empty ones are left out (the
+/// services refuse empty attribute values), and so is every header of a row
+/// whose headers are not a JSON object.
+pub fn header_values<'a>(headers: Option<&str>, names: &'a [String]) -> Vec<(&'a str, String)> {
+    let Some(headers) = headers.filter(|_| !names.is_empty()) else {
+        return Vec::new();
+    };
+    let Ok(mut map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(headers)
+    else {
+        return Vec::new();
+    };
+    names
+        .iter()
+        .filter_map(|name| {
+            let value = match map.remove(name)? {
+                serde_json::Value::Null => return None,
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
+            };
+            (!value.is_empty()).then_some((name.as_str(), value))
+        })
+        .collect()
+}
+
 /// Whether SNS and SQS accept `name` as a message attribute name: 1 to 256
 /// characters of ASCII letters, digits, `_`, `-` and `.`; no `.` first, last
 /// or twice in a row; no `AWS.` or `Amazon.` prefix in any casing (reserved
@@ -247,4 +273,40 @@ pub async fn load(
         });
     };
     Ok((sdk, region))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_are_text_and_empty_ones_are_left_out() {
+        let names: Vec<String> = [
+            "traceparent",
+            "tenant",
+            "retry",
+            "tags",
+            "none",
+            "empty",
+            "absent",
+        ]
+        .map(String::from)
+        .into();
+        let headers = r#"{"traceparent":"00-ab-cd-01","tenant":42,"retry":true,"tags":["a"],"none":null,"empty":"","other":"x"}"#;
+        assert_eq!(
+            header_values(Some(headers), &names),
+            [
+                ("traceparent", "00-ab-cd-01".to_owned()),
+                ("tenant", "42".to_owned()),
+                ("retry", "true".to_owned()),
+                ("tags", r#"["a"]"#.to_owned()),
+            ]
+        );
+        assert!(
+            header_values(Some("[1]"), &names).is_empty(),
+            "not an object"
+        );
+        assert!(header_values(None, &names).is_empty());
+        assert!(header_values(Some(headers), &[]).is_empty());
+    }
 }

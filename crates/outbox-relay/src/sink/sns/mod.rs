@@ -58,7 +58,7 @@ use aws_config::SdkConfig;
 
 use self::protocol::{Entry, EntryResult};
 use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{self, fifo_id, Verdict};
+use crate::aws::batch::{self, fifo_id, retrying, Verdict};
 use crate::aws::errors::{self, Class};
 use crate::aws::{self, CallError, Client, SetupError};
 
@@ -316,18 +316,8 @@ impl SnsSink {
         attribute("event_type", Cow::Borrowed(event.event_type()));
         attribute("aggregate_type", Cow::Borrowed(event.aggregate_type()));
         attribute("aggregate_id", Cow::Borrowed(event.aggregate_id()));
-        if !self.attributes.is_empty() {
-            if let Some(headers) = event.headers() {
-                if let Ok(mut map) =
-                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(headers)
-                {
-                    for name in &self.attributes {
-                        if let Some(serde_json::Value::String(value)) = map.remove(name) {
-                            attribute(name, Cow::Owned(value));
-                        }
-                    }
-                }
-            }
+        for (name, value) in aws::header_values(event.headers(), &self.attributes) {
+            attribute(name, Cow::Owned(value));
         }
         if size > limit {
             return Err(format!(
@@ -414,17 +404,13 @@ impl SnsSink {
             }
             _ if class.narrows() && entries.len() > 1 => {
                 // Find the culprit: each entry alone, in order; after a
-                // failure that is retried the rest wait, so nothing overtakes it.
-                let mut pending: Option<(Class, String)> = None;
+                // failure that is retried the rest wait unsent, so nothing
+                // overtakes it.
                 for entry in entries {
-                    if let Some((class, reason)) = &pending {
-                        verdicts[entry.index] = Some(Verdict::Retry(*class, reason.clone()));
-                        continue;
+                    if retrying(verdicts) {
+                        break;
                     }
                     Box::pin(self.send(topic, std::slice::from_ref(entry), verdicts)).await;
-                    if let Some(Verdict::Retry(class, reason)) = &verdicts[entry.index] {
-                        pending = Some((*class, reason.clone()));
-                    }
                 }
             }
             Class::Invalid => {
@@ -454,9 +440,9 @@ impl SnsSink {
         let results = match protocol::parse_publish_batch(body) {
             Ok(results) => results,
             Err(error) => {
-                // Nothing says an entry is at fault: retried as an outage is.
+                // As aws::batch: retried for `retry_unknown_errors_for`, then recorded.
                 let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(entries, verdicts, Class::Unavailable, &reason);
+                retry_all(entries, verdicts, Class::Unknown, &reason);
                 return;
             }
         };
@@ -572,14 +558,10 @@ impl Sink for SnsSink {
             ..
         } = plan;
         for request in requests {
-            let retry_pending = verdicts.iter().find_map(|v| match v {
-                Some(Verdict::Retry(class, reason)) => Some((*class, reason.clone())),
-                _ => None,
-            });
-            match retry_pending {
-                // An earlier request failed: later ones wait, so nothing overtakes it.
-                Some((class, reason)) => retry_all(&request, &mut verdicts, class, &reason),
-                None => self.send(&topic, &request, &mut verdicts).await,
+            // An earlier request is to be sent again: later ones wait unsent,
+            // so nothing overtakes it.
+            if !retrying(&verdicts) {
+                self.send(&topic, &request, &mut verdicts).await;
             }
         }
         // A refusal of what only a learned limit above the default let

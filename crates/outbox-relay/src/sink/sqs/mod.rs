@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -48,7 +48,7 @@ pub struct SqsSink {
     linger: Duration,
     operation_timeout: Duration,
     configured_limit: Option<usize>,
-    limits: Mutex<HashMap<Arc<str>, usize>>,
+    limits: Mutex<HashMap<Arc<str>, Learned>>,
     /// Held while a queue's limit is asked of SQS.
     asking: tokio::sync::Mutex<()>,
 }
@@ -90,22 +90,23 @@ impl SqsSink {
         })
     }
 
-    /// The message size limit of `queue`: configured, known, or asked of SQS
-    /// now (one ask at a time: batches that start meanwhile wait for its
-    /// answer). While it cannot be learned (SQS unreachable), SQS's own
-    /// ceiling is used for this batch (SQS then refuses what is over the
-    /// queue's, and the refusal is recorded); when it may not be read
-    /// (permissions), the ceiling is kept for the queue, said once.
+    /// The message size limit of `queue`: configured, known (read within
+    /// [`LEARNED_FOR`]), or asked of SQS now (one ask at a time: batches that
+    /// start meanwhile wait for its answer). While it cannot be learned (SQS
+    /// unreachable), SQS's own ceiling is used for [`UNANSWERED_FOR`] (SQS
+    /// then refuses what is over the queue's, and the refusal is recorded);
+    /// when it may not be read (permissions), the ceiling is used, said once.
     async fn limit(&self, queue: &Arc<str>) -> usize {
         if let Some(limit) = self.configured_limit {
             return limit;
         }
-        let known = |limits: &Mutex<HashMap<Arc<str>, usize>>| {
+        let known = |limits: &Mutex<HashMap<Arc<str>, Learned>>| {
             limits
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(queue)
-                .copied()
+                .filter(|learned| learned.until > Instant::now())
+                .map(|learned| learned.limit)
         };
         if let Some(limit) = known(&self.limits) {
             return limit;
@@ -114,29 +115,37 @@ impl SqsSink {
         if let Some(limit) = known(&self.limits) {
             return limit;
         }
-        let limit = match self.ask_limit(queue).await {
+        let (limit, valid) = match self.ask_limit(queue).await {
             Ok(limit) => {
                 tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
-                limit
+                (limit, LEARNED_FOR)
             }
             Err(Ask::Refused(reason)) => {
-                tracing::warn!(
-                    queue = %queue,
-                    error = %reason,
-                    "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
-                     assuming {SQS_MAX_MESSAGE_SIZE} bytes"
-                );
-                SQS_MAX_MESSAGE_SIZE
+                let again = self
+                    .limits
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains_key(queue);
+                if !again {
+                    tracing::warn!(
+                        queue = %queue,
+                        error = %reason,
+                        "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
+                         assuming {SQS_MAX_MESSAGE_SIZE} bytes"
+                    );
+                }
+                (SQS_MAX_MESSAGE_SIZE, LEARNED_FOR)
             }
             Err(Ask::Unanswered(reason)) => {
                 tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
-                return SQS_MAX_MESSAGE_SIZE;
+                (SQS_MAX_MESSAGE_SIZE, UNANSWERED_FOR)
             }
         };
+        let until = Instant::now() + valid;
         self.limits
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(Arc::clone(queue), limit);
+            .insert(Arc::clone(queue), Learned { limit, until });
         limit
     }
 
@@ -184,6 +193,20 @@ impl SqsSink {
             .unwrap_or(SQS_MAX_MESSAGE_SIZE)
             .clamp(1, SQS_MAX_MESSAGE_SIZE))
     }
+}
+
+/// How long a queue's `MaximumMessageSize` is used before it is read again:
+/// a limit raised on a running queue is seen within this time (until then
+/// messages between the old and the new limit are recorded FAILED).
+const LEARNED_FOR: Duration = Duration::from_secs(60);
+/// How long SQS's ceiling stands in for a limit SQS did not answer about,
+/// so that an outage does not make every batch ask again, one at a time.
+const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+
+/// A queue's limit and until when it is used.
+struct Learned {
+    limit: usize,
+    until: Instant,
 }
 
 /// Why a queue's limit was not learned.
@@ -240,20 +263,8 @@ impl Sqs {
                 attributes.push((name.to_owned(), Cow::Borrowed(value)));
             }
         }
-        if !self.attributes.is_empty() {
-            if let Some(headers) = event.headers() {
-                if let Ok(mut map) =
-                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(headers)
-                {
-                    for name in &self.attributes {
-                        if let Some(serde_json::Value::String(value)) = map.remove(name) {
-                            if !value.is_empty() {
-                                attributes.push((name.clone(), Cow::Owned(value)));
-                            }
-                        }
-                    }
-                }
-            }
+        for (name, value) in aws::header_values(event.headers(), &self.attributes) {
+            attributes.push((name.to_owned(), Cow::Owned(value)));
         }
         attributes
     }
