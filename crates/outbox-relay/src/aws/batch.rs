@@ -54,15 +54,18 @@ pub trait Protocol: Send + Sync + 'static {
     /// (`None`: the answer does not mention it).
     fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String>;
 
-    /// Whether a request holds at most one entry of each ordering group.
-    /// Where the service may take a later entry of a request and fail an
-    /// earlier one of the same group (and has no deduplication to drop the
-    /// later one when it is sent again), this is what keeps each group in
-    /// order; the price is one entry per group per round trip. The publisher
-    /// then forms batches of one message a group ([`Sink::max_run`]), so a
-    /// batch is one request; a batch that holds a group twice all the same
-    /// is sent as several requests, one after the other.
-    fn one_per_group(&self) -> bool {
+    /// Whether a request to `destination` holds at most one entry of each
+    /// ordering group. Where the service may take a later entry of a request
+    /// and fail an earlier one of the same group, and its consumers rely on
+    /// the order of a group (a Kinesis shard, an SQS FIFO queue), this is what
+    /// keeps each group in order: the later entry is then never sent before
+    /// the earlier one is taken. The price is one entry per group per round
+    /// trip. The sink tells the publisher to form batches of one message a
+    /// group ([`Sink::max_run`]) so that a batch is one request; a batch that
+    /// holds a group twice all the same is sent as several requests, one
+    /// after the other.
+    fn one_per_group(&self, destination: &str) -> bool {
+        let _ = destination;
         false
     }
 }
@@ -177,7 +180,7 @@ impl<P: Protocol> Batches<P> {
         let mut requests: Vec<Vec<usize>> = Vec::new();
         let mut request = Vec::new();
         let mut bytes = 0;
-        let one_per_group = self.protocol.one_per_group();
+        let one_per_group = self.protocol.one_per_group(destination);
         let mut groups = std::collections::HashSet::new();
         for (i, message) in batch.iter().enumerate() {
             debug_assert_eq!(
@@ -373,15 +376,18 @@ pub struct BatchSink<P> {
     concurrency: Concurrency,
     linger: Duration,
     limit: usize,
+    max_run: usize,
 }
 
 impl<P: Protocol> BatchSink<P> {
-    /// The sink `name` sending with `batches`, entries of at most `limit` bytes.
+    /// The sink `name` sending with `batches`, entries of at most `limit`
+    /// bytes, at most `max_run` messages of a group a batch ([`Sink::max_run`]).
     pub fn assemble(
         name: &'static str,
         batches: Batches<P>,
         (concurrency, linger): (Concurrency, Duration),
         limit: usize,
+        max_run: usize,
     ) -> Self {
         Self {
             name,
@@ -389,6 +395,7 @@ impl<P: Protocol> BatchSink<P> {
             concurrency,
             linger,
             limit,
+            max_run,
         }
     }
 }
@@ -403,11 +410,7 @@ impl<P: Protocol> Sink for BatchSink<P> {
     }
 
     fn max_run(&self) -> usize {
-        if self.batches.protocol.one_per_group() {
-            1
-        } else {
-            usize::MAX
-        }
+        self.max_run
     }
 
     fn concurrency(&self) -> Concurrency {

@@ -66,6 +66,7 @@ impl EventBridgeSink {
             ),
             (config.concurrency(), config.linger),
             MAX_EVENT_SIZE,
+            usize::MAX,
         ))
     }
 }

@@ -65,6 +65,7 @@ impl KinesisSink {
             ),
             (config.concurrency(), config.linger),
             config.max_record_size,
+            if config.strict_order { 1 } else { usize::MAX },
         ))
     }
 }
@@ -147,7 +148,7 @@ impl Protocol for PutRecords {
         Ok(positional(answers.records, entries))
     }
 
-    fn one_per_group(&self) -> bool {
+    fn one_per_group(&self, _stream: &str) -> bool {
         self.strict_order
     }
 }

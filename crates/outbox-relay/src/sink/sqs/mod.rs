@@ -48,6 +48,8 @@ pub struct SqsSink {
     linger: Duration,
     operation_timeout: Duration,
     configured_limit: Option<usize>,
+    /// [`Sink::max_run`].
+    max_run: usize,
     limits: Mutex<HashMap<Arc<str>, Learned>>,
     /// Held while a queue's limit is asked of SQS.
     asking: tokio::sync::Mutex<()>,
@@ -85,6 +87,14 @@ impl SqsSink {
             linger: config.linger,
             operation_timeout: config.operation_timeout,
             configured_limit: (config.max_message_size > 0).then_some(config.max_message_size),
+            // Batches of distinct groups when the queue the sink names is
+            // FIFO; a row routed to another FIFO queue is still sent one
+            // entry a group a call (`Sqs::one_per_group`).
+            max_run: if is_fifo(&config.queue_url) || is_fifo(&config.queue_template) {
+                1
+            } else {
+                usize::MAX
+            },
             limits: Mutex::new(HashMap::new()),
             asking: tokio::sync::Mutex::new(()),
         })
@@ -209,6 +219,11 @@ struct Learned {
     until: Instant,
 }
 
+/// Whether `queue` (a URL or a template) names a FIFO queue.
+fn is_fifo(queue: &str) -> bool {
+    queue.ends_with(".fifo")
+}
+
 /// Why a queue's limit was not learned.
 enum Ask {
     /// SQS refused to tell (permissions, an endpoint without the call).
@@ -224,6 +239,10 @@ impl Sink for SqsSink {
 
     fn max_batch(&self) -> usize {
         Sqs::MAX_ENTRIES
+    }
+
+    fn max_run(&self) -> usize {
+        self.max_run
     }
 
     fn concurrency(&self) -> Concurrency {
@@ -333,7 +352,7 @@ impl Protocol for Sqs {
     }
 
     fn body(&self, queue: &str, entries: &[&Message]) -> Vec<u8> {
-        let fifo = queue.ends_with(".fifo");
+        let fifo = is_fifo(queue);
         let entries = entries
             .iter()
             .enumerate()
@@ -413,11 +432,27 @@ impl Protocol for Sqs {
         }
         Ok(answers)
     }
+
+    /// An SQS FIFO queue may take a later entry of a call and fail an earlier
+    /// one of its group (SQS documents no rule against it), and its consumers
+    /// rely on the group's order: one entry a group a call.
+    fn one_per_group(&self, queue: &str) -> bool {
+        is_fifo(queue)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fifo_queue_gets_one_entry_of_a_group_a_call() {
+        let sqs = Sqs {
+            attributes: Vec::new(),
+        };
+        assert!(sqs.one_per_group("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"));
+        assert!(!sqs.one_per_group("https://sqs.eu-west-1.amazonaws.com/123456789012/orders"));
+    }
 
     #[test]
     fn answers_are_read_by_entry_id_with_either_kind_of_sender_fault() {
