@@ -725,7 +725,6 @@ mod tests {
     use super::*;
     use crate::ack::AckTracker;
     use crate::concurrency::Concurrency;
-    use crate::event::{Fields, OutboxEvent, Payload};
     use std::sync::Mutex;
 
     /// A sink that fails the first attempt of chosen messages and records the
@@ -775,22 +774,7 @@ mod tests {
     fn message(tracker: &mut AckTracker, group: &str, n: usize) -> Message {
         Message {
             ticket: tracker.event().unwrap(),
-            event: Box::new(OutboxEvent::new(
-                Fields {
-                    id: &format!("{group}-{n}"),
-                    aggregate_type: "t",
-                    aggregate_id: group,
-                    event_type: "E",
-                    group,
-                    time: "t",
-                    headers: None,
-                    topic: None,
-                },
-                Payload::Json("{}".into()),
-            )),
-            body: bytes::Bytes::new(),
-            destination: crate::route::nowhere(),
-            commit_time: 0,
+            ..Message::for_test(&format!("{group}-{n}"), group, "", "")
         }
     }
 

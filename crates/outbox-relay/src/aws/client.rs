@@ -489,48 +489,23 @@ mod tests {
     use super::*;
 
     /// A server that answers every request with a `PublishBatch` answer and
-    /// a `Date` `ahead` of this host's clock, then closes the connection
-    /// (without saying so: the client finds out when it reuses it). Returns
-    /// its URL and the heads of the requests it got.
+    /// a `Date` `ahead` of this host's clock, then closes the connection.
+    /// Returns its URL and the heads of the requests it got.
     async fn closing_server(
         ahead: Duration,
     ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = std::sync::Arc::clone(&heads);
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let mut head = Vec::new();
-                while !head.ends_with(b"\r\n\r\n") {
-                    let Ok(byte) = socket.read_u8().await else {
-                        break;
-                    };
-                    head.push(byte);
-                }
-                let head = String::from_utf8_lossy(&head).into_owned();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .and_then(|n| n.trim().parse().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0; length];
-                let _ = socket.read_exact(&mut body).await;
-                seen.lock().unwrap().push(head);
-                let xml = "<PublishBatchResponse><PublishBatchResult><Successful>\
-                           <member><Id>0</Id></member></Successful><Failed/>\
-                           </PublishBatchResult></PublishBatchResponse>";
-                let date = httpdate::fmt_http_date(SystemTime::now() + ahead);
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ndate: {date}\r\ncontent-length: {}\r\n\r\n{xml}",
-                    xml.len()
-                );
-                let _ = socket.write_all(answer.as_bytes()).await;
-                // Closed here, after the answer.
-            }
-        });
-        (url, heads)
+        let (url, seen) = crate::aws::local::endpoint(move || {
+            let xml = "<PublishBatchResponse><PublishBatchResult><Successful>\
+                       <member><Id>0</Id></member></Successful><Failed/>\
+                       </PublishBatchResult></PublishBatchResponse>";
+            let date = httpdate::fmt_http_date(SystemTime::now() + ahead);
+            format!(
+                "HTTP/1.1 200 OK\r\ndate: {date}\r\ncontent-length: {}\r\n\r\n{xml}",
+                xml.len()
+            )
+        })
+        .await;
+        (url, seen.heads)
     }
 
     fn client_for(url: &str) -> Client {

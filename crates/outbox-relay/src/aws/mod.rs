@@ -32,6 +32,8 @@ pub mod connect;
 pub mod endpoint;
 pub mod errors;
 pub mod json;
+#[cfg(test)]
+pub mod local;
 
 pub use client::{CallError, Client, Request, AGENT, IDLE};
 

@@ -57,6 +57,33 @@ pub struct Message {
     pub commit_time: i64,
 }
 
+#[cfg(test)]
+impl Message {
+    /// A message of event `id` in ordering group `group` (also its aggregate
+    /// id), with `body`, for `destination`; no tracker knows its ticket.
+    pub fn for_test(id: &str, group: &str, body: &str, destination: &str) -> Self {
+        Self {
+            ticket: Ticket::detached(),
+            event: Box::new(crate::event::OutboxEvent::new(
+                crate::event::Fields {
+                    id,
+                    aggregate_type: "t",
+                    aggregate_id: group,
+                    event_type: "E",
+                    group,
+                    time: "t",
+                    headers: None,
+                    topic: None,
+                },
+                crate::event::Payload::Json("{}".into()),
+            )),
+            body: Bytes::from(body.to_owned()),
+            destination: Arc::from(destination),
+            commit_time: 0,
+        }
+    }
+}
+
 /// What a sink says about one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

@@ -252,25 +252,7 @@ mod tests {
     }
 
     fn message(body: &str) -> Message {
-        Message {
-            ticket: crate::ack::Ticket::detached(),
-            event: Box::new(crate::event::OutboxEvent::new(
-                crate::event::Fields {
-                    id: "id",
-                    aggregate_type: "t",
-                    aggregate_id: "g",
-                    event_type: "E",
-                    group: "g",
-                    time: "t",
-                    headers: None,
-                    topic: None,
-                },
-                crate::event::Payload::Json("{}".into()),
-            )),
-            body: bytes::Bytes::from(body.to_owned()),
-            destination: crate::route::nowhere(),
-            commit_time: 0,
-        }
+        Message::for_test("id", "g", body, "")
     }
 
     /// Everything the pipe's writers write, read on a thread until the last

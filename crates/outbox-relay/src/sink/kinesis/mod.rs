@@ -158,74 +158,24 @@ mod tests {
     use super::*;
     use crate::aws::errors::{classify, Class};
     use crate::sink::{Cause, Outcome, Retry};
-    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
-    fn message(id: &'static str, group: &'static str) -> Message {
-        Message {
-            ticket: crate::ack::Ticket::detached(),
-            event: Box::new(crate::event::OutboxEvent::new(
-                crate::event::Fields {
-                    id,
-                    aggregate_type: "order",
-                    aggregate_id: group,
-                    event_type: "E",
-                    group,
-                    time: "t",
-                    headers: None,
-                    topic: None,
-                },
-                crate::event::Payload::Json("{}".into()),
-            )),
-            body: bytes::Bytes::from(format!("{{\"id\":\"{id}\"}}")),
-            destination: Arc::from("s"),
-            commit_time: 0,
-        }
+    fn message(id: &str, group: &str) -> Message {
+        Message::for_test(id, group, &format!("{{\"id\":\"{id}\"}}"), "s")
     }
 
-    /// A local endpoint answering every request with `answer` (HTTP 200);
-    /// its URL and the bodies it got.
-    async fn endpoint(answer: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let bodies = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&bodies);
-        tokio::spawn(async move {
-            while let Ok((mut socket, _)) = listener.accept().await {
-                let mut head = Vec::new();
-                while !head.ends_with(b"\r\n\r\n") {
-                    let Ok(byte) = socket.read_u8().await else {
-                        break;
-                    };
-                    head.push(byte);
-                }
-                let length: usize = String::from_utf8_lossy(&head)
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length: "))
-                    .and_then(|n| n.trim().parse().ok())
-                    .unwrap_or(0);
-                let mut body = vec![0; length];
-                let _ = socket.read_exact(&mut body).await;
-                seen.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\n\
-                     content-length: {}\r\nconnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-                let _ = socket.write_all(reply.as_bytes()).await;
-            }
-        });
-        (url, bodies)
-    }
 
     #[tokio::test]
     async fn records_behind_a_failed_one_wait_unsent_and_take_none_of_its_failure() {
         // Every record fails with a code nobody knows: retried for
         // `retry_unknown_errors_for` (zero here), then recorded.
-        let (url, bodies) = endpoint(
-            r#"{"FailedRecordCount":1,"Records":[{"ErrorCode":"NewKindOfFailure","ErrorMessage":"?"}]}"#,
-        )
+        let (url, seen) = crate::aws::local::endpoint(|| {
+            let answer = r#"{"FailedRecordCount":1,"Records":[{"ErrorCode":"NewKindOfFailure","ErrorMessage":"?"}]}"#;
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{answer}",
+                answer.len()
+            )
+        })
         .await;
         let credentials =
             aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
@@ -252,7 +202,7 @@ mod tests {
         // Strict order: a-1 alone, then a-2 with b-1 in the next call.
         let batch = [message("a-1", "a"), message("a-2", "a"), message("b-1", "b")];
         let outcomes = batches.publish(&batch, 1 << 20).await;
-        assert_eq!(bodies.lock().unwrap().len(), 1, "the second call waits");
+        assert_eq!(seen.bodies.lock().unwrap().len(), 1, "the second call waits");
         assert!(
             matches!(&outcomes[0], Outcome::Rejected(reason) if reason.contains("NewKindOfFailure")),
             "{:?}",
