@@ -39,7 +39,7 @@ pub struct Counts {
     /// Calls refused with `Throttling` (or the service's kin), and Kinesis
     /// calls with a throttled record.
     pub throttled: AtomicU64,
-    /// `GetTopicAttributes` and `GetQueueAttributes` calls answered (not among `calls`).
+    /// `GetTopicAttributes`, `GetQueueAttributes` and `DescribeEventBus` calls answered (not among `calls`).
     pub attribute_calls: AtomicU64,
     /// Bytes of request bodies received, in every call.
     pub bytes: AtomicU64,
@@ -349,6 +349,8 @@ enum Operation {
     GetQueueAttributes,
     /// `AWSEvents.PutEvents` (JSON 1.1).
     PutEvents,
+    /// `AWSEvents.DescribeEventBus` (JSON 1.1): the bus exists.
+    DescribeEventBus,
     /// `Kinesis_20131202.PutRecords` (JSON 1.1).
     PutRecords,
     /// Anything else: refused as AWS refuses it.
@@ -361,6 +363,7 @@ impl Operation {
             b"AmazonSQS.SendMessageBatch" => Self::SendMessageBatch,
             b"AmazonSQS.GetQueueAttributes" => Self::GetQueueAttributes,
             b"AWSEvents.PutEvents" => Self::PutEvents,
+            b"AWSEvents.DescribeEventBus" => Self::DescribeEventBus,
             b"Kinesis_20131202.PutRecords" => Self::PutRecords,
             _ => Self::Unknown,
         }
@@ -432,8 +435,15 @@ fn respond_json(operation: Operation, body: &Bytes, state: &State) -> Response<F
     match operation {
         Operation::Unknown => refuse(
             "UnknownOperationException",
-            "this endpoint answers SendMessageBatch, GetQueueAttributes, PutEvents and PutRecords",
+            "this endpoint answers SendMessageBatch, GetQueueAttributes, PutEvents, DescribeEventBus and PutRecords",
         ),
+        Operation::DescribeEventBus => {
+            counts.attribute_calls.fetch_add(1, Ordering::Relaxed);
+            reply(
+                200,
+                r#"{"Name":"bench","Arn":"arn:aws:events:us-east-1:123456789012:event-bus/bench"}"#.to_owned(),
+            )
+        }
         Operation::GetQueueAttributes => {
             counts.attribute_calls.fetch_add(1, Ordering::Relaxed);
             reply(
@@ -703,6 +713,10 @@ mod tests {
             Operation::GetQueueAttributes
         );
         assert_eq!(Operation::of(b"AWSEvents.PutEvents"), Operation::PutEvents);
+        assert_eq!(
+            Operation::of(b"AWSEvents.DescribeEventBus"),
+            Operation::DescribeEventBus
+        );
         assert_eq!(
             Operation::of(b"Kinesis_20131202.PutRecords"),
             Operation::PutRecords

@@ -70,6 +70,17 @@ pub trait Protocol: Send + Sync + 'static {
     }
 }
 
+/// Why a question to the service ([`Batches::ask`]) got no answer.
+#[derive(Debug)]
+pub enum Question {
+    /// The destination does not exist.
+    Missing(String),
+    /// The service refused to tell (permissions, a call the endpoint lacks).
+    Refused(String),
+    /// No answer now (network, throttling, 5xx, credentials).
+    Unanswered(String),
+}
+
 /// What the service said of one entry of a successful call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -167,6 +178,51 @@ impl<P: Protocol> Batches<P> {
     /// The protocol.
     pub fn protocol(&self) -> &P {
         &self.protocol
+    }
+
+    /// Ask the service `operation` (a question about a destination, not a
+    /// batch) with the JSON `body`, within the operation timeout: the answer
+    /// when it came with a success, else why not ([`Question`]).
+    pub async fn ask(
+        &self,
+        operation: &'static str,
+        body: Vec<u8>,
+    ) -> Result<bytes::Bytes, Question> {
+        let identity = self
+            .client
+            .identity()
+            .await
+            .map_err(|e| Question::Unanswered(e.to_string()))?;
+        let target = json::target(operation);
+        let call = self
+            .client
+            .send(&identity, json::request(P::CONTENT_TYPE, &target, body));
+        let (status, body) = tokio::time::timeout(self.operation_timeout, call)
+            .await
+            .map_err(|_| {
+                Question::Unanswered(format!("no answer within {:?}", self.operation_timeout))
+            })?
+            .map_err(|e| Question::Unanswered(e.to_string()))?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        let error = json::parse_error(&body);
+        let code = error.as_ref().map(|(code, _)| code.as_str());
+        let reason = match &error {
+            Some((code, message)) => {
+                format!("{code}: {}", message.as_deref().unwrap_or("no message"))
+            }
+            None => format!("HTTP {status}"),
+        };
+        let reason = format!(
+            "{}: {reason}",
+            operation.rsplit('.').next().unwrap_or(operation)
+        );
+        Err(match errors::classify(Some(status.as_u16()), code, None) {
+            Class::Missing => Question::Missing(reason),
+            Class::Access | Class::Invalid if code.is_some() => Question::Refused(reason),
+            _ => Question::Unanswered(reason),
+        })
     }
 
     /// Deliver `batch` (one destination) with entries of at most `limit`
@@ -397,6 +453,13 @@ impl<P: Protocol> BatchSink<P> {
             limit,
             max_run,
         }
+    }
+}
+
+impl<P> BatchSink<P> {
+    /// Its batches (and through them the client), for a sink built on it.
+    pub fn batches(&self) -> &Batches<P> {
+        &self.batches
     }
 }
 

@@ -494,7 +494,7 @@ mod tests {
     async fn closing_server(
         ahead: Duration,
     ) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-        let (url, seen) = crate::aws::local::endpoint(move || {
+        let (url, seen) = crate::aws::local::endpoint(move |_| {
             let xml = "<PublishBatchResponse><PublishBatchResult><Successful>\
                        <member><Id>0</Id></member></Successful><Failed/>\
                        </PublishBatchResult></PublishBatchResponse>";

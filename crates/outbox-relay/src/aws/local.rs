@@ -1,6 +1,6 @@
 //! A local HTTP endpoint for unit tests of the AWS layer and its sinks: it
-//! answers every request with what `answer` makes, then closes the
-//! connection (without saying so: a client finds out when it reuses it).
+//! answers every request with what `answer` makes of its head, then closes
+//! the connection (without saying so: a client finds out when it reuses it).
 
 use std::sync::{Arc, Mutex};
 
@@ -14,8 +14,8 @@ pub struct Seen {
 }
 
 /// Serve on a free port of 127.0.0.1: its URL, and what it receives.
-/// `answer` gives the whole HTTP response for each request.
-pub async fn endpoint(answer: impl Fn() -> String + Send + 'static) -> (String, Seen) {
+/// `answer` gives the whole HTTP response to a request of this head.
+pub async fn endpoint(answer: impl Fn(&str) -> String + Send + 'static) -> (String, Seen) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -38,14 +38,52 @@ pub async fn endpoint(answer: impl Fn() -> String + Send + 'static) -> (String, 
                 .unwrap_or(0);
             let mut body = vec![0; length];
             let _ = socket.read_exact(&mut body).await;
+            let response = answer(&head);
             record.heads.lock().unwrap().push(head);
             record
                 .bodies
                 .lock()
                 .unwrap()
                 .push(String::from_utf8_lossy(&body).into_owned());
-            let _ = socket.write_all(answer().as_bytes()).await;
+            let _ = socket.write_all(response.as_bytes()).await;
         }
     });
     (url, seen)
+}
+
+/// A client of `service` at `url` with fixed test credentials.
+pub fn client(service: crate::aws::Service, url: &str) -> crate::aws::Client {
+    let credentials =
+        aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
+    let sdk = aws_config::SdkConfig::builder()
+        .credentials_provider(
+            aws_credential_types::provider::SharedCredentialsProvider::new(credentials),
+        )
+        .build();
+    crate::aws::Client::new(
+        &sdk,
+        service,
+        "us-east-1",
+        ("endpoint_url", url),
+        4,
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap()
+}
+
+/// An HTTP 200 response with the AWS JSON 1.1 `body`.
+pub fn json_ok(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// An HTTP 400 response refusing the call with the AWS JSON error `code`.
+pub fn json_refusal(code: &str, message: &str) -> String {
+    let body = format!(r#"{{"__type":"{code}","message":"{message}"}}"#);
+    format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }

@@ -32,6 +32,7 @@ pub mod connect;
 pub mod endpoint;
 pub mod errors;
 pub mod json;
+pub mod known;
 #[cfg(test)]
 pub mod local;
 

@@ -14,15 +14,29 @@
 //! PutEvents gave the entry an `EventId`. An entry's `ErrorCode` is
 //! classified as every AWS error is ([`crate::aws::errors`]): `InternalFailure`
 //! and `ThrottlingException` are retried, `MalformedDetail` and
-//! `InvalidArgument` recorded, a bus that does not exist rejects its entries.
+//! `InvalidArgument` recorded.
+//!
+//! # A bus that does not exist
+//!
+//! `PutEvents` takes events for a custom bus that does not exist, gives them
+//! an `EventId` and drops them (aws/aws-cli#9186; LocalStack does the same on
+//! purpose). So before the first batch to a bus, and again after
+//! [`BUS_KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
+//! exist has its events recorded FAILED, naming it, as a missing SNS topic or
+//! SQS queue does. A role that may not describe buses (no
+//! `events:DescribeEventBus`) is said once, and its events are sent unchecked.
 //!
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.
 
 use serde::{Deserialize, Serialize};
 
-use super::Message;
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Concurrency, Message, Outcome, Sink};
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol, Question};
+use crate::aws::known::Known;
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -32,8 +46,18 @@ pub use config::EventBridgeConfig;
 /// EventBridge's limit of an entry and of a call, in bytes.
 pub const MAX_EVENT_SIZE: usize = 1_048_576;
 
+/// How long a bus found (or found missing) is taken as such before it is
+/// asked about again.
+pub const BUS_KNOWN_FOR: Duration = Duration::from_secs(60);
+/// How long a bus is taken to exist when EventBridge did not answer about it.
+const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+
 /// Publishes to EventBridge.
-pub type EventBridgeSink = BatchSink<PutEvents>;
+pub struct EventBridgeSink {
+    sink: BatchSink<PutEvents>,
+    /// Whether each bus exists.
+    buses: Known<bool>,
+}
 
 impl EventBridgeSink {
     /// A sink for `config` (validated).
@@ -56,18 +80,92 @@ impl EventBridgeSink {
             source: config.source.clone(),
             detail_type: config.detail_type.clone(),
         };
-        Ok(BatchSink::assemble(
-            "eventbridge",
-            Batches::new(
-                client,
-                protocol,
-                config.operation_timeout,
-                config.retry_unknown_errors_for,
+        Ok(Self {
+            sink: BatchSink::assemble(
+                "eventbridge",
+                Batches::new(
+                    client,
+                    protocol,
+                    config.operation_timeout,
+                    config.retry_unknown_errors_for,
+                ),
+                (config.concurrency(), config.linger),
+                MAX_EVENT_SIZE,
+                usize::MAX,
             ),
-            (config.concurrency(), config.linger),
-            MAX_EVENT_SIZE,
-            usize::MAX,
-        ))
+            buses: Known::default(),
+        })
+    }
+
+    /// Whether `bus` (a name or an ARN) exists, as far as EventBridge says.
+    async fn exists(&self, bus: &Arc<str>) -> bool {
+        if bus.is_empty() || &**bus == "default" || bus.ends_with(":event-bus/default") {
+            return true;
+        }
+        self.buses
+            .get(bus, |asked_before| async move {
+                let body = serde_json::json!({ "Name": &**bus }).to_string().into_bytes();
+                match self.sink.batches().ask("AWSEvents.DescribeEventBus", body).await {
+                    Ok(_) => (true, BUS_KNOWN_FOR),
+                    Err(Question::Missing(reason)) => {
+                        tracing::debug!(bus = %bus, error = %reason, "the event bus does not exist");
+                        (false, BUS_KNOWN_FOR)
+                    }
+                    Err(Question::Refused(reason)) => {
+                        if !asked_before {
+                            tracing::warn!(
+                                bus = %bus,
+                                error = %reason,
+                                "cannot check that the event bus exists (allow events:DescribeEventBus); \
+                                 PutEvents takes events for a bus that does not exist and drops them"
+                            );
+                        }
+                        (true, BUS_KNOWN_FOR)
+                    }
+                    Err(Question::Unanswered(reason)) => {
+                        tracing::debug!(bus = %bus, error = %reason, "cannot check that the event bus exists now");
+                        (true, UNANSWERED_FOR)
+                    }
+                }
+            })
+            .await
+    }
+}
+
+impl Sink for EventBridgeSink {
+    fn name(&self) -> &'static str {
+        self.sink.name()
+    }
+
+    fn max_batch(&self) -> usize {
+        self.sink.max_batch()
+    }
+
+    fn max_run(&self) -> usize {
+        self.sink.max_run()
+    }
+
+    fn concurrency(&self) -> Concurrency {
+        self.sink.concurrency()
+    }
+
+    fn linger(&self) -> Duration {
+        self.sink.linger()
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        if !self.exists(&first.destination).await {
+            let reason = format!(
+                "event bus {} does not exist (DescribeEventBus: ResourceNotFoundException; PutEvents would take \
+                 the event and drop it): create it or fix the routing",
+                first.destination
+            );
+            return batch.iter().map(|_| Outcome::Rejected(reason.clone())).collect();
+        }
+        self.sink.publish(batch).await
     }
 }
 
@@ -155,6 +253,85 @@ impl Protocol for PutEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink for the local endpoint at `url`.
+    fn sink_at(url: &str) -> EventBridgeSink {
+        let protocol = PutEvents {
+            source: "outbox-relay".into(),
+            detail_type: "{event_type}".into(),
+        };
+        EventBridgeSink {
+            sink: BatchSink::assemble(
+                "eventbridge",
+                Batches::new(
+                    crate::aws::local::client(aws::EVENTBRIDGE, url),
+                    protocol,
+                    Duration::from_secs(5),
+                    Duration::from_secs(600),
+                ),
+                (Concurrency::Fixed(1), Duration::ZERO),
+                MAX_EVENT_SIZE,
+                usize::MAX,
+            ),
+            buses: Known::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_for_a_bus_that_does_not_exist_are_rejected_not_sent() {
+        // As AWS: PutEvents takes anything; DescribeEventBus knows one bus.
+        let (url, seen) = crate::aws::local::endpoint(|head| {
+            if head.contains("x-amz-target: AWSEvents.PutEvents") {
+                crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+            } else if head.contains("x-amz-target: AWSEvents.DescribeEventBus") {
+                crate::aws::local::json_ok(r#"{"Name":"orders","Arn":"arn:aws:events:us-east-1:123456789012:event-bus/orders"}"#)
+            } else {
+                crate::aws::local::json_refusal("UnknownOperationException", "?")
+            }
+        })
+        .await;
+        let sink = sink_at(&url);
+        let event = |bus: &str| Message::for_test("e-1", "a", r#"{"id":"e-1"}"#, bus);
+        assert_eq!(sink.publish(&[event("orders")]).await, [Outcome::Delivered]);
+        assert_eq!(sink.publish(&[event("orders")]).await, [Outcome::Delivered]);
+        let describes = |seen: &crate::aws::local::Seen| {
+            seen.heads
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|h| h.contains("DescribeEventBus"))
+                .count()
+        };
+        assert_eq!(describes(&seen), 1, "asked once, then known");
+
+        let (url, seen) = crate::aws::local::endpoint(|head| {
+            if head.contains("x-amz-target: AWSEvents.PutEvents") {
+                crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+            } else {
+                crate::aws::local::json_refusal(
+                    "ResourceNotFoundException",
+                    "Event bus typo does not exist.",
+                )
+            }
+        })
+        .await;
+        let sink = sink_at(&url);
+        let outcomes = sink.publish(&[event("typo"), event("typo")]).await;
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Outcome::Rejected(reason) if reason.contains("event bus typo does not exist")),
+                "{outcome:?}"
+            );
+        }
+        assert_eq!(outcomes.len(), 2);
+        assert!(
+            !seen.heads.lock().unwrap().iter().any(|h| h.contains("PutEvents")),
+            "nothing sent to a bus that does not exist"
+        );
+        // The default bus always exists: not asked about.
+        assert_eq!(sink.publish(&[event("default")]).await, [Outcome::Delivered]);
+        assert_eq!(describes(&seen), 1);
+    }
 
     #[test]
     fn answers_are_positional() {

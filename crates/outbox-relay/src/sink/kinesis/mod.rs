@@ -169,30 +169,13 @@ mod tests {
     async fn records_behind_a_failed_one_wait_unsent_and_take_none_of_its_failure() {
         // Every record fails with a code nobody knows: retried for
         // `retry_unknown_errors_for` (zero here), then recorded.
-        let (url, seen) = crate::aws::local::endpoint(|| {
-            let answer = r#"{"FailedRecordCount":1,"Records":[{"ErrorCode":"NewKindOfFailure","ErrorMessage":"?"}]}"#;
-            format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{answer}",
-                answer.len()
+        let (url, seen) = crate::aws::local::endpoint(|_| {
+            crate::aws::local::json_ok(
+                r#"{"FailedRecordCount":1,"Records":[{"ErrorCode":"NewKindOfFailure","ErrorMessage":"?"}]}"#,
             )
         })
         .await;
-        let credentials =
-            aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
-        let sdk = aws_config::SdkConfig::builder()
-            .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(
-                credentials,
-            ))
-            .build();
-        let client = crate::aws::Client::new(
-            &sdk,
-            aws::KINESIS,
-            "us-east-1",
-            ("kinesis.endpoint_url", &url),
-            4,
-            Duration::from_secs(5),
-        )
-        .unwrap();
+        let client = crate::aws::local::client(aws::KINESIS, &url);
         let batches = Batches::new(
             client,
             PutRecords { strict_order: true },

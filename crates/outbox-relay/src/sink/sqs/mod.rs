@@ -25,14 +25,14 @@
 //! culprit), throttling, 5xx, timeouts and credential errors are retried.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{fifo_id, Answer, Batches, Protocol};
-use crate::aws::errors::{self, Class};
+use crate::aws::batch::{fifo_id, Answer, Batches, Protocol, Question};
+use crate::aws::known::Known;
 use crate::aws::{self, json, SetupError};
 use crate::event::OutboxEvent;
 
@@ -46,13 +46,10 @@ pub struct SqsSink {
     batches: Batches<Sqs>,
     concurrency: Concurrency,
     linger: Duration,
-    operation_timeout: Duration,
     configured_limit: Option<usize>,
     /// [`Sink::max_run`].
     max_run: usize,
-    limits: Mutex<HashMap<Arc<str>, Learned>>,
-    /// Held while a queue's limit is asked of SQS.
-    asking: tokio::sync::Mutex<()>,
+    limits: Known<usize>,
 }
 
 impl SqsSink {
@@ -85,7 +82,6 @@ impl SqsSink {
             ),
             concurrency: config.concurrency(),
             linger: config.linger,
-            operation_timeout: config.operation_timeout,
             configured_limit: (config.max_message_size > 0).then_some(config.max_message_size),
             // Batches of distinct groups when the queue the sink names is
             // FIFO; a row routed to another FIFO queue is still sent one
@@ -95,8 +91,7 @@ impl SqsSink {
             } else {
                 usize::MAX
             },
-            limits: Mutex::new(HashMap::new()),
-            asking: tokio::sync::Mutex::new(()),
+            limits: Known::default(),
         })
     }
 
@@ -110,92 +105,54 @@ impl SqsSink {
         if let Some(limit) = self.configured_limit {
             return limit;
         }
-        let known = |limits: &Mutex<HashMap<Arc<str>, Learned>>| {
-            limits
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(queue)
-                .filter(|learned| learned.until > Instant::now())
-                .map(|learned| learned.limit)
-        };
-        if let Some(limit) = known(&self.limits) {
-            return limit;
-        }
-        let _asking = self.asking.lock().await;
-        if let Some(limit) = known(&self.limits) {
-            return limit;
-        }
-        let (limit, valid) = match self.ask_limit(queue).await {
-            Ok(limit) => {
-                tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
-                (limit, LEARNED_FOR)
-            }
-            Err(Ask::Refused(reason)) => {
-                let again = self
-                    .limits
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .contains_key(queue);
-                if !again {
-                    tracing::warn!(
-                        queue = %queue,
-                        error = %reason,
-                        "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
-                         assuming {SQS_MAX_MESSAGE_SIZE} bytes"
-                    );
-                }
-                (SQS_MAX_MESSAGE_SIZE, LEARNED_FOR)
-            }
-            Err(Ask::Unanswered(reason)) => {
-                tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
-                (SQS_MAX_MESSAGE_SIZE, UNANSWERED_FOR)
-            }
-        };
-        let until = Instant::now() + valid;
         self.limits
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(Arc::clone(queue), Learned { limit, until });
-        limit
+            .get(queue, |asked_before| async move {
+                match self.ask_limit(queue).await {
+                    Ok(limit) => {
+                        tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
+                        (limit, LEARNED_FOR)
+                    }
+                    Err(Question::Refused(reason) | Question::Missing(reason)) => {
+                        if !asked_before {
+                            tracing::warn!(
+                                queue = %queue,
+                                error = %reason,
+                                "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
+                                 assuming {SQS_MAX_MESSAGE_SIZE} bytes"
+                            );
+                        }
+                        (SQS_MAX_MESSAGE_SIZE, LEARNED_FOR)
+                    }
+                    Err(Question::Unanswered(reason)) => {
+                        tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
+                        (SQS_MAX_MESSAGE_SIZE, UNANSWERED_FOR)
+                    }
+                }
+            })
+            .await
     }
 
     /// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
     /// has SQS's ceiling: the publish says it does not exist.
-    async fn ask_limit(&self, queue: &str) -> Result<usize, Ask> {
-        let client = self.batches.client();
-        let identity = client
-            .identity()
-            .await
-            .map_err(|e| Ask::Unanswered(e.to_string()))?;
+    async fn ask_limit(&self, queue: &str) -> Result<usize, Question> {
         let body = serde_json::json!({
             "QueueUrl": queue,
             "AttributeNames": ["MaximumMessageSize"],
         })
         .to_string()
         .into_bytes();
-        let target = json::target("AmazonSQS.GetQueueAttributes");
-        let call = client.send(&identity, json::request(json::JSON_10, &target, body));
-        let (status, body) = tokio::time::timeout(self.operation_timeout, call)
-            .await
-            .map_err(|_| Ask::Unanswered(format!("no answer within {:?}", self.operation_timeout)))?
-            .map_err(|e| Ask::Unanswered(e.to_string()))?;
-        if !status.is_success() {
-            let error = json::parse_error(&body);
-            let code = error.as_ref().map(|(code, _)| code.as_str());
-            let reason = format!("GetQueueAttributes: HTTP {status}: {error:?}");
-            return match errors::classify(Some(status.as_u16()), code, None) {
-                Class::Missing => Ok(SQS_MAX_MESSAGE_SIZE),
-                Class::Access | Class::Invalid if code.is_some() => Err(Ask::Refused(reason)),
-                _ => Err(Ask::Unanswered(reason)),
-            };
-        }
+        let body = match self.batches.ask("AmazonSQS.GetQueueAttributes", body).await {
+            Ok(body) => body,
+            Err(Question::Missing(_)) => return Ok(SQS_MAX_MESSAGE_SIZE),
+            Err(other) => return Err(other),
+        };
         #[derive(Deserialize)]
         struct Answer {
             #[serde(rename = "Attributes", default)]
             attributes: HashMap<String, String>,
         }
         let answer: Answer = serde_json::from_slice(&body)
-            .map_err(|e| Ask::Refused(format!("unreadable GetQueueAttributes answer: {e}")))?;
+            .map_err(|e| Question::Refused(format!("unreadable GetQueueAttributes answer: {e}")))?;
         Ok(answer
             .attributes
             .get("MaximumMessageSize")
@@ -213,23 +170,9 @@ const LEARNED_FOR: Duration = Duration::from_secs(60);
 /// so that an outage does not make every batch ask again, one at a time.
 const UNANSWERED_FOR: Duration = Duration::from_secs(10);
 
-/// A queue's limit and until when it is used.
-struct Learned {
-    limit: usize,
-    until: Instant,
-}
-
 /// Whether `queue` (a URL or a template) names a FIFO queue.
 fn is_fifo(queue: &str) -> bool {
     queue.ends_with(".fifo")
-}
-
-/// Why a queue's limit was not learned.
-enum Ask {
-    /// SQS refused to tell (permissions, an endpoint without the call).
-    Refused(String),
-    /// No answer now (network, throttling, credentials).
-    Unanswered(String),
 }
 
 impl Sink for SqsSink {
