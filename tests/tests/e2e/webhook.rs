@@ -76,8 +76,12 @@ impl Receiver {
     }
 
     fn requests(&self) -> Vec<Request> {
-        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
-            .unwrap_or_default()
+        let text =
+            std::fs::read_to_string(self.dir.path().join("requests.jsonl")).unwrap_or_default();
+        // The receiver appends a line a request, a long one in several
+        // writes: the line being written may be read in part. Whole lines only.
+        let whole = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        whole
             .lines()
             .map(|l| {
                 let v: serde_json::Value = serde_json::from_str(l).expect("a request line");
