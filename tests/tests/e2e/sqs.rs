@@ -147,6 +147,47 @@ async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
     relay.stop_gracefully().await;
 }
 
+/// The connections to SQS freeze while calls are in flight (no FIN, no RST,
+/// nothing moves; a NAT that dropped the flows): each such call ends at its
+/// attempt timeout and goes again on a new connection; every event arrives,
+/// each aggregate in commit order (a FIFO queue), and the slot passes the
+/// last commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_frozen_in_the_network_are_given_up_and_every_event_arrives() {
+    let moto = sns::moto_endpoint().await;
+    let proxy = harness::FreezingProxy::start(moto.trim_start_matches("http://"));
+    let outbox = Outbox::new().await;
+    let queue_url = aws_json::create_queue(&moto, &format!("{}.fifo", outbox.db.name())).await;
+    let sqs = sns::sqs_client(&moto).await;
+    let config = outbox.config_file(&sqs_toml(
+        &queue_url,
+        "attempt_timeout = \"1s\"\noperation_timeout = \"2s\"",
+    ));
+    let endpoint = format!("http://127.0.0.1:{}", proxy.port());
+    let mut relay = spawn_relay(&config, Some(("AWS_ENDPOINT_URL_SQS", &endpoint)));
+    outbox.wait_slot_active(true).await;
+
+    // A backlog, delivered over many calls; frozen while they go.
+    let reader = QueueReader::start(&sqs, &queue_url, 400, envelope_id);
+    let expected = insert(&outbox, 80, 5, 20).await;
+    reader.wait_for(40).await;
+    let before = proxy.accepted();
+    proxy.freeze();
+    let received = reader.finish().await;
+    assert_all_arrived_in_order(&expected, &messages(&received), &relay);
+    assert!(
+        relay.stderr_text().contains("no answer from"),
+        "a call on a frozen connection timed out and was retried"
+    );
+    assert!(
+        proxy.accepted() > before,
+        "new connections replaced the frozen ones"
+    );
+    slot_passes_last_commit(&outbox).await;
+    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    relay.stop_gracefully().await;
+}
+
 /// One event routed (row `topic`) to a queue that does not exist is recorded
 /// FAILED saying so; one routed to another queue by its bare name arrives
 /// there; the events around them, of their aggregates too, reach the
