@@ -23,6 +23,8 @@
 //!   publisher retries, and keeps each group in order (after a partial
 //!   failure the failed entry and the later ones of its group go again).
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::errors::{self, Class, UnknownSince};
@@ -424,25 +426,49 @@ impl<P: Protocol> Batches<P> {
     }
 }
 
-/// A sink that is a batch protocol and nothing more: a fixed entry limit,
-/// the publisher's concurrency and linger (EventBridge, Kinesis).
-pub struct BatchSink<P> {
+/// What a sink learns of a destination before a batch goes to it: the
+/// largest entry the destination takes, or why its events are recorded
+/// FAILED without a call (the answer is usually kept a while,
+/// [`crate::aws::known::Known`]).
+pub trait Gate<P>: Send + Sync + 'static {
+    /// `Ok(limit)`: send, entries of at most `limit` bytes; `Err(reason)`:
+    /// reject every event for `destination`.
+    fn admit(
+        &self,
+        batches: &Batches<P>,
+        destination: &Arc<str>,
+    ) -> impl Future<Output = Result<usize, String>> + Send;
+}
+
+/// A fixed entry limit, asked of nobody (Kinesis).
+pub struct Fixed(pub usize);
+
+impl<P: Sync> Gate<P> for Fixed {
+    async fn admit(&self, _: &Batches<P>, _: &Arc<str>) -> Result<usize, String> {
+        Ok(self.0)
+    }
+}
+
+/// A sink that is a batch protocol and a gate: the publisher's concurrency
+/// and linger, at most `max_run` messages of a group a batch (SQS,
+/// EventBridge, Kinesis).
+pub struct BatchSink<P, G> {
     name: &'static str,
     batches: Batches<P>,
     concurrency: Concurrency,
     linger: Duration,
-    limit: usize,
+    gate: G,
     max_run: usize,
 }
 
-impl<P: Protocol> BatchSink<P> {
-    /// The sink `name` sending with `batches`, entries of at most `limit`
-    /// bytes, at most `max_run` messages of a group a batch ([`Sink::max_run`]).
+impl<P: Protocol, G: Gate<P>> BatchSink<P, G> {
+    /// The sink `name` sending with `batches` what `gate` admits, at most
+    /// `max_run` messages of a group a batch ([`Sink::max_run`]).
     pub fn assemble(
         name: &'static str,
         batches: Batches<P>,
         (concurrency, linger): (Concurrency, Duration),
-        limit: usize,
+        gate: G,
         max_run: usize,
     ) -> Self {
         Self {
@@ -450,20 +476,13 @@ impl<P: Protocol> BatchSink<P> {
             batches,
             concurrency,
             linger,
-            limit,
+            gate,
             max_run,
         }
     }
 }
 
-impl<P> BatchSink<P> {
-    /// Its batches (and through them the client), for a sink built on it.
-    pub fn batches(&self) -> &Batches<P> {
-        &self.batches
-    }
-}
-
-impl<P: Protocol> Sink for BatchSink<P> {
+impl<P: Protocol, G: Gate<P>> Sink for BatchSink<P, G> {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -485,7 +504,16 @@ impl<P: Protocol> Sink for BatchSink<P> {
     }
 
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        self.batches.publish(batch, self.limit).await
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        match self.gate.admit(&self.batches, &first.destination).await {
+            Ok(limit) => self.batches.publish(batch, limit).await,
+            Err(reason) => batch
+                .iter()
+                .map(|_| Outcome::Rejected(reason.clone()))
+                .collect(),
+        }
     }
 }
 

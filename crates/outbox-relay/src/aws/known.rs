@@ -8,6 +8,13 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// How long a fact a service gave is used before it is asked again: a change
+/// on the service (a queue's limit raised, a bus deleted) is seen within it.
+pub const KNOWN_FOR: Duration = Duration::from_secs(60);
+/// How long a stand-in is used when the service did not answer, so that an
+/// outage does not make every batch ask again, one at a time.
+pub const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+
 /// Per destination: a fact and until when it holds.
 pub struct Known<T> {
     facts: Mutex<HashMap<Arc<str>, (T, Instant)>>,

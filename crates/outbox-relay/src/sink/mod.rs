@@ -151,8 +151,9 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Most messages of one ordering group in a batch. A sink whose
     /// destination may take a later message of a group and fail an earlier
-    /// one of the same request, with nothing to drop the later one when it is
-    /// sent again (Kinesis), keeps each group to one message a batch.
+    /// one of the same request, where consumers rely on the group's order
+    /// (Kinesis with `strict_order`, an SQS FIFO queue), keeps each group to
+    /// one message a batch.
     fn max_run(&self) -> usize {
         usize::MAX
     }

@@ -21,7 +21,7 @@
 //! `PutEvents` takes events for a custom bus that does not exist, gives them
 //! an `EventId` and drops them (aws/aws-cli#9186; LocalStack does the same on
 //! purpose). So before the first batch to a bus, and again after
-//! [`BUS_KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
+//! [`KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
 //! exist has its events recorded FAILED, naming it, as a missing SNS topic or
 //! SQS queue does. A role that may not describe buses (no
 //! `events:DescribeEventBus`) is said once, and its events are sent unchecked.
@@ -32,11 +32,10 @@
 use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol, Question};
-use crate::aws::known::Known;
+use super::Message;
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Gate, Positional, Protocol, Question};
+use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -46,18 +45,8 @@ pub use config::EventBridgeConfig;
 /// EventBridge's limit of an entry and of a call, in bytes.
 pub const MAX_EVENT_SIZE: usize = 1_048_576;
 
-/// How long a bus found (or found missing) is taken as such before it is
-/// asked about again.
-pub const BUS_KNOWN_FOR: Duration = Duration::from_secs(60);
-/// How long a bus is taken to exist when EventBridge did not answer about it.
-const UNANSWERED_FOR: Duration = Duration::from_secs(10);
-
 /// Publishes to EventBridge.
-pub struct EventBridgeSink {
-    sink: BatchSink<PutEvents>,
-    /// Whether each bus exists.
-    buses: Known<bool>,
-}
+pub type EventBridgeSink = BatchSink<PutEvents, Buses>;
 
 impl EventBridgeSink {
     /// A sink for `config` (validated).
@@ -80,36 +69,42 @@ impl EventBridgeSink {
             source: config.source.clone(),
             detail_type: config.detail_type.clone(),
         };
-        Ok(Self {
-            sink: BatchSink::assemble(
-                "eventbridge",
-                Batches::new(
-                    client,
-                    protocol,
-                    config.operation_timeout,
-                    config.retry_unknown_errors_for,
-                ),
-                (config.concurrency(), config.linger),
-                MAX_EVENT_SIZE,
-                usize::MAX,
+        Ok(BatchSink::assemble(
+            "eventbridge",
+            Batches::new(
+                client,
+                protocol,
+                config.operation_timeout,
+                config.retry_unknown_errors_for,
             ),
-            buses: Known::default(),
-        })
+            (config.concurrency(), config.linger),
+            Buses::default(),
+            usize::MAX,
+        ))
     }
+}
 
+/// Whether each bus exists, as `DescribeEventBus` says, kept for
+/// [`KNOWN_FOR`] (see the module's docs).
+#[derive(Default)]
+pub struct Buses {
+    known: Known<bool>,
+}
+
+impl Buses {
     /// Whether `bus` (a name or an ARN) exists, as far as EventBridge says.
-    async fn exists(&self, bus: &Arc<str>) -> bool {
+    async fn exists(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> bool {
         if bus.is_empty() || &**bus == "default" || bus.ends_with(":event-bus/default") {
             return true;
         }
-        self.buses
+        self.known
             .get(bus, |asked_before| async move {
                 let body = serde_json::json!({ "Name": &**bus }).to_string().into_bytes();
-                match self.sink.batches().ask("AWSEvents.DescribeEventBus", body).await {
-                    Ok(_) => (true, BUS_KNOWN_FOR),
+                match batches.ask("AWSEvents.DescribeEventBus", body).await {
+                    Ok(_) => (true, KNOWN_FOR),
                     Err(Question::Missing(reason)) => {
                         tracing::debug!(bus = %bus, error = %reason, "the event bus does not exist");
-                        (false, BUS_KNOWN_FOR)
+                        (false, KNOWN_FOR)
                     }
                     Err(Question::Refused(reason)) => {
                         if !asked_before {
@@ -120,7 +115,7 @@ impl EventBridgeSink {
                                  PutEvents takes events for a bus that does not exist and drops them"
                             );
                         }
-                        (true, BUS_KNOWN_FOR)
+                        (true, KNOWN_FOR)
                     }
                     Err(Question::Unanswered(reason)) => {
                         tracing::debug!(bus = %bus, error = %reason, "cannot check that the event bus exists now");
@@ -132,40 +127,16 @@ impl EventBridgeSink {
     }
 }
 
-impl Sink for EventBridgeSink {
-    fn name(&self) -> &'static str {
-        self.sink.name()
-    }
-
-    fn max_batch(&self) -> usize {
-        self.sink.max_batch()
-    }
-
-    fn max_run(&self) -> usize {
-        self.sink.max_run()
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        self.sink.concurrency()
-    }
-
-    fn linger(&self) -> Duration {
-        self.sink.linger()
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let Some(first) = batch.first() else {
-            return Vec::new();
-        };
-        if !self.exists(&first.destination).await {
-            let reason = format!(
-                "event bus {} does not exist (DescribeEventBus: ResourceNotFoundException; PutEvents would take \
-                 the event and drop it): create it or fix the routing",
-                first.destination
-            );
-            return batch.iter().map(|_| Outcome::Rejected(reason.clone())).collect();
+impl Gate<PutEvents> for Buses {
+    async fn admit(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Result<usize, String> {
+        if self.exists(batches, bus).await {
+            Ok(MAX_EVENT_SIZE)
+        } else {
+            Err(format!(
+                "event bus {bus} does not exist (DescribeEventBus: ResourceNotFoundException; PutEvents would take \
+                 the event and drop it): create it or fix the routing"
+            ))
         }
-        self.sink.publish(batch).await
     }
 }
 
@@ -253,6 +224,8 @@ impl Protocol for PutEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sink::{Outcome, Sink};
+    use std::time::Duration;
 
     /// A sink for the local endpoint at `url`.
     fn sink_at(url: &str) -> EventBridgeSink {
@@ -260,21 +233,18 @@ mod tests {
             source: "outbox-relay".into(),
             detail_type: "{event_type}".into(),
         };
-        EventBridgeSink {
-            sink: BatchSink::assemble(
-                "eventbridge",
-                Batches::new(
-                    crate::aws::local::client(aws::EVENTBRIDGE, url),
-                    protocol,
-                    Duration::from_secs(5),
-                    Duration::from_secs(600),
-                ),
-                (Concurrency::Fixed(1), Duration::ZERO),
-                MAX_EVENT_SIZE,
-                usize::MAX,
+        BatchSink::assemble(
+            "eventbridge",
+            Batches::new(
+                crate::aws::local::client(aws::EVENTBRIDGE, url),
+                protocol,
+                Duration::from_secs(5),
+                Duration::from_secs(600),
             ),
-            buses: Known::default(),
-        }
+            (crate::sink::Concurrency::Fixed(1), Duration::ZERO),
+            Buses::default(),
+            usize::MAX,
+        )
     }
 
     #[tokio::test]

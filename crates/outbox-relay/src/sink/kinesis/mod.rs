@@ -25,7 +25,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
 use super::Message;
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Positional, Protocol};
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Fixed, Positional, Protocol};
 use crate::aws::{self, json, SetupError};
 
 pub mod config;
@@ -33,7 +33,7 @@ pub mod config;
 pub use config::KinesisConfig;
 
 /// Publishes to Kinesis Data Streams.
-pub type KinesisSink = BatchSink<PutRecords>;
+pub type KinesisSink = BatchSink<PutRecords, Fixed>;
 
 impl KinesisSink {
     /// A sink for `config` (validated).
@@ -64,7 +64,7 @@ impl KinesisSink {
                 config.retry_unknown_errors_for,
             ),
             (config.concurrency(), config.linger),
-            config.max_record_size,
+            Fixed(config.max_record_size),
             if config.strict_order { 1 } else { usize::MAX },
         ))
     }

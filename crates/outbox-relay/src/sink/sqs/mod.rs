@@ -26,13 +26,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{fifo_id, Answer, Batches, Protocol, Question};
-use crate::aws::known::Known;
+use super::Message;
+use crate::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
+use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::aws::{self, json, SetupError};
 use crate::event::OutboxEvent;
 
@@ -42,15 +41,7 @@ pub use config::SqsConfig;
 use config::SQS_MAX_MESSAGE_SIZE;
 
 /// Publishes to SQS.
-pub struct SqsSink {
-    batches: Batches<Sqs>,
-    concurrency: Concurrency,
-    linger: Duration,
-    configured_limit: Option<usize>,
-    /// [`Sink::max_run`].
-    max_run: usize,
-    limits: Known<usize>,
-}
+pub type SqsSink = BatchSink<Sqs, QueueLimits>;
 
 impl SqsSink {
     /// A sink for `config` (validated): the standard AWS settings, explicit
@@ -73,44 +64,54 @@ impl SqsSink {
         let protocol = Sqs {
             attributes: config.attributes.clone(),
         };
-        Ok(Self {
-            batches: Batches::new(
+        Ok(BatchSink::assemble(
+            "sqs",
+            Batches::new(
                 client,
                 protocol,
                 config.operation_timeout,
                 config.retry_unknown_errors_for,
             ),
-            concurrency: config.concurrency(),
-            linger: config.linger,
-            configured_limit: (config.max_message_size > 0).then_some(config.max_message_size),
+            (config.concurrency(), config.linger),
+            QueueLimits {
+                configured: (config.max_message_size > 0).then_some(config.max_message_size),
+                known: Known::default(),
+            },
             // Batches of distinct groups when the queue the sink names is
             // FIFO; a row routed to another FIFO queue is still sent one
             // entry a group a call (`Sqs::one_per_group`).
-            max_run: if is_fifo(&config.queue_url) || is_fifo(&config.queue_template) {
+            if is_fifo(&config.queue_url) || is_fifo(&config.queue_template) {
                 1
             } else {
                 usize::MAX
             },
-            limits: Known::default(),
-        })
+        ))
     }
+}
 
-    /// The message size limit of `queue`: configured, known (read within
-    /// [`LEARNED_FOR`]), or asked of SQS now (one ask at a time: batches that
-    /// start meanwhile wait for its answer). While it cannot be learned (SQS
-    /// unreachable), SQS's own ceiling is used for [`UNANSWERED_FOR`] (SQS
-    /// then refuses what is over the queue's, and the refusal is recorded);
-    /// when it may not be read (permissions), the ceiling is used, said once.
-    async fn limit(&self, queue: &Arc<str>) -> usize {
-        if let Some(limit) = self.configured_limit {
-            return limit;
+/// Each queue's message size limit: configured (`sqs.max_message_size`), or
+/// its `MaximumMessageSize`, read with `GetQueueAttributes` and kept for
+/// [`KNOWN_FOR`]. While it cannot be learned (SQS unreachable), SQS's own
+/// ceiling is used for [`UNANSWERED_FOR`] (SQS then refuses what is over the
+/// queue's, and the refusal is recorded); when it may not be read
+/// (permissions), the ceiling is used, said once.
+pub struct QueueLimits {
+    configured: Option<usize>,
+    known: Known<usize>,
+}
+
+impl Gate<Sqs> for QueueLimits {
+    async fn admit(&self, batches: &Batches<Sqs>, queue: &Arc<str>) -> Result<usize, String> {
+        if let Some(limit) = self.configured {
+            return Ok(limit);
         }
-        self.limits
+        let limit = self
+            .known
             .get(queue, |asked_before| async move {
-                match self.ask_limit(queue).await {
+                match ask_limit(batches, queue).await {
                     Ok(limit) => {
                         tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
-                        (limit, LEARNED_FOR)
+                        (limit, KNOWN_FOR)
                     }
                     Err(Question::Refused(reason) | Question::Missing(reason)) => {
                         if !asked_before {
@@ -121,7 +122,7 @@ impl SqsSink {
                                  assuming {SQS_MAX_MESSAGE_SIZE} bytes"
                             );
                         }
-                        (SQS_MAX_MESSAGE_SIZE, LEARNED_FOR)
+                        (SQS_MAX_MESSAGE_SIZE, KNOWN_FOR)
                     }
                     Err(Question::Unanswered(reason)) => {
                         tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
@@ -129,84 +130,47 @@ impl SqsSink {
                     }
                 }
             })
-            .await
-    }
-
-    /// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
-    /// has SQS's ceiling: the publish says it does not exist.
-    async fn ask_limit(&self, queue: &str) -> Result<usize, Question> {
-        let body = serde_json::json!({
-            "QueueUrl": queue,
-            "AttributeNames": ["MaximumMessageSize"],
-        })
-        .to_string()
-        .into_bytes();
-        let body = match self.batches.ask("AmazonSQS.GetQueueAttributes", body).await {
-            Ok(body) => body,
-            Err(Question::Missing(_)) => return Ok(SQS_MAX_MESSAGE_SIZE),
-            Err(other) => return Err(other),
-        };
-        #[derive(Deserialize)]
-        struct Answer {
-            #[serde(rename = "Attributes", default)]
-            attributes: HashMap<String, String>,
-        }
-        let answer: Answer = serde_json::from_slice(&body)
-            .map_err(|e| Question::Refused(format!("unreadable GetQueueAttributes answer: {e}")))?;
-        Ok(answer
-            .attributes
-            .get("MaximumMessageSize")
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(SQS_MAX_MESSAGE_SIZE)
-            .clamp(1, SQS_MAX_MESSAGE_SIZE))
+            .await;
+        Ok(limit)
     }
 }
 
-/// How long a queue's `MaximumMessageSize` is used before it is read again:
-/// a limit raised on a running queue is seen within this time (until then
-/// messages between the old and the new limit are recorded FAILED).
-const LEARNED_FOR: Duration = Duration::from_secs(60);
-/// How long SQS's ceiling stands in for a limit SQS did not answer about,
-/// so that an outage does not make every batch ask again, one at a time.
-const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+/// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
+/// has SQS's ceiling: the publish says it does not exist.
+async fn ask_limit(batches: &Batches<Sqs>, queue: &str) -> Result<usize, Question> {
+    let body = serde_json::json!({
+        "QueueUrl": queue,
+        "AttributeNames": ["MaximumMessageSize"],
+    })
+    .to_string()
+    .into_bytes();
+    let body = match batches.ask("AmazonSQS.GetQueueAttributes", body).await {
+        Ok(body) => body,
+        Err(Question::Missing(_)) => return Ok(SQS_MAX_MESSAGE_SIZE),
+        Err(other) => return Err(other),
+    };
+    #[derive(Deserialize)]
+    struct Answer {
+        #[serde(rename = "Attributes", default)]
+        attributes: HashMap<String, String>,
+    }
+    let answer: Answer = serde_json::from_slice(&body)
+        .map_err(|e| Question::Refused(format!("unreadable GetQueueAttributes answer: {e}")))?;
+    Ok(answer
+        .attributes
+        .get("MaximumMessageSize")
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(SQS_MAX_MESSAGE_SIZE)
+        .clamp(1, SQS_MAX_MESSAGE_SIZE))
+}
 
 /// Whether `queue` (a URL or a template) names a FIFO queue.
 fn is_fifo(queue: &str) -> bool {
     queue.ends_with(".fifo")
 }
 
-impl Sink for SqsSink {
-    fn name(&self) -> &'static str {
-        "sqs"
-    }
-
-    fn max_batch(&self) -> usize {
-        Sqs::MAX_ENTRIES
-    }
-
-    fn max_run(&self) -> usize {
-        self.max_run
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        self.concurrency
-    }
-
-    fn linger(&self) -> Duration {
-        self.linger
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let Some(first) = batch.first() else {
-            return Vec::new();
-        };
-        let limit = self.limit(&first.destination).await;
-        self.batches.publish(batch, limit).await
-    }
-}
-
 /// SQS's `SendMessageBatch`.
-struct Sqs {
+pub struct Sqs {
     attributes: Vec<String>,
 }
 
