@@ -59,7 +59,7 @@ start_moto() {
     local attempt port
     for attempt in 1 2 3; do
         port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-        # moto's server, with concurrent Kinesis PutRecords made safe (see the file).
+        # moto's server with two fixes the tests need (see the file).
         python3 tests/data/moto_server.py -H 127.0.0.1 -p "$port" >"$moto_dir/moto.log" 2>&1 </dev/null &
         moto_pid=$!
         for _ in $(seq 100); do # up to ~20 s

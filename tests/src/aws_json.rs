@@ -1,9 +1,7 @@
 //! Raw AWS JSON-protocol calls (SQS, EventBridge, Kinesis) to a local moto
 //! server, without an SDK per service: an EventBridge bus whose rule forwards
-//! to an SQS queue ([`bus_to_queue`]), Kinesis streams ([`create_stream`]) and
-//! reading them back from every shard ([`read_stream`], [`StreamReader`]),
-//! and a moto server of a test's own whose EventBridge rules keep up with
-//! thousands of events ([`EventsMoto`]).
+//! to an SQS queue ([`bus_to_queue`]), Kinesis streams ([`create_stream`])
+//! and reading them back from every shard ([`read_stream`], [`StreamReader`]).
 //!
 //! ```no_run
 //! use harness::aws_json::{self, bus_to_queue, create_stream, read_stream};
@@ -42,7 +40,7 @@
 //!   `PutEvents` order; the queue's body is the event: `{"id", "time",
 //!   "version", "detail-type", "source", "region", "resources", "detail"}`
 //!   with `detail` as JSON (no `account` field, unlike AWS). Each event a
-//!   rule matches costs moto ~130 ms (see [`EventsMoto`]). A `Detail` that
+//!   rule matches costs moto ~130 ms (~4 ms with `tests/data/moto_server.py`). A `Detail` that
 //!   is JSON but not an object, a `"` in `Source` or `DetailType`, or a
 //!   `Time` given as text crash the call (HTTP 500) when a rule matches.
 //! - Kinesis streams are `ACTIVE` as soon as created; sequence numbers are
@@ -51,9 +49,6 @@
 
 use std::cmp::Ordering;
 use std::fmt;
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -207,178 +202,6 @@ pub async fn must(endpoint: &str, service: Service, target: &str, body: &Value) 
     call(endpoint, service, target, body)
         .await
         .unwrap_or_else(|e| panic!("{target} {body}: {e}"))
-}
-
-// ---------------------------------------------------------------------------
-// A moto server whose EventBridge rules keep up
-
-/// How moto is run by [`EventsMoto`]: moto 5.2.1 builds a new JSONPath parser
-/// (a yacc table) for each of the 8 paths of the event template, for every
-/// event a rule sends to a target, ~130 ms an event: 2,000 events would keep
-/// a server busy for over four minutes (and every other test on it waiting).
-/// The parse of a path is pure, so caching it changes nothing but the time
-/// (~4 ms an event).
-const EVENTS_MOTO: &str = r#"
-import functools, sys
-import jsonpath_ng.ext
-jsonpath_ng.ext.parse = functools.lru_cache(maxsize=1024)(jsonpath_ng.ext.parse)
-from moto.server import main
-sys.exit(main())
-"#;
-
-/// How long [`EventsMoto::start`] waits for the server to answer.
-const START_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// A moto server of the test's own (all services, in memory, on
-/// `127.0.0.1:<free port>`) whose EventBridge rules deliver to their
-/// targets without moto's per-event parsing cost (see [`EVENTS_MOTO`]):
-/// for tests that put many events through a rule. Dropping it stops it; a
-/// watchdog in its own session does the same if this process dies first.
-pub struct EventsMoto {
-    child: Child,
-    port: u16,
-    watchdog: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl EventsMoto {
-    /// Starts a server and returns once it answers HTTP. Panics with its
-    /// output when it does not come up.
-    pub async fn start() -> EventsMoto {
-        tokio::task::spawn_blocking(Self::start_blocking)
-            .await
-            .unwrap_or_else(|e| panic!("starting moto: {e}"))
-    }
-
-    fn start_blocking() -> EventsMoto {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let dir = tempfile::Builder::new()
-                .prefix("outbox-relay-moto-")
-                .tempdir()
-                .unwrap_or_else(|e| panic!("cannot create a temp dir for moto: {e}"));
-            let log_path = dir.path().join("moto.log");
-            let log = std::fs::File::create(&log_path)
-                .unwrap_or_else(|e| panic!("create {}: {e}", log_path.display()));
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to pick a port: {e}"));
-            let child = Command::new("python3")
-                .args(["-c", EVENTS_MOTO, "-H", "127.0.0.1", "-p"])
-                .arg(port.to_string())
-                .env("PYTHONUNBUFFERED", "1")
-                .current_dir(dir.path())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("clone the log file handle"))
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run python3 (moto): {e} (run scripts/install-deps.sh)")
-                });
-            let watchdog = Command::new("setsid")
-                .args([
-                    "sh",
-                    "-c",
-                    r#"read -r _ignored; kill "$1" 2>/dev/null"#,
-                    "moto-watchdog",
-                ])
-                .arg(child.id().to_string())
-                .current_dir("/")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .ok();
-            let mut moto = EventsMoto {
-                child,
-                port,
-                watchdog,
-                dir,
-            };
-            match moto.wait_ready() {
-                Ok(()) => return moto,
-                Err(msg) => {
-                    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                    if attempt < 5 && log.contains("Address already in use") {
-                        continue; // drops `moto`: kills it
-                    }
-                    panic!("moto on 127.0.0.1:{port}: {msg}\n--- its output ---\n{log}");
-                }
-            }
-        }
-    }
-
-    fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(format!("it exited ({status})"));
-            }
-            if answers_http(self.port) {
-                // Another server may have taken the port: make sure ours still runs.
-                std::thread::sleep(Duration::from_millis(50));
-                return match self.child.try_wait() {
-                    Ok(None) => Ok(()),
-                    Ok(Some(status)) => Err(format!("it exited ({status})")),
-                    Err(e) => Err(format!("cannot check it: {e}")),
-                };
-            }
-            if Instant::now() >= deadline {
-                return Err(format!("no HTTP answer within {START_TIMEOUT:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// `http://127.0.0.1:PORT`
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// The server's output so far (one line per request).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("moto.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for EventsMoto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(mut watchdog) = self.watchdog.take() {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
-    }
-}
-
-impl fmt::Debug for EventsMoto {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventsMoto")
-            .field("endpoint", &self.endpoint())
-            .field("pid", &self.child.id())
-            .finish()
-    }
-}
-
-/// Whether something on 127.0.0.1:`port` answers `GET /` with HTTP.
-fn answers_http(port: u16) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-    if stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut head = [0u8; 8];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
 }
 
 // ---------------------------------------------------------------------------

@@ -135,8 +135,9 @@ pub const TEST_REGION: &str = "us-east-1";
 /// How long [`Moto::start`] waits for the server to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A moto server (`tests/data/moto_server.py`: `moto.server`, Kinesis made safe for
-/// concurrent PutRecords) on `127.0.0.1:<free port>`, in
+/// A moto server (`tests/data/moto_server.py`: `moto.server` with Kinesis made
+/// safe for concurrent PutRecords and EventBridge rules' JSONPath parse cached)
+/// on `127.0.0.1:<free port>`, in
 /// memory, answering SNS, SQS and every other AWS API it mocks.
 ///
 /// Its output goes to a log file in its own temp dir. Dropping it kills the
@@ -155,7 +156,6 @@ impl Moto {
     /// second; gives up after 20 s). Blocking. Panics with the server's output
     /// when it does not come up (run `scripts/install-deps.sh` if moto is missing).
     pub fn start() -> Moto {
-        // moto.server with concurrent Kinesis PutRecords made safe (see the file).
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/data/moto_server.py");
         Self::start_program(&[script])
     }

@@ -3,14 +3,16 @@
 //! the relay's events (matched on `source`) to an SQS queue, where each
 //! arrives as the EventBridge event whose `detail` is the envelope.
 //!
-//! Each test has a moto server of its own ([`EventsMoto`]): moto's rules
-//! cost ~130 ms of the shared server's time an event otherwise.
+//! Each test has a moto server of its own ([`Moto`], running
+//! `tests/data/moto_server.py`): a rule costs moto ~4 ms an event, which
+//! 2,000 events would take from the shared server's other tests.
 
 use std::time::Duration;
 
-use harness::aws_json::{self, BusQueue, EventsMoto};
+use harness::aws_json::{self, BusQueue};
 use harness::proxy::{FaultProxy, Mode};
 use harness::sns::{self, Received};
+use harness::Moto;
 
 use crate::outbox::Outbox;
 use crate::sns::insert;
@@ -31,8 +33,10 @@ fn eventbridge_toml(bus: &str, extra: &str) -> String {
 
 /// A moto server of the test's own, and a bus on it named after the test's
 /// database whose rule sends [`SOURCE`]'s events to a queue.
-async fn bus(outbox: &Outbox) -> (EventsMoto, BusQueue) {
-    let moto = EventsMoto::start().await;
+async fn bus(outbox: &Outbox) -> (Moto, BusQueue) {
+    let moto = tokio::task::spawn_blocking(Moto::start)
+        .await
+        .expect("start moto");
     let bus = aws_json::bus_to_queue(&moto.endpoint(), outbox.db.name(), SOURCE).await;
     (moto, bus)
 }
