@@ -704,23 +704,19 @@ mod tests {
 
     #[test]
     fn json_calls_are_told_apart_by_their_target() {
-        assert_eq!(
-            Operation::of(b"AmazonSQS.SendMessageBatch"),
-            Operation::SendMessageBatch
-        );
-        assert_eq!(
-            Operation::of(b"AmazonSQS.GetQueueAttributes"),
-            Operation::GetQueueAttributes
-        );
-        assert_eq!(Operation::of(b"AWSEvents.PutEvents"), Operation::PutEvents);
-        assert_eq!(
-            Operation::of(b"AWSEvents.DescribeEventBus"),
-            Operation::DescribeEventBus
-        );
-        assert_eq!(
-            Operation::of(b"Kinesis_20131202.PutRecords"),
-            Operation::PutRecords
-        );
+        for (target, operation) in [
+            ("AmazonSQS.SendMessageBatch", Operation::SendMessageBatch),
+            (
+                "AmazonSQS.GetQueueAttributes",
+                Operation::GetQueueAttributes,
+            ),
+            ("AWSEvents.PutEvents", Operation::PutEvents),
+            ("AWSEvents.DescribeEventBus", Operation::DescribeEventBus),
+            ("Kinesis_20131202.PutRecords", Operation::PutRecords),
+            ("AmazonSQS.DeleteQueue", Operation::Unknown),
+        ] {
+            assert_eq!(Operation::of(target.as_bytes()), operation, "{target}");
+        }
         let state = endpoint_state(None);
         let (status, code, _) = refusal(respond_json(Operation::Unknown, &Bytes::new(), &state));
         assert_eq!((status, code.as_str()), (400, "UnknownOperationException"));

@@ -921,18 +921,18 @@ mod tests {
         (tx, done_rx, task)
     }
 
-    #[tokio::test]
-    async fn a_backlog_of_few_groups_fills_every_batch() {
-        let sink = Arc::new(Sizes::new(
-            Duration::from_millis(5),
-            Duration::from_millis(1),
-        ));
-        let (tx, mut done, task) = start(&sink);
+    /// Publish `n` messages through a publisher on `sink`, message `k` in
+    /// group `group(k)`, until the publisher ends: how many it reported.
+    async fn publish_all(
+        sink: &Arc<Sizes>,
+        n: usize,
+        group: impl Fn(usize) -> &'static str,
+    ) -> usize {
+        let (tx, mut done, task) = start(sink);
         let mut tracker = AckTracker::new(0);
         tracker.begin().unwrap();
-        // Two groups, twenty messages each: one batch at a time per group.
-        let backlog = (0..40)
-            .map(|n| Dispatch::Publish(message(&mut tracker, ["a", "b"][n % 2], n)))
+        let backlog = (0..n)
+            .map(|k| Dispatch::Publish(message(&mut tracker, group(k), k)))
             .collect();
         tx.send(backlog).await.unwrap();
         drop(tx);
@@ -941,7 +941,17 @@ mod tests {
         while let Ok(batch) = done.try_recv() {
             reported += batch.len();
         }
-        assert_eq!(reported, 40);
+        reported
+    }
+
+    #[tokio::test]
+    async fn a_backlog_of_few_groups_fills_every_batch() {
+        let sink = Arc::new(Sizes::new(
+            Duration::from_millis(5),
+            Duration::from_millis(1),
+        ));
+        // Two groups, twenty messages each: one batch at a time per group.
+        assert_eq!(publish_all(&sink, 40, |k| ["a", "b"][k % 2]).await, 40);
         assert_eq!(*sink.sizes.lock().unwrap(), vec![4; 10]);
     }
 
@@ -951,21 +961,8 @@ mod tests {
             max_run: 1,
             ..Sizes::new(Duration::from_millis(2), Duration::from_millis(1))
         });
-        let (tx, mut done, task) = start(&sink);
-        let mut tracker = AckTracker::new(0);
-        tracker.begin().unwrap();
         // Three groups, eight messages each, arriving group by group.
-        let backlog = (0..24)
-            .map(|n| Dispatch::Publish(message(&mut tracker, ["a", "b", "c"][n / 8], n)))
-            .collect();
-        tx.send(backlog).await.unwrap();
-        drop(tx);
-        task.await.unwrap().unwrap();
-        let mut reported = 0;
-        while let Ok(batch) = done.try_recv() {
-            reported += batch.len();
-        }
-        assert_eq!(reported, 24);
+        assert_eq!(publish_all(&sink, 24, |k| ["a", "b", "c"][k / 8]).await, 24);
         assert_eq!(*sink.longest_run.lock().unwrap(), 1);
         let sizes = sink.sizes.lock().unwrap();
         assert!(sizes.iter().all(|&n| n <= 3), "{sizes:?}");

@@ -18,7 +18,7 @@ use crate::outbox::Outbox;
 use crate::sns::insert;
 use crate::sqs::{
     all_rows, assert_all_arrived_in_order, insert_paced, insert_routed, outage_holds_the_slot,
-    publish_states, recorded, slot_passes_last_commit, spawn_relay, QueueReader,
+    publish_states, recorded, settled, slot_passes_last_commit, spawn_relay, QueueReader,
 };
 
 /// The `source` of the relay's events here, which the bus's rule matches.
@@ -101,8 +101,7 @@ async fn two_thousand_events_of_twenty_aggregates_reach_the_rules_queue_each_agg
     let received = reader.finish().await;
     eprintln!("received {} in {:?}", received.len(), started.elapsed());
     assert_all_arrived_in_order(&expected, &delivered(&received, "order.E"), &relay);
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -135,8 +134,7 @@ async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
     proxy.set_mode(Mode::Pass);
     let received = reader.finish().await;
     assert_all_arrived_in_order(&expected, &delivered(&received, "E"), &relay);
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -170,8 +168,7 @@ async fn an_event_for_a_bus_that_does_not_exist_is_recorded_failed_and_the_strea
         error.contains(&missing) && error.contains("does not exist"),
         "{error}"
     );
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 

@@ -13,7 +13,7 @@ use crate::outbox::Outbox;
 use crate::sns::insert;
 use crate::sqs::{
     all_rows, assert_all_arrived_in_order, envelopes, insert_routed, outage_holds_the_slot,
-    recorded, slot_passes_last_commit, spawn_relay,
+    recorded, settled, slot_passes_last_commit, spawn_relay,
 };
 
 fn kinesis_toml(stream: &str, extra: &str) -> String {
@@ -103,8 +103,7 @@ async fn two_thousand_events_of_twenty_aggregates_reach_two_shards_each_aggregat
     );
     let used: HashSet<&str> = got.iter().map(|r| r.shard.as_str()).collect();
     assert_eq!(used.len(), 2, "20 aggregates spread over both shards");
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -141,8 +140,7 @@ async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
 
     let got = read(&moto, &name, expected.len()).await;
     assert_all_arrived_in_order(&expected, &records(&got), &relay);
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 

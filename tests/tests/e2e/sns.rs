@@ -79,6 +79,28 @@ pub(crate) fn assert_per_aggregate_order(expected: &[(String, String)], got: &[(
     }
 }
 
+/// Inserts transaction `t` of `per_tx` events over `aggregates` aggregates
+/// (round robin over all transactions, type `E`); `(id, aggregate)` of each.
+pub(crate) async fn insert_tx_of(
+    outbox: &Outbox,
+    t: usize,
+    per_tx: usize,
+    aggregates: usize,
+) -> Vec<(String, String)> {
+    let events: Vec<(String, String)> = (0..per_tx)
+        .map(|i| {
+            (
+                format!("agg-{}", (t * per_tx + i) % aggregates),
+                "E".to_owned(),
+            )
+        })
+        .collect();
+    let ids = outbox.insert_tx(&events).await;
+    ids.into_iter()
+        .zip(events.into_iter().map(|(a, _)| a))
+        .collect()
+}
+
 pub(crate) async fn insert(
     outbox: &Outbox,
     txs: usize,
@@ -87,16 +109,7 @@ pub(crate) async fn insert(
 ) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for t in 0..txs {
-        let events: Vec<(String, String)> = (0..per_tx)
-            .map(|i| {
-                (
-                    format!("agg-{}", (t * per_tx + i) % aggregates),
-                    "E".to_owned(),
-                )
-            })
-            .collect();
-        let ids = outbox.insert_tx(&events).await;
-        out.extend(ids.into_iter().zip(events.into_iter().map(|(a, _)| a)));
+        out.extend(insert_tx_of(outbox, t, per_tx, aggregates).await);
     }
     out
 }

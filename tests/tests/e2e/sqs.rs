@@ -69,8 +69,7 @@ async fn two_thousand_events_of_twenty_aggregates_reach_a_standard_queue_each_ag
         received.iter().all(|r| r.group_id.is_none()),
         "no MessageGroupId on a standard queue"
     );
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -111,8 +110,7 @@ async fn two_thousand_events_of_twenty_aggregates_reach_a_fifo_queue_grouped_by_
             "MessageDeduplicationId is the event id"
         );
     }
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -142,8 +140,7 @@ async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
     proxy.set_mode(Mode::Pass);
     let received = reader.finish().await;
     assert_all_arrived_in_order(&expected, &messages(&received), &relay);
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -183,8 +180,7 @@ async fn connections_frozen_in_the_network_are_given_up_and_every_event_arrives(
         proxy.accepted() > before,
         "new connections replaced the frozen ones"
     );
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len()).await;
+    settled(&outbox, expected.len()).await;
     relay.stop_gracefully().await;
 }
 
@@ -395,16 +391,7 @@ pub(crate) async fn insert_paced(
                     out.len()
                 )
             });
-        let events: Vec<(String, String)> = (0..per_tx)
-            .map(|i| {
-                (
-                    format!("agg-{}", (t * per_tx + i) % aggregates),
-                    "E".to_owned(),
-                )
-            })
-            .collect();
-        let ids = outbox.insert_tx(&events).await;
-        out.extend(ids.into_iter().zip(events.into_iter().map(|(a, _)| a)));
+        out.extend(crate::sns::insert_tx_of(outbox, t, per_tx, aggregates).await);
     }
     out
 }
@@ -473,6 +460,13 @@ pub(crate) async fn all_rows(outbox: &Outbox, state: &str, n: usize) {
         },
     )
     .await;
+}
+
+/// What every delivery test ends with: the slot is confirmed past the last
+/// commit and all `n` rows are PUBLISHED.
+pub(crate) async fn settled(outbox: &Outbox, n: usize) {
+    slot_passes_last_commit(outbox).await;
+    all_rows(outbox, "PUBLISHED", n).await;
 }
 
 /// Waits until the slot is confirmed at or past the end of the last commit.
