@@ -659,10 +659,11 @@ async fn lifecycle(
         rate(usage.wall) / base
     );
     println!(
-        "relay, table settled         {:>10.0} rows/s ({:.2}x, target >= 0.5), {:.1} MiB peak RSS",
+        "relay, table settled         {:>10.0} rows/s ({:.2}x, target >= 0.5), {:.1} MiB peak RSS, {:.2} CPU s",
         rate(settled),
         rate(settled) / base,
-        usage.max_rss_kib as f64 / 1024.0
+        usage.max_rss_kib as f64 / 1024.0,
+        usage.cpu.as_secs_f64()
     );
     let (messages, calls, _) = endpoint.counts.snapshot();
     println!("SNS endpoint: {messages} messages in {calls} calls");
