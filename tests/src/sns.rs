@@ -197,7 +197,7 @@ impl Moto {
                 .stderr(log2)
                 .spawn()
                 .unwrap_or_else(|e| {
-                    panic!("cannot run python3 -m moto.server: {e} (run scripts/install-deps.sh)")
+                    panic!("cannot run python3 {program:?}: {e} (run scripts/install-deps.sh)")
                 });
             let watchdog = spawn_watchdog(child.id(), dir.path());
             let mut moto = Moto {

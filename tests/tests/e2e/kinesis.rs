@@ -12,8 +12,8 @@ use harness::sns;
 use crate::outbox::Outbox;
 use crate::sns::insert;
 use crate::sqs::{
-    all_rows, assert_all_arrived_in_order, envelopes, insert_routed, outage_holds_the_slot,
-    recorded, settled, slot_passes_last_commit, spawn_relay,
+    assert_all_arrived_in_order, envelopes, insert_routed, outage_holds_the_slot, recorded,
+    settled, spawn_relay,
 };
 
 fn kinesis_toml(stream: &str, extra: &str) -> String {
@@ -179,7 +179,6 @@ async fn an_event_for_a_stream_that_does_not_exist_is_recorded_failed_and_the_st
         error.contains(&missing) && error.contains("does not exist"),
         "{error}"
     );
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len() + 1).await;
+    settled(&outbox, expected.len() + 1).await;
     relay.stop_gracefully().await;
 }

@@ -225,8 +225,7 @@ async fn an_event_for_a_queue_that_does_not_exist_is_recorded_failed_and_the_str
         error.contains(&missing) && error.contains("does not exist"),
         "{error}"
     );
-    slot_passes_last_commit(&outbox).await;
-    all_rows(&outbox, "PUBLISHED", expected.len() + 1).await;
+    settled(&outbox, expected.len() + 1).await;
     relay.stop_gracefully().await;
 }
 

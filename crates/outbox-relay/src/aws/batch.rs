@@ -27,6 +27,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_smithy_runtime_api::client::identity::Identity;
+use hyper::StatusCode;
+
 use super::errors::{self, Class, UnknownSince};
 use super::{json, CallError, Client};
 use crate::sink::{Cause, Concurrency, Message, Outcome, Sink};
@@ -172,16 +175,6 @@ impl<P: Protocol> Batches<P> {
         }
     }
 
-    /// The signed-request client.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
-    /// The protocol.
-    pub fn protocol(&self) -> &P {
-        &self.protocol
-    }
-
     /// Ask the service `operation` (a question about a destination, not a
     /// batch) with the JSON `body`, within the operation timeout: the answer
     /// when it came with a success, else why not ([`Question`]).
@@ -195,36 +188,65 @@ impl<P: Protocol> Batches<P> {
             .identity()
             .await
             .map_err(|e| Question::Unanswered(e.to_string()))?;
-        let target = json::target(operation);
-        let call = self
-            .client
-            .send(&identity, json::request(P::CONTENT_TYPE, &target, body));
-        let (status, body) = tokio::time::timeout(self.operation_timeout, call)
+        let (status, body) = self
+            .call(&identity, operation, body)
             .await
-            .map_err(|_| {
-                Question::Unanswered(format!("no answer within {:?}", self.operation_timeout))
-            })?
             .map_err(|e| Question::Unanswered(e.to_string()))?;
         if status.is_success() {
             return Ok(body);
         }
-        let error = json::parse_error(&body);
-        let code = error.as_ref().map(|(code, _)| code.as_str());
-        let reason = match &error {
-            Some((code, message)) => {
-                format!("{code}: {}", message.as_deref().unwrap_or("no message"))
-            }
-            None => format!("HTTP {status}"),
-        };
+        let (class, code, reason) = self.refusal(status, &body);
         let reason = format!(
             "{}: {reason}",
             operation.rsplit('.').next().unwrap_or(operation)
         );
-        Err(match errors::classify(Some(status.as_u16()), code, None) {
+        Err(match class {
             Class::Missing => Question::Missing(reason),
             Class::Access | Class::Invalid if code.is_some() => Question::Refused(reason),
             _ => Question::Unanswered(reason),
         })
+    }
+
+    /// One call of `operation` with the JSON `body`, signed with `identity`,
+    /// within the operation timeout: the answer's status and body.
+    async fn call(
+        &self,
+        identity: &Identity,
+        operation: &'static str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, bytes::Bytes), CallError> {
+        let target = json::target(operation);
+        let call = self
+            .client
+            .send(identity, json::request(P::CONTENT_TYPE, &target, body));
+        match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout {
+                endpoint: self.client.endpoint().to_owned(),
+                timeout: self.operation_timeout,
+            }),
+        }
+    }
+
+    /// What a refusal (an answer of `status` other than success, with
+    /// `body`) says: its class, the service's error code, and a reason.
+    fn refusal(&self, status: StatusCode, body: &[u8]) -> (Class, Option<String>, String) {
+        let (code, reason) = match json::parse_error(body) {
+            Some((code, message)) => {
+                let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                (Some(code), reason)
+            }
+            None => (
+                None,
+                format!(
+                    "HTTP {status} from {}: {}",
+                    self.client.endpoint(),
+                    String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+                ),
+            ),
+        };
+        let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
+        (class, code, reason)
     }
 
     /// Deliver `batch` (one destination) with entries of at most `limit`
@@ -305,18 +327,7 @@ impl<P: Protocol> Batches<P> {
         };
         let entries: Vec<&Message> = indices.iter().map(|&i| &batch[i]).collect();
         let body = self.protocol.body(destination, &entries);
-        let target = json::target(P::TARGET);
-        let call = self
-            .client
-            .send(&identity, json::request(P::CONTENT_TYPE, &target, body));
-        let answer = match tokio::time::timeout(self.operation_timeout, call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(CallError::Timeout {
-                endpoint: self.client.endpoint().to_owned(),
-                timeout: self.operation_timeout,
-            }),
-        };
-        let (status, body) = match answer {
+        let (status, body) = match self.call(&identity, P::TARGET, body).await {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
@@ -331,19 +342,7 @@ impl<P: Protocol> Batches<P> {
             self.read_answers(destination, &body, indices, verdicts);
             return;
         }
-        let error = json::parse_error(&body);
-        let code = error.as_ref().map(|(code, _)| code.as_str());
-        let reason = match &error {
-            Some((code, message)) => {
-                format!("{code}: {}", message.as_deref().unwrap_or("no message"))
-            }
-            None => format!(
-                "HTTP {status} from {}: {}",
-                self.client.endpoint(),
-                String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
-            ),
-        };
-        let class = errors::classify(Some(status.as_u16()), code, None);
+        let (class, code, reason) = self.refusal(status, &body);
         match class {
             Class::Missing => {
                 let reason = missing::<P>(destination, &reason);
@@ -369,7 +368,7 @@ impl<P: Protocol> Batches<P> {
             }
             Class::Access => {
                 tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
-                if code.is_some_and(errors::stale_credentials) {
+                if code.as_deref().is_some_and(errors::stale_credentials) {
                     self.client.forget_credentials().await;
                 }
                 retry_all(indices, verdicts, class, &reason);

@@ -509,20 +509,7 @@ mod tests {
     }
 
     fn client_for(url: &str) -> Client {
-        let credentials =
-            aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
-        let sdk = SdkConfig::builder()
-            .credentials_provider(SharedCredentialsProvider::new(credentials))
-            .build();
-        Client::new(
-            &sdk,
-            super::super::SNS,
-            "us-east-1",
-            ("sns.endpoint_url", url),
-            4,
-            Duration::from_secs(5),
-        )
-        .unwrap()
+        crate::aws::local::client(super::super::SNS, url)
     }
 
     fn amz_date(head: &str) -> SystemTime {

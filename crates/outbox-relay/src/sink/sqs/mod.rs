@@ -113,7 +113,9 @@ impl Gate<Sqs> for QueueLimits {
                         tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
                         (limit, KNOWN_FOR)
                     }
-                    Err(Question::Refused(reason) | Question::Missing(reason)) => {
+                    // The publish says it does not exist.
+                    Err(Question::Missing(_)) => (SQS_MAX_MESSAGE_SIZE, KNOWN_FOR),
+                    Err(Question::Refused(reason)) => {
                         if !asked_before {
                             tracing::warn!(
                                 queue = %queue,
@@ -135,8 +137,7 @@ impl Gate<Sqs> for QueueLimits {
     }
 }
 
-/// `GetQueueAttributes MaximumMessageSize`. A queue that does not exist
-/// has SQS's ceiling: the publish says it does not exist.
+/// `GetQueueAttributes MaximumMessageSize`.
 async fn ask_limit(batches: &Batches<Sqs>, queue: &str) -> Result<usize, Question> {
     let body = serde_json::json!({
         "QueueUrl": queue,
@@ -144,11 +145,7 @@ async fn ask_limit(batches: &Batches<Sqs>, queue: &str) -> Result<usize, Questio
     })
     .to_string()
     .into_bytes();
-    let body = match batches.ask("AmazonSQS.GetQueueAttributes", body).await {
-        Ok(body) => body,
-        Err(Question::Missing(_)) => return Ok(SQS_MAX_MESSAGE_SIZE),
-        Err(other) => return Err(other),
-    };
+    let body = batches.ask("AmazonSQS.GetQueueAttributes", body).await?;
     #[derive(Deserialize)]
     struct Answer {
         #[serde(rename = "Attributes", default)]
