@@ -80,9 +80,11 @@ pub trait Protocol: Send + Sync + 'static {
 pub enum Question {
     /// The destination does not exist.
     Missing(String),
-    /// The service refused to tell (permissions, a call the endpoint lacks).
+    /// The service refused to tell (a denied permission, a call the
+    /// endpoint lacks).
     Refused(String),
-    /// No answer now (network, throttling, 5xx, credentials).
+    /// No answer now (network, throttling, 5xx, expired or unknown
+    /// credentials, a bad signature).
     Unanswered(String),
 }
 
@@ -200,9 +202,22 @@ impl<P: Protocol> Batches<P> {
             "{}: {reason}",
             operation.rsplit('.').next().unwrap_or(operation)
         );
+        let code = code.as_deref();
         Err(match class {
             Class::Missing => Question::Missing(reason),
-            Class::Access | Class::Invalid if code.is_some() => Question::Refused(reason),
+            // Only a denied permission or a call the endpoint does not know
+            // is an answer worth keeping; expired or unknown credentials, a
+            // bad signature or a skewed clock are asked about again soon.
+            Class::Access if code.is_some_and(errors::permission_denied) => {
+                Question::Refused(reason)
+            }
+            Class::Invalid if code.is_some() => Question::Refused(reason),
+            Class::Access => {
+                if code.is_some_and(errors::stale_credentials) {
+                    self.client.forget_credentials().await;
+                }
+                Question::Unanswered(reason)
+            }
             _ => Question::Unanswered(reason),
         })
     }

@@ -248,6 +248,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_denied_permission_is_kept_as_refused_and_stale_credentials_are_asked_again() {
+        let ask = |code: &'static str| async move {
+            let (url, _) =
+                crate::aws::local::endpoint(move |_| crate::aws::local::json_refusal(code, "no"))
+                    .await;
+            let batches = Batches::new(
+                crate::aws::local::client(aws::EVENTBRIDGE, &url),
+                PutEvents {
+                    source: "outbox-relay".into(),
+                    detail_type: "{event_type}".into(),
+                },
+                Duration::from_secs(5),
+                Duration::from_secs(600),
+            );
+            batches.ask("AWSEvents.DescribeEventBus", b"{}".to_vec()).await
+        };
+        for (code, refused) in [
+            ("AccessDeniedException", true),
+            ("UnknownOperationException", true),
+            ("ExpiredTokenException", false),
+            ("UnrecognizedClientException", false),
+            ("InvalidSignatureException", false),
+        ] {
+            let answer = ask(code).await;
+            match answer {
+                Err(Question::Refused(ref reason)) if refused => assert!(reason.contains(code)),
+                Err(Question::Unanswered(ref reason)) if !refused => assert!(reason.contains(code)),
+                other => panic!("{code}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            ask("ResourceNotFoundException").await,
+            Err(Question::Missing(_))
+        ));
+    }
+
+    #[tokio::test]
     async fn events_for_a_bus_that_does_not_exist_are_rejected_not_sent() {
         // As AWS: PutEvents takes anything; DescribeEventBus knows one bus.
         let (url, seen) = crate::aws::local::endpoint(|head| {
