@@ -532,7 +532,7 @@ impl<P: Protocol, G: Gate<P>> Sink for BatchSink<P, G> {
 }
 
 /// Why entries for a destination that does not exist are rejected.
-fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
+pub(crate) fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
     format!(
         "{} {destination} does not exist ({reason}): create it or fix the routing",
         P::WHAT

@@ -35,11 +35,11 @@ impl<T: Clone> Default for Known<T> {
 impl<T: Clone> Known<T> {
     /// `destination`'s fact: the one learned if it still holds, else what
     /// `ask` answers now, kept for the duration it returns with it. `ask` is
-    /// told whether the destination was asked about before (to say a
-    /// lasting problem once, not at every ask).
+    /// given the fact it replaces (expired), if any, so that a lasting
+    /// problem is said when it starts, not at every ask.
     pub async fn get<F, Fut>(&self, destination: &Arc<str>, ask: F) -> T
     where
-        F: FnOnce(bool) -> Fut,
+        F: FnOnce(Option<T>) -> Fut,
         Fut: Future<Output = (T, Duration)>,
     {
         if let Some(fact) = self.fresh(destination) {
@@ -49,7 +49,7 @@ impl<T: Clone> Known<T> {
         if let Some(fact) = self.fresh(destination) {
             return fact;
         }
-        let before = self.lock().contains_key(destination);
+        let before = self.lock().get(destination).map(|(fact, _)| fact.clone());
         let (fact, valid) = ask(before).await;
         self.lock().insert(
             Arc::clone(destination),
@@ -78,30 +78,30 @@ mod tests {
     async fn a_fact_is_asked_once_while_it_holds_and_again_after() {
         let known = Known::default();
         let asked = std::sync::atomic::AtomicUsize::new(0);
-        // The fact: which ask it was, and whether the destination was asked before.
+        // The fact: which ask it was, and which fact it replaced.
         let ask = |valid: Duration| {
             let asked = &asked;
-            move |before: bool| async move {
+            move |before: Option<(usize, Option<usize>)>| async move {
                 let n = asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                ((n, before), valid)
+                ((n, before.map(|(m, _)| m)), valid)
             }
         };
         let queue: Arc<str> = Arc::from("q");
         assert_eq!(
             known.get(&queue, ask(Duration::from_secs(60))).await,
-            (0, false)
+            (0, None)
         );
         assert_eq!(
             known.get(&queue, ask(Duration::from_secs(60))).await,
-            (0, false),
+            (0, None),
             "held"
         );
         let other: Arc<str> = Arc::from("r");
-        assert_eq!(known.get(&other, ask(Duration::ZERO)).await, (1, false));
+        assert_eq!(known.get(&other, ask(Duration::ZERO)).await, (1, None));
         assert_eq!(
             known.get(&other, ask(Duration::ZERO)).await,
-            (2, true),
-            "expired: asked again"
+            (2, Some(1)),
+            "expired: asked again, given the fact it replaces"
         );
     }
 }

@@ -24,7 +24,8 @@
 //! [`KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
 //! exist has its events recorded FAILED, naming it, as a missing SNS topic or
 //! SQS queue does. A role that may not describe buses (no
-//! `events:DescribeEventBus`) is said once, and its events are sent unchecked.
+//! `events:DescribeEventBus`) is said when it starts, and its events are sent
+//! unchecked.
 //!
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.
@@ -34,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use super::Message;
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Gate, Positional, Protocol, Question};
+use crate::aws::batch::{positional, Answer, BatchSink, Batches, Gate, missing, Positional, Protocol, Question};
 use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::aws::{self, json, SetupError};
 
@@ -88,26 +89,39 @@ impl EventBridgeSink {
 /// [`KNOWN_FOR`] (see the module's docs).
 #[derive(Default)]
 pub struct Buses {
-    known: Known<bool>,
+    known: Known<Bus>,
+}
+
+/// What `DescribeEventBus` said of a bus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Bus {
+    /// It exists.
+    Exists,
+    /// It does not: the service's reason.
+    Missing(String),
+    /// The role may not ask (said when it starts); sent unchecked.
+    Unchecked,
+    /// No answer now; sent unchecked for [`UNANSWERED_FOR`].
+    Unknown,
 }
 
 impl Buses {
-    /// Whether `bus` (a name or an ARN) exists, as far as EventBridge says.
-    async fn exists(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> bool {
+    /// What EventBridge says of `bus` (a name or an ARN).
+    async fn bus(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Bus {
         if bus.is_empty() || &**bus == "default" || bus.ends_with(":event-bus/default") {
-            return true;
+            return Bus::Exists;
         }
         self.known
-            .get(bus, |asked_before| async move {
+            .get(bus, |before| async move {
                 let body = serde_json::json!({ "Name": &**bus }).to_string().into_bytes();
                 match batches.ask("AWSEvents.DescribeEventBus", body).await {
-                    Ok(_) => (true, KNOWN_FOR),
+                    Ok(_) => (Bus::Exists, KNOWN_FOR),
                     Err(Question::Missing(reason)) => {
                         tracing::debug!(bus = %bus, error = %reason, "the event bus does not exist");
-                        (false, KNOWN_FOR)
+                        (Bus::Missing(reason), KNOWN_FOR)
                     }
                     Err(Question::Refused(reason)) => {
-                        if !asked_before {
+                        if before != Some(Bus::Unchecked) {
                             tracing::warn!(
                                 bus = %bus,
                                 error = %reason,
@@ -115,11 +129,11 @@ impl Buses {
                                  PutEvents takes events for a bus that does not exist and drops them"
                             );
                         }
-                        (true, KNOWN_FOR)
+                        (Bus::Unchecked, KNOWN_FOR)
                     }
                     Err(Question::Unanswered(reason)) => {
                         tracing::debug!(bus = %bus, error = %reason, "cannot check that the event bus exists now");
-                        (true, UNANSWERED_FOR)
+                        (Bus::Unknown, UNANSWERED_FOR)
                     }
                 }
             })
@@ -129,13 +143,12 @@ impl Buses {
 
 impl Gate<PutEvents> for Buses {
     async fn admit(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Result<usize, String> {
-        if self.exists(batches, bus).await {
-            Ok(MAX_EVENT_SIZE)
-        } else {
-            Err(format!(
-                "event bus {bus} does not exist (DescribeEventBus: ResourceNotFoundException; PutEvents would take \
-                 the event and drop it): create it or fix the routing"
-            ))
+        match self.bus(batches, bus).await {
+            Bus::Missing(reason) => Err(missing::<PutEvents>(
+                bus,
+                &format!("{reason}; PutEvents would take the event and drop it"),
+            )),
+            Bus::Exists | Bus::Unchecked | Bus::Unknown => Ok(MAX_EVENT_SIZE),
         }
     }
 }

@@ -94,10 +94,18 @@ impl SqsSink {
 /// [`KNOWN_FOR`]. While it cannot be learned (SQS unreachable), SQS's own
 /// ceiling is used for [`UNANSWERED_FOR`] (SQS then refuses what is over the
 /// queue's, and the refusal is recorded); when it may not be read
-/// (permissions), the ceiling is used, said once.
+/// (permissions), the ceiling is used, said when that starts.
 pub struct QueueLimits {
     configured: Option<usize>,
-    known: Known<usize>,
+    known: Known<Limit>,
+}
+
+/// A queue's limit in bytes, and whether it stands in for one the role may
+/// not read (said when that starts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Limit {
+    bytes: usize,
+    unreadable: bool,
 }
 
 impl Gate<Sqs> for QueueLimits {
@@ -107,16 +115,20 @@ impl Gate<Sqs> for QueueLimits {
         }
         let limit = self
             .known
-            .get(queue, |asked_before| async move {
+            .get(queue, |before| async move {
+                let ceiling = |unreadable| Limit {
+                    bytes: SQS_MAX_MESSAGE_SIZE,
+                    unreadable,
+                };
                 match ask_limit(batches, queue).await {
-                    Ok(limit) => {
-                        tracing::debug!(queue = %queue, limit, "learned the queue's MaximumMessageSize");
-                        (limit, KNOWN_FOR)
+                    Ok(bytes) => {
+                        tracing::debug!(queue = %queue, limit = bytes, "learned the queue's MaximumMessageSize");
+                        (Limit { bytes, unreadable: false }, KNOWN_FOR)
                     }
                     // The publish says it does not exist.
-                    Err(Question::Missing(_)) => (SQS_MAX_MESSAGE_SIZE, KNOWN_FOR),
+                    Err(Question::Missing(_)) => (ceiling(false), KNOWN_FOR),
                     Err(Question::Refused(reason)) => {
-                        if !asked_before {
+                        if !before.is_some_and(|limit| limit.unreadable) {
                             tracing::warn!(
                                 queue = %queue,
                                 error = %reason,
@@ -124,16 +136,16 @@ impl Gate<Sqs> for QueueLimits {
                                  assuming {SQS_MAX_MESSAGE_SIZE} bytes"
                             );
                         }
-                        (SQS_MAX_MESSAGE_SIZE, KNOWN_FOR)
+                        (ceiling(true), KNOWN_FOR)
                     }
                     Err(Question::Unanswered(reason)) => {
                         tracing::debug!(queue = %queue, error = %reason, "cannot learn the queue's MaximumMessageSize now; assuming SQS's ceiling");
-                        (SQS_MAX_MESSAGE_SIZE, UNANSWERED_FOR)
+                        (ceiling(false), UNANSWERED_FOR)
                     }
                 }
             })
             .await;
-        Ok(limit)
+        Ok(limit.bytes)
     }
 }
 
