@@ -15,7 +15,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Transparent huge pages off for this process. Where the kernel backs every
 /// anonymous mapping with them (`/sys/kernel/mm/transparent_hugepage/enabled`
 /// = `always`), the allocator's memory is faulted in 2 MiB at a time and
-/// stays resident, so the relay's peak RSS was 8–25 MiB higher for the same
+/// stays resident, so the relay's peak RSS was 3–29 MiB higher for the same
 /// work (the 200,000-row drain 20 ms from SNS: 65 and 77 MiB against 51 and
 /// 58 MiB), with no CPU saved (docs/benchmarks.md). This is what mimalloc
 /// does when `MIMALLOC_ALLOW_THP=0`; set here because its options are read
