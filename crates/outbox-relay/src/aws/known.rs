@@ -18,16 +18,17 @@ pub const UNANSWERED_FOR: Duration = Duration::from_secs(10);
 /// Per destination: a fact and until when it holds.
 pub struct Known<T> {
     facts: Mutex<HashMap<Arc<str>, (T, Instant)>>,
-    /// Held while a destination is asked about: one ask at a time, and
-    /// batches that start meanwhile wait for its answer.
-    asking: tokio::sync::Mutex<()>,
+    /// Per destination, held while it is asked about: one ask at a time
+    /// for it, and its batches that start meanwhile wait for the answer;
+    /// other destinations' batches do not.
+    asking: Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl<T: Clone> Default for Known<T> {
     fn default() -> Self {
         Self {
             facts: Mutex::new(HashMap::new()),
-            asking: tokio::sync::Mutex::new(()),
+            asking: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -45,7 +46,14 @@ impl<T: Clone> Known<T> {
         if let Some(fact) = self.fresh(destination) {
             return fact;
         }
-        let _asking = self.asking.lock().await;
+        let asking = Arc::clone(
+            self.asking
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(Arc::clone(destination))
+                .or_default(),
+        );
+        let _asking = asking.lock().await;
         if let Some(fact) = self.fresh(destination) {
             return fact;
         }
@@ -103,5 +111,38 @@ mod tests {
             (2, Some(1)),
             "expired: asked again, given the fact it replaces"
         );
+    }
+
+    #[tokio::test]
+    async fn a_destination_waits_only_for_its_own_ask() {
+        let known: Known<&str> = Known::default();
+        let (slow, fast): (Arc<str>, Arc<str>) = (Arc::from("slow"), Arc::from("fast"));
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let slow_ask = known.get(&slow, |_| async move {
+            let _ = released.await;
+            ("slow", KNOWN_FOR)
+        });
+        let fast_ask = known.get(&fast, |_| async { ("fast", KNOWN_FOR) });
+        tokio::pin!(slow_ask);
+        // The slow ask is under way (holding its destination) ...
+        assert!(futures_now(&mut slow_ask).await.is_none());
+        // ... and the other destination is answered meanwhile.
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(5), fast_ask).await,
+            Ok("fast")
+        );
+        release.send(()).unwrap();
+        assert_eq!(slow_ask.await, "slow");
+    }
+
+    /// Polls `future` once: its output if it is ready.
+    async fn futures_now<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut *future).poll(cx) {
+                std::task::Poll::Ready(output) => Some(output),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 }
