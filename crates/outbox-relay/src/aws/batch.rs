@@ -246,22 +246,12 @@ impl<P: Protocol> Batches<P> {
     /// What a refusal (an answer of `status` other than success, with
     /// `body`) says: its class, the service's error code, and a reason.
     fn refusal(&self, status: StatusCode, body: &[u8]) -> (Class, Option<String>, String) {
-        let (code, reason) = match json::parse_error(body) {
-            Some((code, message)) => {
-                let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
-                (Some(code), reason)
-            }
-            None => (
-                None,
-                format!(
-                    "HTTP {status} from {}: {}",
-                    self.client.endpoint(),
-                    String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
-                ),
-            ),
-        };
-        let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
-        (class, code, reason)
+        errors::refusal(
+            status,
+            self.client.endpoint(),
+            body,
+            json::parse_error(body),
+        )
     }
 
     /// Deliver `batch` (one destination) with entries of at most `limit`

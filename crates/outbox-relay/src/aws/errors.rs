@@ -211,6 +211,33 @@ pub fn permission_denied(code: &str) -> bool {
     )
 }
 
+/// What a refusal (an answer of `status` other than success, from
+/// `endpoint`, with `body`, whose error the protocol parsed as `error`)
+/// says: its class, the service's error code, and a reason (the code and
+/// message, else the status, the endpoint and the start of the body).
+pub fn refusal(
+    status: hyper::StatusCode,
+    endpoint: &str,
+    body: &[u8],
+    error: Option<(String, Option<String>)>,
+) -> (Class, Option<String>, String) {
+    let (code, reason) = match error {
+        Some((code, message)) => {
+            let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+            (Some(code), reason)
+        }
+        None => (
+            None,
+            format!(
+                "HTTP {status} from {endpoint}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
+            ),
+        ),
+    };
+    let class = classify(Some(status.as_u16()), code.as_deref(), None);
+    (class, code, reason)
+}
+
 /// Whether SNS's error `code` says the credentials themselves are expired
 /// or unknown (so the cached ones are dropped and the chain asked again).
 pub fn stale_credentials(code: &str) -> bool {

@@ -375,24 +375,17 @@ impl SnsSink {
             self.read_results(topic, &body, entries, verdicts);
             return;
         }
-        let (code, reason) = match protocol::parse_error(&body) {
-            Some((code, message)) => {
-                let mut reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
-                if let Some(id) = protocol::request_id(&body) {
-                    reason.push_str(&format!(" (request id {id})"));
-                }
-                (Some(code), reason)
+        let (class, code, mut reason) = errors::refusal(
+            status,
+            self.client.endpoint(),
+            &body,
+            protocol::parse_error(&body),
+        );
+        if code.is_some() {
+            if let Some(id) = protocol::request_id(&body) {
+                reason.push_str(&format!(" (request id {id})"));
             }
-            None => (
-                None,
-                format!(
-                    "HTTP {status} from {}: {}",
-                    self.client.endpoint(),
-                    String::from_utf8_lossy(&body[..body.len().min(200)]).trim()
-                ),
-            ),
-        };
-        let class = errors::classify(Some(status.as_u16()), code.as_deref(), None);
+        }
         match class {
             Class::Missing => {
                 let reason = format!(
