@@ -8,24 +8,28 @@
 //! 3. the sink's default destination.
 //!
 //! What the names mean is the sink's: each destination's settings describe
-//! their rules as [`Routes`] (`crate::sink::Settings::routes`). A route that
-//! names no existing destination is not an error here: the destination
-//! answers that it does not exist, and the sink rejects the event (recorded as
-//! failed).
+//! their rules as [`Routes`] (`crate::sink::Settings::routes`). A name that a
+//! row or a template gives is held to the sink's [`Allowed`] rules first
+//! (routing is configuration, not data: `crate::sink::allow`); one outside
+//! them is an error here, so the event is recorded as failed and nothing is
+//! sent for it. A route the rules allow that names no existing destination is
+//! not an error here: the destination answers that it does not exist, and the
+//! sink rejects the event (recorded as failed).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::event::OutboxEvent;
-pub use crate::sink::settings::{check_template, Routes};
+pub use crate::sink::settings::{check_template, Allowed, Routes};
 
 /// Computes each event's destination.
 #[derive(Debug, Clone)]
 pub struct Router {
     routes: Routes,
     default: Option<Arc<str>>,
-    /// Rendered destinations, so each distinct one is allocated once.
-    cache: HashMap<String, Arc<str>>,
+    /// What each distinct name a row or template gave came to, so each is
+    /// checked and allocated once.
+    cache: HashMap<String, Result<Arc<str>, String>>,
 }
 
 /// A destination for sinks that have only one (stdout).
@@ -43,35 +47,42 @@ impl Router {
         }
     }
 
-    /// The event's destination, or why it has none.
+    /// The event's destination, or why it has none (or may not have the
+    /// one its data names).
     pub fn route(&mut self, event: &OutboxEvent) -> Result<Arc<str>, String> {
         if let Some(named) = event.topic() {
             let full = (self.routes.expand)(named);
-            return Ok(self.intern(full));
+            return self.admit(full);
         }
         if let Some(template) = &self.routes.template {
+            let escape = self.routes.escape;
             let mut rendered = template
-                .replace("{aggregate_type}", event.aggregate_type())
-                .replace("{event_type}", event.event_type());
+                .replace("{aggregate_type}", &escape(event.aggregate_type())?)
+                .replace("{event_type}", &escape(event.event_type())?);
             for (name, value) in &self.routes.variables {
                 rendered = rendered.replace(&format!("{{{name}}}"), value);
             }
-            return Ok(self.intern(rendered));
+            return self.admit(rendered);
         }
         self.default
             .clone()
             .ok_or_else(|| self.routes.missing.clone())
     }
 
-    fn intern(&mut self, name: String) -> Arc<str> {
+    /// `name` if the rules allow it, else why not.
+    fn admit(&mut self, name: String) -> Result<Arc<str>, String> {
         if let Some(found) = self.cache.get(&name) {
-            return Arc::clone(found);
+            return found.clone();
         }
-        let interned: Arc<str> = Arc::from(name.as_str());
+        let verdict = self
+            .routes
+            .allowed
+            .check(&name)
+            .map(|()| Arc::from(name.as_str()));
         if self.cache.len() < 10_000 {
-            self.cache.insert(name, Arc::clone(&interned));
+            self.cache.insert(name, verdict.clone());
         }
-        interned
+        verdict
     }
 }
 
@@ -104,6 +115,8 @@ mod tests {
             variables: vec![("zone", "z1".into())],
             expand: Arc::new(|name| format!("full:{name}")),
             missing: "nowhere".into(),
+            allowed: Allowed::patterns(["full:*".into(), "z1/*/*".into()]),
+            escape: crate::sink::settings::verbatim,
         };
         let mut r = Router::new(routes.clone());
         assert_eq!(&*r.route(&event(None)).unwrap(), "main");
@@ -115,6 +128,48 @@ mod tests {
         routes.default = None;
         let mut r = Router::new(routes);
         assert_eq!(r.route(&event(None)).unwrap_err(), "nowhere");
+    }
+
+    #[test]
+    fn a_row_or_template_naming_what_the_rules_do_not_allow_gets_no_route() {
+        let routes = Routes {
+            default: Some("https://hooks.test/in".into()),
+            template: None,
+            variables: Vec::new(),
+            expand: Arc::new(str::to_owned),
+            missing: "nowhere".into(),
+            allowed: Allowed::origins(["https://hooks.test/in"]).unwrap(),
+            escape: crate::sink::allow::encode_path_value,
+        };
+        let mut r = Router::new(routes.clone());
+        assert_eq!(
+            &*r.route(&event(Some("https://hooks.test/other"))).unwrap(),
+            "https://hooks.test/other"
+        );
+        for _ in 0..2 {
+            let why = r
+                .route(&event(Some("http://127.0.0.1:9187/admin")))
+                .unwrap_err();
+            assert!(why.contains("not a destination the configuration allows"), "{why}");
+        }
+        let mut templated = routes;
+        templated.template = Some("https://hooks.test/{aggregate_type}".into());
+        let mut r = Router::new(templated);
+        assert_eq!(&*r.route(&event(None)).unwrap(), "https://hooks.test/order");
+        let evil = OutboxEvent::new(
+            Fields {
+                id: "2",
+                aggregate_type: "..",
+                aggregate_id: "a",
+                event_type: "E",
+                group: "a",
+                time: "t",
+                headers: None,
+                topic: None,
+            },
+            Payload::Json("{}".into()),
+        );
+        assert!(r.route(&evil).unwrap_err().contains("climb"));
     }
 
     #[test]

@@ -229,6 +229,54 @@ async fn an_event_for_a_queue_that_does_not_exist_is_recorded_failed_and_the_str
     relay.stop_gracefully().await;
 }
 
+/// Rows whose `topic` names a queue on another host (an internal service
+/// answering on the queue path) or in another account are recorded FAILED
+/// saying why, and no connection is made to the other host; the events
+/// around them reach the default queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_a_queue_of_another_host_or_account_is_recorded_failed_and_nothing_is_sent() {
+    let moto = sns::moto_endpoint().await;
+    let outbox = Outbox::new().await;
+    let queue_url = aws_json::create_queue(&moto, outbox.db.name()).await;
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    trap.set_nonblocking(true).unwrap();
+    let account = queue_url.trim_end_matches('/').rsplit('/').nth(1).unwrap().to_owned();
+    let config = outbox.config_file(&sqs_toml(&queue_url, ""));
+    let mut relay = spawn_relay(&config, Some(("AWS_ENDPOINT_URL_SQS", &moto)));
+    outbox.wait_slot_active(true).await;
+
+    let mut expected = insert(&outbox, 2, 5, 2).await;
+    let hostile = [
+        format!("http://127.0.0.1:{}/{account}/{}", trap.local_addr().unwrap().port(), outbox.db.name()),
+        format!("{}/999999999999/{}", moto.trim_end_matches('/'), outbox.db.name()),
+        format!("{}/{account}/a/../../999999999999/q", moto.trim_end_matches('/')),
+    ];
+    let mut refused = Vec::new();
+    for url in &hostile {
+        refused.push(insert_routed(&outbox, "agg-0", "Hostile", url).await);
+    }
+    expected.extend(insert(&outbox, 2, 5, 2).await);
+
+    let sqs = sns::sqs_client(&moto).await;
+    let reader = QueueReader::start(&sqs, &queue_url, expected.len(), envelope_id);
+    let received = reader.finish().await;
+    assert_all_arrived_in_order(&expected, &messages(&received), &relay);
+    for (id, url) in refused.iter().zip(&hostile) {
+        let (state, _, error) = recorded(&outbox, id).await;
+        assert_eq!(state, "FAILED", "{url}: {error}");
+        assert!(
+            error.contains("not a destination the configuration allows"),
+            "{url}: {error}"
+        );
+    }
+    settled(&outbox, expected.len()).await;
+    relay.stop_gracefully().await;
+    assert!(
+        matches!(trap.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "no connection went to the other host"
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Shared with eventbridge.rs and kinesis.rs.
 

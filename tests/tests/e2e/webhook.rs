@@ -301,3 +301,91 @@ async fn connections_frozen_in_the_network_are_given_up_and_every_event_arrives(
     );
     relay.stop_gracefully().await;
 }
+
+/// A TCP listener that counts the connections made to it (and answers
+/// none): where a request must never go.
+struct Trap {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Trap {
+    fn start() -> Trap {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                drop(stream);
+            }
+        });
+        Trap { port, accepted }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Waits until row `id` is no longer PENDING; its state and last error.
+async fn recorded(outbox: &Outbox, id: &str) -> (String, String) {
+    wait_until(Duration::from_secs(30), "the row is recorded", || async {
+        let row = outbox
+            .sql
+            .query_one(
+                "SELECT publish_state, coalesce(last_error, '') FROM outbox WHERE id::text = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        let state: String = row.get(0);
+        (state != "PENDING").then(|| (state, row.get::<_, String>(1)))
+    })
+    .await
+}
+
+/// Rows whose `topic` names a URL of another origin (an internal service,
+/// the same host on another port, the allowed host hidden as user
+/// information) are recorded FAILED saying why, and no connection is ever
+/// made there; a row naming another path of the configured origin and the
+/// events around them are delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_a_url_of_another_origin_is_recorded_failed_and_nothing_is_sent_there() {
+    let receiver = Receiver::start().await;
+    let trap = Trap::start();
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(&format!("{}/in", receiver.url()), ""));
+    let mut relay = spawn(&config, None);
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert(&outbox, 2, 5, 2).await;
+    let hostile = [
+        format!("http://127.0.0.1:{}/admin/reset", trap.port),
+        format!("http://127.0.0.1:{}@127.0.0.1:{}/", receiver.port, trap.port),
+        format!("https://127.0.0.1:{}/in", receiver.port),
+        format!("http://localhost:{}/in", trap.port),
+    ];
+    let mut refused = Vec::new();
+    for (i, url) in hostile.iter().enumerate() {
+        refused.push(crate::sqs::insert_routed(&outbox, &format!("agg-{}", i % 2), "Hostile", url).await);
+    }
+    let elsewhere = format!("{}/other/path", receiver.url());
+    let routed = crate::sqs::insert_routed(&outbox, "agg-1", "Routed", &elsewhere).await;
+    expected.push((routed.clone(), "agg-1".to_owned()));
+    expected.extend(insert(&outbox, 2, 5, 2).await);
+    let got = wait_delivered(&receiver, expected.len()).await;
+    assert_per_aggregate_order(&expected, &got);
+    for (id, url) in refused.iter().zip(&hostile) {
+        let (state, error) = recorded(&outbox, id).await;
+        assert_eq!(state, "FAILED", "{url}: {error}");
+        assert!(
+            error.contains("not a destination the configuration allows"),
+            "{url}: {error}"
+        );
+    }
+    let (state, _) = recorded(&outbox, &routed).await;
+    assert_eq!(state, "PUBLISHED");
+    relay.stop_gracefully().await;
+    assert_eq!(trap.accepted(), 0, "no connection went where the configuration did not allow");
+}

@@ -64,6 +64,20 @@ pub fn s3_bucket(
     }
 }
 
+/// The ARN partition of `region` (`aws`, `aws-cn`, `aws-us-gov`, …).
+pub fn partition(region: &str) -> &'static str {
+    match region {
+        r if r.starts_with("cn-") => "aws-cn",
+        r if r.starts_with("us-gov-") => "aws-us-gov",
+        r if r.starts_with("us-isob-") => "aws-iso-b",
+        r if r.starts_with("us-isof-") => "aws-iso-f",
+        r if r.starts_with("us-iso-") => "aws-iso",
+        r if r.starts_with("eu-isoe-") => "aws-iso-e",
+        r if r.starts_with("eusc-") => "aws-eusc",
+        _ => "aws",
+    }
+}
+
 /// The endpoint AWS's rules give `prefix` (`sqs`, `events`, `kinesis`) in
 /// `region`: `https://<prefix>[-fips].<region>.<partition's DNS suffix>`, or
 /// the dual-stack `api.aws` names. The same rules the SDKs' resolvers apply

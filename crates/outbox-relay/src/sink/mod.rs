@@ -32,6 +32,7 @@ use crate::ack::Ticket;
 pub use crate::concurrency::Concurrency;
 use crate::event::OutboxEvent;
 
+pub mod allow;
 pub mod settings;
 
 pub use settings::{Settings, Unnamed};

@@ -7,6 +7,8 @@
 
 use std::sync::Arc;
 
+pub use super::allow::Allowed;
+
 /// A destination's settings section.
 pub trait Settings {
     /// Report every problem with the section's values to `bad`, each under
@@ -41,6 +43,18 @@ pub struct Routes {
     pub expand: Arc<dyn Fn(&str) -> String + Send + Sync>,
     /// Why an event has no destination (nothing above names one).
     pub missing: String,
+    /// What a row or a rendered template may name ([`Allowed`]); the
+    /// default destination is the configuration's own and is not checked.
+    pub allowed: Allowed,
+    /// How a row's value is written into the template (URL templates
+    /// percent-encode it), or why it cannot be.
+    pub escape: fn(&str) -> Result<String, String>,
+}
+
+/// A template value as it is (AWS names: the allow-list keeps a value from
+/// reaching another account or region).
+pub fn verbatim(value: &str) -> Result<String, String> {
+    Ok(value.to_owned())
 }
 
 impl Routes {
@@ -52,6 +66,8 @@ impl Routes {
             variables: Vec::new(),
             expand: Arc::new(|_| String::new()),
             missing: String::new(),
+            allowed: Allowed::patterns([String::new()]),
+            escape: verbatim,
         }
     }
 }
@@ -62,6 +78,7 @@ impl std::fmt::Debug for Routes {
             .field("default", &self.default)
             .field("template", &self.template)
             .field("variables", &self.variables)
+            .field("allowed", &self.allowed)
             .finish_non_exhaustive()
     }
 }

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use crate::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::settings::{check_template, Routes, Settings};
+use crate::sink::allow;
+use crate::sink::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of `PutEvents` calls in flight.
 pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
@@ -45,6 +46,10 @@ pub struct EventBridgeConfig {
     /// known as passing or permanent is retried before it is recorded.
     #[serde(deserialize_with = "de_duration")]
     pub retry_unknown_errors_for: Duration,
+    /// Buses a row's `topic` column may name besides bare names
+    /// (the relay's own account and region) and ARNs of the configured
+    /// bus's partition, region and account: ARN patterns, `*` standing for one name.
+    pub allowed_destinations: Vec<String>,
 }
 
 impl Default for EventBridgeConfig {
@@ -61,6 +66,7 @@ impl Default for EventBridgeConfig {
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: Duration::from_secs(600),
+            allowed_destinations: Vec::new(),
         }
     }
 }
@@ -127,6 +133,7 @@ impl Settings for EventBridgeConfig {
             ("max_in_flight_batches", self.max_in_flight_batches),
             bad,
         );
+        allow::check_patterns("eventbridge.allowed_destinations", &self.allowed_destinations, bad);
         crate::aws::check_calls(
             "eventbridge",
             &self.endpoint_url,
@@ -142,6 +149,11 @@ impl Settings for EventBridgeConfig {
             template: None,
             variables: Vec::new(),
             expand: Arc::new(str::to_owned),
+            allowed: allow::aws(
+                [Some("*".to_owned()), allow::same_account(&self.bus)],
+                &self.allowed_destinations,
+            ),
+            escape: verbatim,
             missing: "no event bus: the row names none and eventbridge.bus is not set".into(),
         }
     }

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 use crate::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::settings::{Routes, Settings};
+use crate::sink::allow;
+use crate::sink::settings::{verbatim, Routes, Settings};
 
 /// Default ceiling of `PutRecords` calls in flight.
 pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
@@ -54,6 +55,10 @@ pub struct KinesisConfig {
     /// passing or permanent is retried before it is recorded as failed.
     #[serde(deserialize_with = "de_duration")]
     pub retry_unknown_errors_for: Duration,
+    /// Streams a row's `topic` column may name besides bare names
+    /// (the relay's own account and region) and ARNs of the configured
+    /// stream's partition, region and account: ARN patterns, `*` standing for one name.
+    pub allowed_destinations: Vec<String>,
 }
 
 impl Default for KinesisConfig {
@@ -70,6 +75,7 @@ impl Default for KinesisConfig {
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: Duration::from_secs(600),
+            allowed_destinations: Vec::new(),
         }
     }
 }
@@ -127,6 +133,7 @@ impl Settings for KinesisConfig {
             ("max_in_flight_batches", self.max_in_flight_batches),
             bad,
         );
+        allow::check_patterns("kinesis.allowed_destinations", &self.allowed_destinations, bad);
         crate::aws::check_calls(
             "kinesis",
             &self.endpoint_url,
@@ -142,6 +149,11 @@ impl Settings for KinesisConfig {
             template: None,
             variables: Vec::new(),
             expand: Arc::new(str::to_owned),
+            allowed: allow::aws(
+                [Some("*".to_owned()), allow::same_account(&self.stream)],
+                &self.allowed_destinations,
+            ),
+            escape: verbatim,
             missing: "no stream: the row names none and kinesis.stream is not set".into(),
         }
     }

@@ -7,7 +7,8 @@ use serde::Deserialize;
 
 pub use crate::concurrency::ConcurrencyMode;
 use crate::config::value::{check_endpoint_url, de_duration};
-use crate::sink::settings::{check_template, Routes, Settings};
+use crate::sink::allow;
+use crate::sink::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.
@@ -66,6 +67,10 @@ pub struct SnsConfig {
     pub large_payload_bucket: String,
     /// S3 endpoint override for `large_payload_bucket` (path-style requests).
     pub large_payload_endpoint_url: String,
+    /// Topics a row's `topic` column or `topic_template` may name besides
+    /// those of the configured partition, region and account: ARN patterns,
+    /// `*` standing for one name (`arn:aws:sns:*:123456789012:audit-*`).
+    pub allowed_destinations: Vec<String>,
 }
 
 impl Default for SnsConfig {
@@ -86,6 +91,7 @@ impl Default for SnsConfig {
             max_message_size: 0,
             large_payload_bucket: String::new(),
             large_payload_endpoint_url: String::new(),
+            allowed_destinations: Vec::new(),
         }
     }
 }
@@ -133,6 +139,7 @@ impl Settings for SnsConfig {
                 ),
             );
         }
+        allow::check_patterns("sns.allowed_destinations", &sns.allowed_destinations, bad);
         if !sns.topic_template.is_empty() {
             check_template(
                 "sns.topic_template",
@@ -263,6 +270,12 @@ impl Settings for SnsConfig {
     fn routes(&self) -> Routes {
         let region = self.region_or_arn().unwrap_or_default().to_owned();
         let account = self.account().unwrap_or_default().to_owned();
+        let partition = (self.topic_arn.split(':').nth(1))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| crate::aws::endpoint::partition(&region))
+            .to_owned();
+        let own = (!region.is_empty() && !account.is_empty())
+            .then(|| format!("arn:{partition}:sns:{region}:{account}:*"));
         let (r, a) = (region.clone(), account.clone());
         Routes {
             default: (!self.topic_arn.is_empty()).then(|| self.topic_arn.clone()),
@@ -272,10 +285,12 @@ impl Settings for SnsConfig {
                 if topic.starts_with("arn:") {
                     topic.to_owned()
                 } else {
-                    format!("arn:aws:sns:{r}:{a}:{topic}")
+                    format!("arn:{partition}:sns:{r}:{a}:{topic}")
                 }
             }),
             missing: "no topic: the row names none and sns.topic_arn is not set".into(),
+            allowed: allow::aws([own], &self.allowed_destinations),
+            escape: verbatim,
         }
     }
 

@@ -7,7 +7,8 @@ use serde::Deserialize;
 
 use crate::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::settings::{check_template, Routes, Settings};
+use crate::sink::allow;
+use crate::sink::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of `SendMessageBatch` calls in flight.
 pub const DEFAULT_SQS_IN_FLIGHT_BATCHES: usize = 500;
@@ -56,6 +57,11 @@ pub struct SqsConfig {
     /// The largest message (body and attributes, in bytes) a queue takes; 0:
     /// each queue's `MaximumMessageSize`, read with `GetQueueAttributes`.
     pub max_message_size: usize,
+    /// Queues a row's `topic` column or `queue_template` may name besides
+    /// those beside the configured queue (same host and account): queue URL
+    /// patterns, `*` standing for one name
+    /// (`https://sqs.eu-west-1.amazonaws.com/123456789012/audit-*`).
+    pub allowed_destinations: Vec<String>,
 }
 
 impl Default for SqsConfig {
@@ -73,6 +79,7 @@ impl Default for SqsConfig {
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: Duration::from_secs(600),
             max_message_size: 0,
+            allowed_destinations: Vec::new(),
         }
     }
 }
@@ -149,8 +156,14 @@ impl Settings for SqsConfig {
             check_template("sqs.queue_template", &self.queue_template, &[], bad);
             if let Err(message) = queue_url(&self.queue_template.replace(['{', '}'], "")) {
                 bad("sqs.queue_template", message);
+            } else if self.base().contains('{') {
+                bad(
+                    "sqs.queue_template",
+                    "placeholders may stand only in the queue's name (after the account's /), so a row's values cannot choose the host or account".into(),
+                );
             }
         }
+        allow::check_patterns("sqs.allowed_destinations", &self.allowed_destinations, bad);
         let attributes = SQS_FIXED_ATTRIBUTES.len() + self.attributes.len();
         if attributes > SQS_MAX_ATTRIBUTES {
             bad(
@@ -205,6 +218,7 @@ impl Settings for SqsConfig {
 
     fn routes(&self) -> Routes {
         let base = self.base();
+        let own = base.clone();
         Routes {
             default: (!self.queue_url.is_empty()).then(|| self.queue_url.clone()),
             template: (!self.queue_template.is_empty()).then(|| self.queue_template.clone()),
@@ -213,10 +227,15 @@ impl Settings for SqsConfig {
                 if queue.starts_with("https://") || queue.starts_with("http://") {
                     queue.to_owned()
                 } else {
-                    format!("{base}{queue}")
+                    format!("{own}{queue}")
                 }
             }),
             missing: "no queue: the row names none and sqs.queue_url is not set".into(),
+            allowed: allow::aws(
+                [(!base.is_empty() && !base.contains('{')).then(|| format!("{base}*"))],
+                &self.allowed_destinations,
+            ),
+            escape: verbatim,
         }
     }
 

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use crate::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::{de_duration, Secret};
+use crate::sink::allow::{self, Allowed};
 use crate::sink::settings::{check_template, Routes, Settings};
 
 /// Default ceiling of requests in flight: 12,800 events/s one at a time
@@ -22,9 +23,15 @@ pub const MAX_WEBHOOK_BATCH: usize = 100;
 pub struct WebhookConfig {
     /// Where events go: an `http://` or `https://` URL.
     pub url: String,
-    /// URL per event, with `{aggregate_type}` and `{event_type}`; used
-    /// instead of `url`. A row's `topic` column, when set, is the URL itself.
+    /// URL per event, with `{aggregate_type}` and `{event_type}` in its path
+    /// (percent-encoded); used instead of `url`. A row's `topic` column, when
+    /// set, is the URL itself.
     pub url_template: String,
+    /// Origins (`https://host[:port]`) a row's `topic` column or
+    /// `url_template` may name besides the origin of `url` (or of
+    /// `url_template`); a URL of any other origin is recorded FAILED and
+    /// never requested.
+    pub allowed_origins: Vec<String>,
     /// The signing secret, `whsec_` and base64 (as Standard Webhooks
     /// libraries generate it); best from `OUTBOX_RELAY__WEBHOOK__SECRET`.
     pub secret: Option<Secret>,
@@ -40,6 +47,10 @@ pub struct WebhookConfig {
     /// Ceiling of one request, answer included.
     #[serde(deserialize_with = "de_duration")]
     pub timeout: Duration,
+    /// How long events answered 404, 409 or 425 (a receiver deploying, a
+    /// conflict, too early) are retried before they are recorded as failed.
+    #[serde(deserialize_with = "de_duration")]
+    pub retry_unknown_errors_for: Duration,
 }
 
 impl Default for WebhookConfig {
@@ -47,12 +58,14 @@ impl Default for WebhookConfig {
         Self {
             url: String::new(),
             url_template: String::new(),
+            allowed_origins: Vec::new(),
             secret: None,
             batch: false,
             max_batch: 10,
             max_in_flight: DEFAULT_WEBHOOK_IN_FLIGHT,
             concurrency: ConcurrencyMode::Adaptive,
             timeout: Duration::from_secs(10),
+            retry_unknown_errors_for: Duration::from_secs(600),
         }
     }
 }
@@ -61,6 +74,21 @@ impl WebhookConfig {
     /// The publisher's concurrency for this sink.
     pub fn concurrency(&self) -> Concurrency {
         self.concurrency.with_ceiling(self.max_in_flight)
+    }
+
+    /// The URL whose origin is the configured one: `url`, or the start of
+    /// `url_template` before its first placeholder.
+    pub fn base(&self) -> &str {
+        if self.url.is_empty() {
+            self.url_template.split('{').next().unwrap_or_default()
+        } else {
+            &self.url
+        }
+    }
+
+    /// The origins data may name (the configured one first).
+    pub fn allowed(&self) -> Result<Allowed, String> {
+        Allowed::origins(std::iter::once(self.base()).chain(self.allowed_origins.iter().map(String::as_str)))
     }
 }
 
@@ -98,6 +126,13 @@ impl Settings for WebhookConfig {
                     "webhook.url_template",
                     "must start with http:// or https://".into(),
                 );
+            } else if let Err(message) = allow::check_url_template(&self.url_template) {
+                bad("webhook.url_template", message);
+            }
+        }
+        for origin in &self.allowed_origins {
+            if let Err(message) = allow::Origin::of(origin) {
+                bad("webhook.allowed_origins", message);
             }
         }
         match &self.secret {
@@ -132,6 +167,9 @@ impl Settings for WebhookConfig {
             variables: Vec::new(),
             expand: Arc::new(str::to_owned),
             missing: "no URL: the row names none and webhook.url is not set".into(),
+            // Validation has refused what does not parse.
+            allowed: self.allowed().unwrap_or_default(),
+            escape: allow::encode_path_value,
         }
     }
 
