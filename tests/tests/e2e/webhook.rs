@@ -389,3 +389,43 @@ async fn a_row_naming_a_url_of_another_origin_is_recorded_failed_and_nothing_is_
     relay.stop_gracefully().await;
     assert_eq!(trap.accepted(), 0, "no connection went where the configuration did not allow");
 }
+
+/// The receiver answers 401 (its secret is being rotated) for a while: the
+/// relay retries, records nothing FAILED and confirms nothing; when it
+/// answers 200 again every event arrives, each aggregate's in commit order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_refusing_access_while_its_secret_rotates_gets_every_event_in_order() {
+    let receiver = Receiver::start().await;
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(&receiver.url(), ""));
+    let mut relay = spawn(&config, None);
+    outbox.wait_slot_active(true).await;
+    receiver.answer(Some(401));
+    let mut expected = insert(&outbox, 1, 4, 4).await;
+    // The first transaction's commit ends before this.
+    let first_end = outbox.current_lsn().await;
+    expected.extend(insert(&outbox, 4, 4, 4).await);
+    wait_until(Duration::from_secs(30), "the relay retries", || async {
+        receiver.requests().iter().filter(|r| r.status == 401).count() >= 8
+    })
+    .await;
+    let failed: i64 = outbox
+        .sql
+        .query_one("SELECT count(*) FROM outbox WHERE publish_state <> 'PENDING'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(failed, 0, "nothing recorded while access is refused");
+    let confirmed = outbox.confirmed_flush().await;
+    assert!(
+        confirmed < first_end,
+        "the slot is not confirmed past undelivered events ({confirmed:X} ≥ {first_end:X})"
+    );
+    receiver.answer(None);
+    let got = wait_delivered(&receiver, expected.len()).await;
+    assert_per_aggregate_order(&expected, &got);
+    for (id, _) in &expected {
+        assert_eq!(recorded(&outbox, id).await.0, "PUBLISHED");
+    }
+    relay.stop_gracefully().await;
+}

@@ -7,16 +7,27 @@
 //! headers: webhook-id, webhook-timestamp, webhook-signature (v1, HMAC-SHA256)
 //! ```
 //!
-//! * `webhook-id` is the outbox row id (for a batch: the first event's id and
-//!   the number of events, `<id>+<n>`), so a receiver drops repeats of an event
-//!   as it drops SNS FIFO's; `webhook-timestamp` is the time of the attempt, so
-//!   a retried request passes the receiver's tolerance check.
-//! * The answer decides, per request (a batch shares it): 2xx delivered;
-//!   408, 429 and 5xx, a connection that fails or no answer within
-//!   `webhook.timeout` retried with the publisher's backoff (429 and 5xx
-//!   lower the concurrency); any other status rejected, recorded FAILED with
-//!   the status and the start of the answer. Redirects are not followed (a
-//!   3xx is rejected: the URL to configure is the one it names).
+//! * `webhook-id` names the content (DESIGN.md invariant 10): one event's is
+//!   its outbox row id; a batch's is derived from the ordered ids of the
+//!   events it carries ([`batch_id`]). The specification tells receivers to
+//!   drop a `webhook-id` they have processed, and the publisher forms batches
+//!   anew after a retry, so an id naming a batch's *first event* would name
+//!   different content the second time and the receiver would drop events it
+//!   never processed. `webhook-timestamp` is the time of the attempt, so a
+//!   retried request passes the receiver's tolerance check.
+//! * The answer decides, per request (a batch shares it), in one table
+//!   ([`verdict`]): 2xx delivered; 408, 429, 5xx, a connection that fails or
+//!   no answer within `webhook.timeout` retried with the publisher's backoff
+//!   (they lower the concurrency); 401 and 403 retried as access errors, as
+//!   the AWS sinks retry theirs (a receiver rotating its secret must not
+//!   reorder or lose a group); 404, 409 and 425 retried for
+//!   `webhook.retry_unknown_errors_for` (a receiver deploying, a conflict, too
+//!   early), then recorded; 410 and every other status recorded FAILED with
+//!   the status and the start of the answer. Redirects are not followed (a 3xx
+//!   is recorded: the URL to configure is the one it names).
+//! * Where requests go: only URLs whose origin the configuration allows
+//!   (`crate::sink::allow`); the router has refused any other before a
+//!   request is formed.
 //! * Connections: the AWS layer's connector ([`crate::aws::connect`]): proxies
 //!   from the standard variables, TLS with the system's roots (or
 //!   `AWS_CA_BUNDLE`), `TCP_USER_TIMEOUT`; pooled by hyper-util.
@@ -30,6 +41,7 @@ use hyper::{Method, StatusCode, Uri};
 
 use super::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::aws::connect;
+use crate::aws::errors::UnknownSince;
 use crate::aws::SetupError;
 
 pub mod config;
@@ -48,6 +60,8 @@ pub struct WebhookSink {
     max_batch: usize,
     concurrency: Concurrency,
     timeout: Duration,
+    /// Events answered 404, 409 or 425 since when.
+    not_yet: UnknownSince,
 }
 
 impl WebhookSink {
@@ -62,11 +76,7 @@ impl WebhookSink {
             })?;
         // One proxy decision for the sink, by the default URL (or the
         // template's fixed start): per-event URLs go the same way.
-        let base = if config.url.is_empty() {
-            config.url_template.split('{').next().unwrap_or_default()
-        } else {
-            config.url.as_str()
-        };
+        let base = config.base();
         let https = base.starts_with("https://");
         let probe: Uri = base.parse().unwrap_or_default();
         let proxy = connect::proxy_for(&probe, |name| std::env::var(name).ok())
@@ -88,14 +98,15 @@ impl WebhookSink {
             max_batch: if config.batch { config.max_batch } else { 1 },
             concurrency: config.concurrency(),
             timeout: config.timeout,
+            not_yet: UnknownSince::new(config.retry_unknown_errors_for),
         })
     }
 
     /// POST `body` to `url` as message `id`; what the answer means for it.
-    async fn post(&self, url: &str, id: &str, body: Bytes) -> Outcome {
+    async fn post(&self, url: &str, id: &str, body: Bytes) -> Verdict {
         let uri: Uri = match url.parse() {
             Ok(uri) => uri,
-            Err(e) => return Outcome::Rejected(format!("{url:?} is not a URL: {e}")),
+            Err(e) => return Verdict::Now(Outcome::Rejected(format!("{url:?} is not a URL: {e}"))),
         };
         let timestamp = crate::time::unix_micros_now() / 1_000_000;
         let signature = sign::signature(&self.key, id, timestamp, &body);
@@ -110,7 +121,11 @@ impl WebhookSink {
             .body(Full::new(body));
         let request = match request {
             Ok(request) => request,
-            Err(e) => return Outcome::Rejected(format!("cannot form the request: {e}")),
+            Err(e) => {
+                return Verdict::Now(Outcome::Rejected(format!(
+                    "cannot form the request: {e}"
+                )))
+            }
         };
         let exchange = async {
             let answer = self.pooled.request(request).await.map_err(|error| {
@@ -126,26 +141,87 @@ impl WebhookSink {
             Ok::<_, String>((status, body))
         };
         match tokio::time::timeout(self.timeout, exchange).await {
-            Err(_) => Outcome::retry(
+            Err(_) => Verdict::Now(Outcome::retry(
                 Cause::TimedOut,
                 format!("no answer from {url} within {:?}", self.timeout),
-            ),
-            Ok(Err(error)) => Outcome::retry(Cause::Unavailable, format!("{url}: {error}")),
+            )),
+            Ok(Err(error)) => {
+                Verdict::Now(Outcome::retry(Cause::Unavailable, format!("{url}: {error}")))
+            }
             Ok(Ok((status, body))) => verdict(url, status, &body),
         }
     }
 }
 
 /// What an answer's `status` means for the events of its request.
-fn verdict(url: &str, status: StatusCode, body: &[u8]) -> Outcome {
+/// [`Verdict::NotYet`] is a retry bounded by `webhook.retry_unknown_errors_for`.
+fn verdict(url: &str, status: StatusCode, body: &[u8]) -> Verdict {
     let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
     let reason = format!("{url} answered {status}: {}", text.trim());
+    let retry = |cause, reason| Verdict::Now(Outcome::retry(cause, reason));
     match status.as_u16() {
-        200..=299 => Outcome::Delivered,
-        429 => Outcome::retry(Cause::Throttled, reason),
-        408 => Outcome::retry(Cause::TimedOut, reason),
-        500..=599 => Outcome::retry(Cause::Unavailable, reason),
-        _ => Outcome::Rejected(reason),
+        200..=299 => Verdict::Now(Outcome::Delivered),
+        429 => retry(Cause::Throttled, reason),
+        408 => retry(Cause::TimedOut, reason),
+        500..=599 => retry(Cause::Unavailable, reason),
+        401 | 403 => retry(
+            Cause::Other,
+            format!("{reason} (access refused: does the receiver verify with webhook.secret? retried until it does)"),
+        ),
+        404 | 409 | 425 => Verdict::NotYet(reason),
+        _ => Verdict::Now(Outcome::Rejected(reason)),
+    }
+}
+
+/// An answer's meaning before the sink's memory of earlier ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Verdict {
+    /// This outcome.
+    Now(Outcome),
+    /// Retried while the events have been answered so for less than
+    /// `webhook.retry_unknown_errors_for`, then recorded.
+    NotYet(String),
+}
+
+/// A batch's `webhook-id`: `batch_` and the hex SHA-256 of its events' ids in
+/// order, each prefixed by its length (so no two lists of ids give the same
+/// bytes). The same events in the same order always get the same id, and any
+/// other list another.
+pub fn batch_id<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    for id in ids {
+        hash.update((id.len() as u64).to_be_bytes());
+        hash.update(id.as_bytes());
+    }
+    let mut out = String::with_capacity(6 + 64);
+    out.push_str("batch_");
+    for byte in hash.finalize() {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+impl WebhookSink {
+    /// The outcome of `verdict` for `events` (the ids its request carried).
+    fn settle<'a>(&self, verdict: Verdict, events: impl Iterator<Item = &'a str> + Clone) -> Outcome {
+        match verdict {
+            Verdict::Now(outcome) => {
+                self.not_yet.settle(std::time::Instant::now(), [], events);
+                outcome
+            }
+            Verdict::NotYet(reason) => {
+                let given_up = self.not_yet.settle(std::time::Instant::now(), events, []);
+                if given_up.is_empty() {
+                    Outcome::retry(Cause::Other, reason)
+                } else {
+                    Outcome::Rejected(format!(
+                        "{reason} (answered so for {:?}: webhook.retry_unknown_errors_for)",
+                        self.not_yet.limit()
+                    ))
+                }
+            }
+        }
     }
 }
 
@@ -171,10 +247,9 @@ impl Sink for WebhookSink {
             // one after the other.
             let mut outcomes = Vec::with_capacity(batch.len());
             for m in batch {
-                outcomes.push(
-                    self.post(&m.destination, m.event.id(), m.body.clone())
-                        .await,
-                );
+                let id = m.event.id();
+                let verdict = self.post(&m.destination, id, m.body.clone()).await;
+                outcomes.push(self.settle(verdict, std::iter::once(id)));
             }
             return outcomes;
         }
@@ -188,9 +263,10 @@ impl Sink for WebhookSink {
             body.extend_from_slice(&message.body);
         }
         body.push(b']');
-        let id = format!("{}+{}", first.event.id(), batch.len());
-        let outcome = self.post(&first.destination, &id, Bytes::from(body)).await;
-        vec![outcome; batch.len()]
+        let ids = batch.iter().map(|m| m.event.id());
+        let id = batch_id(ids.clone());
+        let verdict = self.post(&first.destination, &id, Bytes::from(body)).await;
+        vec![self.settle(verdict, ids); batch.len()]
     }
 }
 
@@ -199,27 +275,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_decide_delivered_retried_or_rejected() {
+    fn statuses_decide_delivered_retried_or_recorded() {
         let v = |code: u16| verdict("u", StatusCode::from_u16(code).unwrap(), b"why");
         for code in [200, 201, 202, 204, 299] {
-            assert_eq!(v(code), Outcome::Delivered, "{code}");
+            assert_eq!(v(code), Verdict::Now(Outcome::Delivered), "{code}");
         }
         for (code, cause) in [
             (429, Cause::Throttled),
             (408, Cause::TimedOut),
             (500, Cause::Unavailable),
             (503, Cause::Unavailable),
+            (401, Cause::Other),
+            (403, Cause::Other),
         ] {
             assert!(
-                matches!(v(code), Outcome::Retryable(r) if r.cause == cause),
+                matches!(v(code), Verdict::Now(Outcome::Retryable(r)) if r.cause == cause),
                 "{code}"
             );
         }
-        for code in [301, 400, 401, 403, 404, 410, 413, 422] {
+        for code in [404, 409, 425] {
+            assert!(matches!(v(code), Verdict::NotYet(ref r) if r.contains("why")), "{code}");
+        }
+        for code in [301, 400, 405, 410, 413, 415, 422] {
             assert!(
-                matches!(v(code), Outcome::Rejected(ref r) if r.contains("why")),
+                matches!(v(code), Verdict::Now(Outcome::Rejected(ref r)) if r.contains("why")),
                 "{code}"
             );
         }
+    }
+
+    #[test]
+    fn a_batch_id_names_its_events_in_order_and_nothing_else() {
+        let id = |ids: &[&str]| batch_id(ids.iter().copied());
+        assert_eq!(id(&["a", "b"]), id(&["a", "b"]));
+        assert_ne!(id(&["a", "b"]), id(&["a", "b", "c"]));
+        assert_ne!(id(&["a", "b"]), id(&["b", "a"]));
+        assert_ne!(id(&["a", "b"]), id(&["a"]));
+        // Length prefixes: no two lists join to the same bytes.
+        assert_ne!(id(&["ab", "c"]), id(&["a", "bc"]));
+        assert!(id(&["a"]).starts_with("batch_") && id(&["a"]).len() == 70);
     }
 }
