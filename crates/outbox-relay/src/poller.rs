@@ -191,6 +191,14 @@ impl<S: Sink> Poller<S> {
             match self.conn.connect().await {
                 Ok(c) => match Table::inspect(&c, &self.config).await {
                     Ok(Some(table)) if table.managed && table.created_at.is_some() => {
+                        let name = self.config.table();
+                        match crate::postgres::source(&c, &self.conn.dbname, &name).await {
+                            Ok(source) => self.sink.source(&source),
+                            Err(e) => {
+                                tracing::warn!(error = %crate::report::Chain(&e), "poller cannot read the system identifier");
+                                return None;
+                            }
+                        }
                         *client = Some((c, table))
                     }
                     Ok(_) => {

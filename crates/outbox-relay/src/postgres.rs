@@ -513,6 +513,27 @@ pub async fn wal_sender_timeout(
     Ok(crate::config::parse_duration(&text).unwrap_or(Duration::from_secs(60)))
 }
 
+/// Where events on `client`'s connection come from, for the sink
+/// ([`crate::sink::Source`]): the cluster's system identifier (which any
+/// role may read), `database` and `table`.
+pub async fn source(
+    client: &tokio_postgres::Client,
+    database: &str,
+    table: &crate::config::TableName,
+) -> Result<crate::sink::Source, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await?;
+    Ok(crate::sink::Source {
+        system: row.get(0),
+        database: database.to_owned(),
+        table: table.to_string(),
+    })
+}
+
 /// How often to send standby status updates: `min(1 s, wal_sender_timeout / 2)`.
 pub fn status_interval(wal_sender_timeout: Duration) -> Duration {
     const CEILING: Duration = Duration::from_secs(1);

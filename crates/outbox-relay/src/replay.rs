@@ -224,6 +224,7 @@ pub async fn run<S: Sink>(
     rate: Option<f64>,
 ) -> Result<Replayed, ReplayError> {
     let q = build(config, table, selection)?;
+    sink.source(&crate::postgres::source(client, database, &config.table()).await?);
     let limit = selection
         .limit
         .map_or(String::new(), |l| format!(" LIMIT {l}"));

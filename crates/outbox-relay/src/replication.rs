@@ -460,6 +460,7 @@ async fn session<S: Sink>(
     let (to_publisher, from_stream) = mpsc::channel(64);
     let (done_tx, mut done) = mpsc::unbounded_channel();
     let sink_name = sink.name();
+    let told = Arc::clone(&sink);
     let mut publisher = AbortOnDrop(tokio::spawn(publish::run(
         sink,
         Some(Arc::new(recorder)),
@@ -495,6 +496,11 @@ async fn session<S: Sink>(
         _ = stop.cancelled() => return Ok(()),
     };
     summary.sessions += 1;
+    told.source(&crate::sink::Source {
+        system: wal.system().id.clone(),
+        database: conn.dbname.clone(),
+        table: config.table().to_string(),
+    });
     let choice = wal.choice().clone();
     match &choice.why {
         Some(why) if choice.doubt => tracing::warn!(slot = %slot, "{why}"),

@@ -150,7 +150,10 @@ mod tests {
             let why = r
                 .route(&event(Some("http://127.0.0.1:9187/admin")))
                 .unwrap_err();
-            assert!(why.contains("not a destination the configuration allows"), "{why}");
+            assert!(
+                why.contains("not a destination the configuration allows"),
+                "{why}"
+            );
         }
         let mut templated = routes;
         templated.template = Some("https://hooks.test/{aggregate_type}".into());

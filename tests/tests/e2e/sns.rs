@@ -1179,3 +1179,82 @@ async fn through_an_https_proxy_every_event_arrives_and_no_proxy_goes_direct() {
     );
     all_published_then_stop(&outbox, &mut direct, 9).await;
 }
+
+/// Two outbox tables (in two databases) share one claim-check bucket, and
+/// each has an event with the same id and a large payload of its own: both
+/// payloads are kept, and the official Extended Client reads each event's
+/// own payload back from its queue, after both were stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tables_sharing_a_payload_bucket_keep_both_payloads_of_one_event_id() {
+    let moto = sns::moto_endpoint().await;
+    let endpoint = moto.to_string();
+    let first = Outbox::new().await;
+    let second = Outbox::new().await;
+    let name = first.db.name().replace('_', "-");
+    let bucket = format!("shared-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
+    tokio::task::spawn_blocking({
+        let (endpoint, bucket) = (endpoint.clone(), bucket.clone());
+        move || extended_client(&endpoint, &["create-bucket", &bucket])
+    })
+    .await
+    .unwrap();
+    let id = "3b8e6f7a-2d0c-4f5e-9a1b-c0ffee000042";
+    let mut queues = Vec::new();
+    for (outbox, fill) in [(&first, "first "), (&second, "second ")] {
+        let topic = sns::topic_with_queue(&endpoint, outbox.db.name(), false, true).await;
+        let relay = start(
+            outbox,
+            &sns_toml(
+                &endpoint,
+                &topic.arn,
+                &format!(
+                    "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
+                     [envelope]\nformat = \"raw\"\n"
+                ),
+            ),
+        )
+        .await;
+        let payload: String = outbox
+            .sql
+            .query_one(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ($1::text::uuid, 'order', 'a', 'Large', jsonb_build_object('blob', repeat($2, 60 * 1024))) \
+                 RETURNING payload::text",
+                &[&id, &fill],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        wait_until(Duration::from_secs(30), "the event is published", || async {
+            let state: String = outbox
+                .sql
+                .query_one("SELECT publish_state FROM outbox WHERE id::text = $1", &[&id])
+                .await
+                .unwrap()
+                .get(0);
+            (state == "PUBLISHED").then_some(())
+        })
+        .await;
+        let summary = relay.stop().await;
+        assert_eq!((summary.delivered, summary.rejected), (1, 0));
+        queues.push((topic.queue_url, payload));
+    }
+    // Both payloads are stored before either message is read.
+    for (queue, payload) in queues {
+        let out = tempfile::NamedTempFile::new().unwrap();
+        tokio::task::spawn_blocking({
+            let (endpoint, out) = (endpoint.clone(), out.path().to_str().unwrap().to_owned());
+            move || extended_client(&endpoint, &["receive", &queue, "1", &out])
+        })
+        .await
+        .unwrap();
+        let got: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0]["attributes"]["event_id"].as_str(), Some(id));
+        assert!(
+            got[0]["body"].as_str().unwrap() == payload,
+            "each table's event reads its own payload, not the other's"
+        );
+    }
+}

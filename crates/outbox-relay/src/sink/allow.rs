@@ -175,11 +175,16 @@ pub fn same_account(arn: &str) -> Option<String> {
     let [_arn @ "arn", partition, service, region, account, resource] = fields[..] else {
         return None;
     };
-    if [partition, service, region, account].iter().any(|f| f.is_empty()) {
+    if [partition, service, region, account]
+        .iter()
+        .any(|f| f.is_empty())
+    {
         return None;
     }
     let kind = resource.rfind('/').map_or("", |i| &resource[..=i]);
-    Some(format!("arn:{partition}:{service}:{region}:{account}:{kind}*"))
+    Some(format!(
+        "arn:{partition}:{service}:{region}:{account}:{kind}*"
+    ))
 }
 
 /// An AWS section's rules: `defaults` (those that can be derived), widened by
@@ -256,9 +261,7 @@ pub fn check_url_template(template: &str) -> Result<(), String> {
         return Ok(());
     };
     let after_scheme = template.find("://").map_or(0, |i| i + 3);
-    let path = template[after_scheme..]
-        .find('/')
-        .map(|i| after_scheme + i);
+    let path = template[after_scheme..].find('/').map(|i| after_scheme + i);
     let query = template.find(['?', '#']).unwrap_or(template.len());
     match path {
         Some(path) if path < open && open < query => Ok(()),
@@ -281,10 +284,22 @@ mod tests {
         assert!(!matches(p, "arn:aws:sns:eu-west-1:999999999999:orders"));
         assert!(!matches(p, "arn:aws:sns:us-east-1:123456789012:orders"));
         let q = "https://sqs.eu-west-1.amazonaws.com/123456789012/*";
-        assert!(matches(q, "https://sqs.eu-west-1.amazonaws.com/123456789012/q-1"));
-        assert!(!matches(q, "https://sqs.eu-west-1.amazonaws.com/123456789012/q/../x"));
-        assert!(!matches(q, "https://sqs.eu-west-1.amazonaws.com/123456789012/q?Action=x"));
-        assert!(matches("arn:aws:sns:*:123456789012:orders-*", "arn:aws:sns:us-east-1:123456789012:orders-eu"));
+        assert!(matches(
+            q,
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q-1"
+        ));
+        assert!(!matches(
+            q,
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q/../x"
+        ));
+        assert!(!matches(
+            q,
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/q?Action=x"
+        ));
+        assert!(matches(
+            "arn:aws:sns:*:123456789012:orders-*",
+            "arn:aws:sns:us-east-1:123456789012:orders-eu"
+        ));
         assert!(matches("*", "orders"));
         assert!(!matches("*", "arn:aws:kinesis:r:1:stream/x"));
         assert!(matches("exact", "exact") && !matches("exact", "exactly"));
@@ -302,10 +317,19 @@ mod tests {
         );
         assert_eq!(same_account("orders"), None);
         assert_eq!(same_account("arn:aws:sns::123:x"), None);
-        let allowed = aws([same_account("arn:aws:kinesis:us-east-1:1:stream/s"), None], &["arn:aws:kinesis:us-east-1:2:stream/audit".into()]);
-        assert!(allowed.check("arn:aws:kinesis:us-east-1:1:stream/other").is_ok());
-        assert!(allowed.check("arn:aws:kinesis:us-east-1:2:stream/audit").is_ok());
-        assert!(allowed.check("arn:aws:kinesis:us-east-1:2:stream/other").is_err());
+        let allowed = aws(
+            [same_account("arn:aws:kinesis:us-east-1:1:stream/s"), None],
+            &["arn:aws:kinesis:us-east-1:2:stream/audit".into()],
+        );
+        assert!(allowed
+            .check("arn:aws:kinesis:us-east-1:1:stream/other")
+            .is_ok());
+        assert!(allowed
+            .check("arn:aws:kinesis:us-east-1:2:stream/audit")
+            .is_ok());
+        assert!(allowed
+            .check("arn:aws:kinesis:us-east-1:2:stream/other")
+            .is_err());
     }
 
     #[test]
@@ -328,9 +352,15 @@ mod tests {
             "not a url",
         ] {
             let why = allowed.check(refused).unwrap_err();
-            assert!(why.contains("origin https://hooks.example.com:443"), "{why}");
+            assert!(
+                why.contains("origin https://hooks.example.com:443"),
+                "{why}"
+            );
         }
-        assert!(Allowed::nothing().check("https://x.test/").unwrap_err().contains("may name none"));
+        assert!(Allowed::nothing()
+            .check("https://x.test/")
+            .unwrap_err()
+            .contains("may name none"));
     }
 
     #[test]

@@ -85,6 +85,21 @@ impl Message {
     }
 }
 
+/// Where a relay's events come from: the database cluster (its system
+/// identifier, which a promoted standby keeps), the database and the outbox
+/// table. A sink that names things it stores for later (claim-check objects)
+/// namespaces them by it, so two tables or relays sharing a bucket never name
+/// one object for two events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
+    pub system: String,
+    /// The database's name.
+    pub database: String,
+    /// The outbox table, `schema.table`.
+    pub table: String,
+}
+
 /// What a sink says about one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -170,6 +185,11 @@ pub trait Sink: Send + Sync + 'static {
     fn linger(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// Learn where the events come from, before the first batch of each
+    /// stream, poller connection or replay (the same every time for one
+    /// relay: a promotion keeps the system identifier).
+    fn source(&self, _source: &Source) {}
 
     /// Deliver `batch`; one outcome per message, in order.
     fn publish(&self, batch: &[Message]) -> impl Future<Output = Vec<Outcome>> + Send;
@@ -271,6 +291,10 @@ macro_rules! destinations {
 
             fn linger(&self) -> Duration {
                 match self { $(Self::$variant(s) => s.linger(),)+ }
+            }
+
+            fn source(&self, source: &Source) {
+                match self { $(Self::$variant(s) => s.source(source),)+ }
             }
 
             async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {

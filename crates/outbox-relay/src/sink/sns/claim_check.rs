@@ -14,8 +14,15 @@
 //! * the other attributes as usual (subscription filter policies still
 //!   apply; the libraries allow at most 9 others, checked at start-up).
 //!
-//! The object key is the event id (its SHA-256 when it is not URI-safe), so
-//! a retry overwrites the same object and a repeat carries the same pointer.
+//! The object key names the event within its source (DESIGN.md invariant
+//! 10): `outbox-relay/<system identifier>/<database>/<schema.table>/<event id>`
+//! ([`object_key`]; a part that is not URI-safe is replaced by its SHA-256).
+//! A retry, a restart and a `replay` of the event store the same object and
+//! carry the same pointer; two tables, databases or clusters sharing the bucket
+//! with overlapping ids (text or bigint ids, a partitioned table whose key is
+//! `(id, created_at)`) never name one object for two events, so a consumer
+//! never reads another event's payload. A lifecycle rule on the prefix
+//! `outbox-relay/` expires them.
 //! The relay never deletes objects: consumers may read a message more than
 //! once, and a message may be read long after it was sent; a lifecycle rule
 //! on the bucket expires them (docs/operations.md).
@@ -29,7 +36,10 @@ use std::borrow::Cow;
 
 use aws_smithy_xml::decode::{try_data, Document};
 
+use std::sync::PoisonError;
+
 use crate::aws::errors::{self, Class};
+use crate::sink::Source;
 use crate::aws::{Client, Request};
 
 /// The pointer's class name, first in the body.
@@ -44,18 +54,46 @@ pub const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
 pub struct ClaimCheck {
     client: Client,
     bucket: String,
+    /// The keys' prefix for the events' source, once told
+    /// ([`crate::sink::Sink::source`]).
+    prefix: std::sync::RwLock<Option<String>>,
 }
 
 impl ClaimCheck {
     /// Payloads go to `bucket` through `client` (for S3, at the bucket's endpoint: [`crate::aws::endpoint::s3_bucket`]).
     pub fn new(client: Client, bucket: String) -> Self {
-        Self { client, bucket }
+        Self {
+            client,
+            bucket,
+            prefix: std::sync::RwLock::new(None),
+        }
+    }
+
+    /// The events come from `source`.
+    pub fn source(&self, source: &Source) {
+        let prefix = prefix(source);
+        let mut known = self.prefix.write().unwrap_or_else(PoisonError::into_inner);
+        if known.as_ref().is_some_and(|k| *k != prefix) {
+            tracing::warn!(prefix = %prefix, "the events' source changed; large payloads are stored under a new prefix");
+        }
+        *known = Some(prefix);
     }
 
     /// Store `payload` for the event `event_id`; the body of the message
     /// that points at it.
     pub async fn store(&self, event_id: &str, payload: &[u8]) -> Result<String, (Class, String)> {
-        let key = object_key(event_id);
+        let prefix = self
+            .prefix
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                (
+                    Class::Unknown,
+                    "the events' source is not known yet (it names the payload's object)".to_owned(),
+                )
+            })?;
+        let key = object_key(&prefix, event_id);
         let identity = self
             .client
             .identity()
@@ -95,20 +133,36 @@ impl ClaimCheck {
     }
 }
 
-/// The object key of the event `event_id`: the id itself when it is of
-/// URI-safe characters and not too long, else its hex SHA-256.
-pub fn object_key(event_id: &str) -> Cow<'_, str> {
+/// The keys' prefix for events of `source`:
+/// `outbox-relay/<system identifier>/<database>/<schema.table>/`.
+pub fn prefix(source: &Source) -> String {
+    format!(
+        "outbox-relay/{}/{}/{}/",
+        part(&source.system),
+        part(&source.database),
+        part(&source.table)
+    )
+}
+
+/// The object key of the event `event_id` under `prefix`.
+pub fn object_key(prefix: &str, event_id: &str) -> String {
+    format!("{prefix}{}", part(event_id))
+}
+
+/// A part of a key: itself when it is of URI-safe characters and not too
+/// long, else its hex SHA-256.
+fn part(value: &str) -> Cow<'_, str> {
     use sha2::Digest as _;
-    let safe = !event_id.is_empty()
-        && event_id.len() <= 200
-        && !event_id.starts_with('.')
-        && event_id
+    let safe = !value.is_empty()
+        && value.len() <= 200
+        && !value.starts_with('.')
+        && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if safe {
-        return Cow::Borrowed(event_id);
+        return Cow::Borrowed(value);
     }
-    let digest = sha2::Sha256::digest(event_id.as_bytes());
+    let digest = sha2::Sha256::digest(value.as_bytes());
     Cow::Owned(digest.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -144,11 +198,23 @@ mod tests {
             r#"["software.amazon.payloadoffloading.PayloadS3Pointer",{"s3BucketName":"my-bucket","s3Key":"0b6f…"}]"#
         );
         let uuid = "5f0c2b5e-8d4e-4c39-9c1f-3a0d5d1c9b7a";
-        assert_eq!(object_key(uuid), uuid);
-        let odd = object_key("order 42/é");
-        assert_eq!(odd.len(), 64);
-        assert_eq!(odd, object_key("order 42/é"), "stable");
-        assert_eq!(object_key("..").len(), 64);
+        let source = |table: &str| Source {
+            system: "7713132220160448154".into(),
+            database: "app".into(),
+            table: table.into(),
+        };
+        let orders = prefix(&source("public.outbox"));
+        assert_eq!(orders, "outbox-relay/7713132220160448154/app/public.outbox/");
+        assert_eq!(object_key(&orders, uuid), format!("{orders}{uuid}"));
+        let odd = object_key(&orders, "order 42/é");
+        assert_eq!(odd.len(), orders.len() + 64);
+        assert_eq!(odd, object_key(&orders, "order 42/é"), "stable");
+        // Another table with the same id names another object.
+        let audit = prefix(&source("audit.outbox"));
+        assert_ne!(object_key(&audit, "42"), object_key(&orders, "42"));
+        let odd_table = prefix(&source("public.\"Outbox Table\""));
+        assert!(odd_table.ends_with('/') && odd_table.len() == "outbox-relay/7713132220160448154/app/".len() + 65);
+        assert_eq!(part("..").len(), 64);
         assert_eq!(
             s3_error_code(b"<?xml version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>m</Message></Error>"),
             Some("NoSuchBucket".into())

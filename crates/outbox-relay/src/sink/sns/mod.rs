@@ -505,6 +505,12 @@ impl Sink for SnsSink {
         self.linger
     }
 
+    fn source(&self, source: &crate::sink::Source) {
+        if let Some(claim_check) = &self.claim_check {
+            claim_check.source(source);
+        }
+    }
+
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let Some(first) = batch.first() else {
             return Vec::new();
