@@ -138,6 +138,59 @@ async fn an_unreachable_endpoint_loses_nothing_and_the_slot_waits_for_it() {
     relay.stop_gracefully().await;
 }
 
+/// EventBridge answers nothing but errors (the bus cannot be verified:
+/// `DescribeEventBus` fails with 500): no `PutEvents` is even attempted,
+/// since a bus that does not exist takes events and drops them, nothing is
+/// confirmed or marked; once the bus can be verified every event arrives in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bus_that_cannot_be_verified_receives_nothing_until_it_is() {
+    let outbox = Outbox::new().await;
+    let (moto, bus) = bus(&outbox).await;
+    let proxy = FaultProxy::start(&moto.endpoint());
+    proxy.set_mode(Mode::ServerError);
+    let config = outbox.config_file(&eventbridge_toml(
+        &bus.bus,
+        &format!("endpoint_url = \"{}\"", proxy.endpoint()),
+    ));
+    let mut relay = spawn_relay(&config, None);
+    outbox.wait_slot_active(true).await;
+    let mut expected = insert(&outbox, 1, 5, 4).await;
+    // The first transaction's commit ends before this.
+    let first_end = outbox.current_lsn().await;
+    expected.extend(insert(&outbox, 9, 5, 4).await);
+    harness::wait_until(Duration::from_secs(60), "the relay asks again", || async {
+        let asked = proxy
+            .actions()
+            .iter()
+            .filter(|a| a.as_str() == "DescribeEventBus")
+            .count();
+        // The start-up check and one asked again while events wait.
+        (asked >= 2).then_some(())
+    })
+    .await;
+    assert!(
+        !proxy.actions().iter().any(|a| a == "PutEvents"),
+        "nothing is sent to a bus not verified: {:?}",
+        proxy.actions()
+    );
+    let confirmed = outbox.confirmed_flush().await;
+    assert!(
+        confirmed < first_end,
+        "the slot is not confirmed past unverified events ({confirmed:X} ≥ {first_end:X})"
+    );
+    let states = publish_states(&outbox).await;
+    assert!(states.keys().all(|s| s == "PENDING"), "{states:?}");
+    proxy.set_mode(Mode::Pass);
+    let sqs = sns::sqs_client(&moto.endpoint()).await;
+    let received = QueueReader::start(&sqs, &bus.queue_url, expected.len(), detail_id)
+        .finish()
+        .await;
+    assert_all_arrived_in_order(&expected, &delivered(&received, "E"), &relay);
+    settled(&outbox, expected.len()).await;
+    relay.stop_gracefully().await;
+}
+
 /// One event routed (row `topic`) to a bus that does not exist is recorded
 /// FAILED saying so; the events around it, of its aggregate too, reach the
 /// default bus, and the slot moves past all of them.

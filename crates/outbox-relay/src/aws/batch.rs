@@ -431,24 +431,25 @@ impl<P: Protocol> Batches<P> {
 }
 
 /// What a sink learns of a destination before a batch goes to it: the
-/// largest entry the destination takes, or why its events are recorded
-/// FAILED without a call (the answer is usually kept a while,
-/// [`crate::aws::known::Known`]).
+/// largest entry the destination takes, or the outcome of every event for it
+/// without a call: recorded FAILED (it does not exist) or retried (it could
+/// not be verified now). The answer is usually kept a while
+/// ([`crate::aws::known::Known`]).
 pub trait Gate<P>: Send + Sync + 'static {
-    /// `Ok(limit)`: send, entries of at most `limit` bytes; `Err(reason)`:
-    /// reject every event for `destination`.
+    /// `Ok(limit)`: send, entries of at most `limit` bytes; `Err(outcome)`:
+    /// every event for `destination` has it, and nothing is sent.
     fn admit(
         &self,
         batches: &Batches<P>,
         destination: &Arc<str>,
-    ) -> impl Future<Output = Result<usize, String>> + Send;
+    ) -> impl Future<Output = Result<usize, Outcome>> + Send;
 }
 
 /// A fixed entry limit, asked of nobody (Kinesis).
 pub struct Fixed(pub usize);
 
 impl<P: Sync> Gate<P> for Fixed {
-    async fn admit(&self, _: &Batches<P>, _: &Arc<str>) -> Result<usize, String> {
+    async fn admit(&self, _: &Batches<P>, _: &Arc<str>) -> Result<usize, Outcome> {
         Ok(self.0)
     }
 }
@@ -466,6 +467,12 @@ pub struct BatchSink<P, G> {
 }
 
 impl<P: Protocol, G: Gate<P>> BatchSink<P, G> {
+    /// The gate, to change in tests.
+    #[cfg(test)]
+    pub fn gate_mut(&mut self) -> &mut G {
+        &mut self.gate
+    }
+
     /// The sink `name` sending with `batches` what `gate` admits, at most
     /// `max_run` messages of a group a batch ([`Sink::max_run`]).
     pub fn assemble(
@@ -513,10 +520,7 @@ impl<P: Protocol, G: Gate<P>> Sink for BatchSink<P, G> {
         };
         match self.gate.admit(&self.batches, &first.destination).await {
             Ok(limit) => self.batches.publish(batch, limit).await,
-            Err(reason) => batch
-                .iter()
-                .map(|_| Outcome::Rejected(reason.clone()))
-                .collect(),
+            Err(outcome) => vec![outcome; batch.len()],
         }
     }
 }

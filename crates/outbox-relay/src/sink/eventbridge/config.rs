@@ -46,6 +46,11 @@ pub struct EventBridgeConfig {
     /// known as passing or permanent is retried before it is recorded.
     #[serde(deserialize_with = "de_duration")]
     pub retry_unknown_errors_for: Duration,
+    /// Send only to buses `DescribeEventBus` says exist (PutEvents takes
+    /// events for a bus that does not exist and drops them): an unanswered
+    /// check is retried, a role that may not ask stops the relay at start-up.
+    /// `false` sends to a bus that cannot be verified.
+    pub verify_bus: bool,
     /// Buses a row's `topic` column may name besides bare names
     /// (the relay's own account and region) and ARNs of the configured
     /// bus's partition, region and account: ARN patterns, `*` standing for one name.
@@ -66,6 +71,7 @@ impl Default for EventBridgeConfig {
             operation_timeout: Duration::from_secs(10),
             attempt_timeout: Duration::from_secs(5),
             retry_unknown_errors_for: Duration::from_secs(600),
+            verify_bus: true,
             allowed_destinations: Vec::new(),
         }
     }

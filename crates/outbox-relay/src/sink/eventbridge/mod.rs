@@ -23,9 +23,13 @@
 //! purpose). So before the first batch to a bus, and again after
 //! [`KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
 //! exist has its events recorded FAILED, naming it, as a missing SNS topic or
-//! SQS queue does. A role that may not describe buses (no
-//! `events:DescribeEventBus`) is said when it starts, and its events are sent
-//! unchecked.
+//! SQS queue does. Nothing is sent to a bus that could not be verified:
+//! while `DescribeEventBus` goes unanswered the events are retried as in an
+//! outage (the slot waits), and a role that may not describe buses (no
+//! `events:DescribeEventBus`) stops the relay at start-up naming the
+//! permission, or, for a bus a row names, has its events retried as access
+//! errors are. `eventbridge.verify_bus = false` opts out: the events of a bus
+//! that cannot be verified are then sent unchecked, at the risk above.
 //!
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.
@@ -34,7 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::Message;
+use super::{Cause, Message, Outcome};
 use crate::aws::batch::{positional, Answer, BatchSink, Batches, Gate, missing, Positional, Protocol, Question};
 use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::aws::{self, json, SetupError};
@@ -70,16 +74,34 @@ impl EventBridgeSink {
             source: config.source.clone(),
             detail_type: config.detail_type.clone(),
         };
+        let batches = Batches::new(
+            client,
+            protocol,
+            config.operation_timeout,
+            config.retry_unknown_errors_for,
+        );
+        let buses = Buses::new(config.verify_bus);
+        if config.verify_bus {
+            // A role that may not verify the configured bus would hold every
+            // event: say so now, naming the permission. An unanswered
+            // question is asked again when events come.
+            if let Bus::Unchecked(reason) = buses.bus(&batches, &Arc::from(config.bus.as_str())).await {
+                return Err(SetupError {
+                    key: "eventbridge.verify_bus",
+                    message: format!(
+                        "the role may not call events:DescribeEventBus on {} ({reason}); PutEvents takes events \
+                         for a bus that does not exist and drops them, so the relay sends only to verified buses: \
+                         allow events:DescribeEventBus, or set eventbridge.verify_bus = false to send unverified",
+                        config.bus
+                    ),
+                });
+            }
+        }
         Ok(BatchSink::assemble(
             "eventbridge",
-            Batches::new(
-                client,
-                protocol,
-                config.operation_timeout,
-                config.retry_unknown_errors_for,
-            ),
+            batches,
             (config.concurrency(), config.linger),
-            Buses::default(),
+            buses,
             usize::MAX,
         ))
     }
@@ -87,9 +109,20 @@ impl EventBridgeSink {
 
 /// Whether each bus exists, as `DescribeEventBus` says, kept for
 /// [`KNOWN_FOR`] (see the module's docs).
-#[derive(Default)]
 pub struct Buses {
     known: Known<Bus>,
+    /// `eventbridge.verify_bus`: send nothing to a bus not known to exist.
+    verify: bool,
+}
+
+impl Buses {
+    /// Buses checked as `verify` (`eventbridge.verify_bus`) says.
+    pub fn new(verify: bool) -> Self {
+        Self {
+            known: Known::default(),
+            verify,
+        }
+    }
 }
 
 /// What `DescribeEventBus` said of a bus.
@@ -99,10 +132,10 @@ enum Bus {
     Exists,
     /// It does not: the service's reason.
     Missing(String),
-    /// The role may not ask (said when it starts); sent unchecked.
-    Unchecked,
-    /// No answer now; sent unchecked for [`UNANSWERED_FOR`].
-    Unknown,
+    /// The role may not ask (said when it starts): the reason.
+    Unchecked(String),
+    /// No answer now, for [`UNANSWERED_FOR`]: the reason.
+    Unknown(String),
 }
 
 impl Buses {
@@ -121,7 +154,7 @@ impl Buses {
                         (Bus::Missing(reason), KNOWN_FOR)
                     }
                     Err(Question::Refused(reason)) => {
-                        if before != Some(Bus::Unchecked) {
+                        if !matches!(before, Some(Bus::Unchecked(_))) {
                             tracing::warn!(
                                 bus = %bus,
                                 error = %reason,
@@ -129,11 +162,11 @@ impl Buses {
                                  PutEvents takes events for a bus that does not exist and drops them"
                             );
                         }
-                        (Bus::Unchecked, KNOWN_FOR)
+                        (Bus::Unchecked(reason), KNOWN_FOR)
                     }
                     Err(Question::Unanswered(reason)) => {
                         tracing::debug!(bus = %bus, error = %reason, "cannot check that the event bus exists now");
-                        (Bus::Unknown, UNANSWERED_FOR)
+                        (Bus::Unknown(reason), UNANSWERED_FOR)
                     }
                 }
             })
@@ -142,13 +175,25 @@ impl Buses {
 }
 
 impl Gate<PutEvents> for Buses {
-    async fn admit(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Result<usize, String> {
+    async fn admit(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Result<usize, Outcome> {
         match self.bus(batches, bus).await {
-            Bus::Missing(reason) => Err(missing::<PutEvents>(
+            Bus::Exists => Ok(MAX_EVENT_SIZE),
+            Bus::Missing(reason) => Err(Outcome::Rejected(missing::<PutEvents>(
                 bus,
                 &format!("{reason}; PutEvents would take the event and drop it"),
+            ))),
+            Bus::Unchecked(_) | Bus::Unknown(_) if !self.verify => Ok(MAX_EVENT_SIZE),
+            Bus::Unknown(reason) => Err(Outcome::retry(
+                Cause::Unavailable,
+                format!("cannot verify that event bus {bus} exists ({reason}); nothing is sent to it until it is"),
             )),
-            Bus::Exists | Bus::Unchecked | Bus::Unknown => Ok(MAX_EVENT_SIZE),
+            Bus::Unchecked(reason) => Err(Outcome::retry(
+                Cause::Other,
+                format!(
+                    "may not verify that event bus {bus} exists ({reason}): allow events:DescribeEventBus, \
+                     or set eventbridge.verify_bus = false to send unverified"
+                ),
+            )),
         }
     }
 }
@@ -255,7 +300,7 @@ mod tests {
                 Duration::from_secs(600),
             ),
             (crate::sink::Concurrency::Fixed(1), Duration::ZERO),
-            Buses::default(),
+            Buses::new(true),
             usize::MAX,
         )
     }
@@ -351,6 +396,35 @@ mod tests {
         // The default bus always exists: not asked about.
         assert_eq!(sink.publish(&[event("default")]).await, [Outcome::Delivered]);
         assert_eq!(describes(&seen), 1);
+    }
+
+    #[tokio::test]
+    async fn a_bus_that_cannot_be_verified_gets_nothing_unless_the_operator_opts_out() {
+        for (code, cause) in [
+            ("AccessDeniedException", Cause::Other),
+            ("InternalFailure", Cause::Unavailable),
+        ] {
+            let (url, seen) = crate::aws::local::endpoint(move |head| {
+                if head.contains("x-amz-target: AWSEvents.PutEvents") {
+                    crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                } else {
+                    crate::aws::local::json_refusal(code, "no")
+                }
+            })
+            .await;
+            let event = Message::for_test("e-1", "a", r#"{"id":"e-1"}"#, "orders");
+            let outcomes = sink_at(&url).publish(std::slice::from_ref(&event)).await;
+            assert!(
+                matches!(&outcomes[..], [Outcome::Retryable(r)] if r.cause == cause && r.reason.contains(code)),
+                "{code}: {outcomes:?}"
+            );
+            let puts = || seen.heads.lock().unwrap().iter().filter(|h| h.contains("PutEvents")).count();
+            assert_eq!(puts(), 0, "{code}: nothing sent unverified");
+            let mut unverified = sink_at(&url);
+            unverified.gate_mut().verify = false;
+            assert_eq!(unverified.publish(&[event]).await, [Outcome::Delivered], "{code}");
+            assert_eq!(puts(), 1);
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::Message;
+use super::{Message, Outcome};
 use crate::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
 use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::aws::{self, json, SetupError};
@@ -109,7 +109,7 @@ struct Limit {
 }
 
 impl Gate<Sqs> for QueueLimits {
-    async fn admit(&self, batches: &Batches<Sqs>, queue: &Arc<str>) -> Result<usize, String> {
+    async fn admit(&self, batches: &Batches<Sqs>, queue: &Arc<str>) -> Result<usize, Outcome> {
         if let Some(limit) = self.configured {
             return Ok(limit);
         }
