@@ -429,3 +429,28 @@ async fn a_receiver_refusing_access_while_its_secret_rotates_gets_every_event_in
     }
     relay.stop_gracefully().await;
 }
+
+/// `check` prints the origins data may name: the configured URL's, then
+/// those `webhook.allowed_origins` adds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_shows_the_origins_a_row_may_name() {
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&toml(
+        "https://hooks.example.com/in",
+        "allowed_origins = [\"http://audit.example.com:8080\"]",
+    ));
+    let mut check = RelayProcess::spawn(
+        &["check", "--config", config.to_str().unwrap()],
+        &[("OUTBOX_RELAY__WEBHOOK__SECRET", SECRET)],
+    );
+    let status = check.wait_exit_async(Duration::from_secs(30)).await.unwrap();
+    let report = check.stdout_text();
+    assert!(status.success(), "{report}\n{}", check.stderr_text());
+    assert!(
+        report.contains(
+            "routing: rows and templates may name only origin https://hooks.example.com:443, \
+             origin http://audit.example.com:8080"
+        ),
+        "{report}"
+    );
+}
