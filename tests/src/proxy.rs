@@ -1,5 +1,12 @@
 //! An HTTP/1.1 proxy in front of an AWS endpoint (moto) that injects faults:
-//! cut connections, throttling and server errors.
+//! cut connections, throttling and server errors; and, call by call on the
+//! calls that carry events (SNS `PublishBatch`, SQS `SendMessageBatch`,
+//! EventBridge `PutEvents`, Kinesis `PutRecords`), the faults of the
+//! conformance suite ([`Fault`]: an answer lost or late after the call was
+//! processed, a slow destination, one entry failed at a given position of a
+//! batch, any refusal of the destination's error table) and a quota
+//! ([`FaultProxy::set_quota`]). It records what each such call carried
+//! ([`FaultProxy::calls`]).
 //!
 //! ```no_run
 //! use harness::{moto_endpoint, sns_client, FaultProxy, Mode};
@@ -14,14 +21,16 @@
 //! # }
 //! ```
 
-use std::collections::HashMap;
+mod publish;
+
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How the proxy treats requests; switch with [`FaultProxy::set_mode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +93,97 @@ impl Mode {
     }
 }
 
+/// What the proxy does to one call that carries events (see
+/// [`FaultProxy::script`]); other calls pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward the call (the destination processes it), then reset the
+    /// connection (RST) without the answer.
+    LoseAnswer,
+    /// Forward the call at once, hold its answer this long (longer than the
+    /// relay's attempt timeout: the relay has given up when it comes).
+    AnswerLate(Duration),
+    /// Hold the call this long, then forward it and answer (a destination
+    /// slower than the attempt timeout: it processes the call late).
+    Slow(Duration),
+    /// Take the entry at this position (modulo the call's entries) out of the
+    /// batch, forward the rest, and answer that entry as a transient failure
+    /// of its own (`InternalError` with `SenderFault=false` for SNS and SQS,
+    /// `InternalFailure` for EventBridge,
+    /// `ProvisionedThroughputExceededException` for Kinesis), at its position.
+    FailEntry(usize),
+    /// Answer with this refusal; nothing is forwarded.
+    Refuse(Refusal),
+}
+
+/// An error answer: HTTP status and, in the protocol of the request, an AWS
+/// error code (`None`: a body that is no AWS error, as a proxy's own page).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// HTTP status.
+    pub status: u16,
+    /// AWS error code.
+    pub code: Option<String>,
+}
+
+impl Refusal {
+    /// `status` with AWS error `code`.
+    pub fn new(status: u16, code: &str) -> Refusal {
+        Refusal {
+            status,
+            code: Some(code.to_owned()),
+        }
+    }
+
+    /// `status` with a body that is not an AWS error.
+    pub fn bare(status: u16) -> Refusal {
+        Refusal { status, code: None }
+    }
+}
+
+/// One call that carried events, as the proxy saw and treated it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// Its action (`PublishBatch`, `SendMessageBatch`, `PutEvents`, `PutRecords`).
+    pub action: String,
+    /// The envelope ids of its entries, in order.
+    pub ids: Vec<String>,
+    /// The fault applied (`None`: forwarded as it was, or throttled).
+    pub fault: Option<Fault>,
+    /// Refused for the quota ([`FaultProxy::set_quota`]).
+    pub throttled: bool,
+    /// The destination got it (whole, or all but a failed entry); known in
+    /// [`Mode::Pass`] only (`false` in the other modes).
+    pub forwarded: bool,
+}
+
+/// A token bucket of entries.
+struct Quota {
+    per_second: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Quota {
+    /// Whether a call of `n` entries is within the quota (and takes them).
+    fn take(&mut self, n: usize) -> bool {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.at).as_secs_f64() * self.per_second)
+            .min(self.burst);
+        self.at = now;
+        // A call larger than the bucket passes when the bucket is full.
+        #[allow(clippy::cast_precision_loss)]
+        let need = (n as f64).min(self.burst);
+        if self.tokens >= need {
+            self.tokens -= need;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// How long the proxy waits for the upstream to connect / to answer.
 const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const UPSTREAM_READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -139,6 +239,14 @@ struct Shared {
     actions: Mutex<Vec<String>>,
     /// Marker and error code of the refusing modes.
     refusal: Mutex<(String, String)>,
+    /// Faults for the next calls that carry events, one a call.
+    script: Mutex<VecDeque<Fault>>,
+    /// Refusals of every call that carries a marker.
+    marked: Mutex<Vec<(String, Refusal)>>,
+    /// Entries a second the calls that carry events may bring.
+    quota: Mutex<Option<Quota>>,
+    /// Every call that carried events, in the order read.
+    calls: Mutex<Vec<Call>>,
 }
 
 impl FaultProxy {
@@ -170,6 +278,10 @@ impl FaultProxy {
             conns: Mutex::new(HashMap::new()),
             actions: Mutex::new(Vec::new()),
             refusal: Mutex::new(("POISON".to_owned(), "ValidationException".to_owned())),
+            script: Mutex::new(VecDeque::new()),
+            marked: Mutex::new(Vec::new()),
+            quota: Mutex::new(None),
+            calls: Mutex::new(Vec::new()),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -229,6 +341,46 @@ impl FaultProxy {
             .refusal
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = (marker.to_owned(), code.to_owned());
+    }
+
+    /// Applies `faults`, in order, one to each of the next calls that carry
+    /// events (in [`Mode::Pass`]; after them such calls pass again), after
+    /// those already waiting.
+    pub fn script(&self, faults: impl IntoIterator<Item = Fault>) {
+        lock(&self.shared.script).extend(faults);
+    }
+
+    /// Faults of [`FaultProxy::script`] not applied yet.
+    pub fn faults_pending(&self) -> usize {
+        lock(&self.shared.script).len()
+    }
+
+    /// Refuses with `refusal` every call that carries events and holds
+    /// `marker` (ASCII letters and digits) anywhere in its body, before any
+    /// scripted fault (in [`Mode::Pass`]).
+    pub fn refuse_marked(&self, marker: &str, refusal: Refusal) {
+        assert!(marker.bytes().all(|b| b.is_ascii_alphanumeric()));
+        lock(&self.shared.marked).push((marker.to_owned(), refusal));
+    }
+
+    /// A quota of `per_second` entries a second (a bucket of `burst`
+    /// entries, full at the start) for the calls that carry events: a call
+    /// beyond it is answered HTTP 400 with the destination's throttling code
+    /// (`Throttling`, `ThrottlingException`,
+    /// `ProvisionedThroughputExceededException`). `None` lifts it.
+    pub fn set_quota(&self, quota: Option<(f64, f64)>) {
+        *lock(&self.shared.quota) = quota.map(|(per_second, burst)| Quota {
+            per_second,
+            burst,
+            tokens: burst,
+            at: Instant::now(),
+        });
+    }
+
+    /// Every call that carried events so far, in the order read (in every
+    /// mode; what was done to it is known in [`Mode::Pass`]).
+    pub fn calls(&self) -> Vec<Call> {
+        lock(&self.shared.calls).clone()
     }
 
     /// HTTP requests read from clients so far, in any mode (in Cut mode
@@ -346,57 +498,78 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let close = head.has_token("connection", "close") || head.start_line.ends_with("HTTP/1.0");
-        let response = match Mode::from_u8(shared.mode.load(Ordering::SeqCst)) {
-            Mode::Cut => {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                let _ = client.stream.shutdown(Shutdown::Both);
-                return Ok(());
+        let mode = Mode::from_u8(shared.mode.load(Ordering::SeqCst));
+        let response = if mode == Mode::Pass && publish::is_publish(&action) {
+            match publish_call(shared, &head, &body, &action) {
+                Some(response) => response,
+                None => {
+                    // The answer is lost: reset, not close (SO_LINGER 0 makes
+                    // the last close of the socket an RST).
+                    reset_on_close(&client.stream);
+                    return Ok(());
+                }
             }
-            Mode::Throttle => {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                error_response(&head, 400, "Sender", "Throttling", "Rate exceeded")
+        } else {
+            if publish::is_publish(&action) {
+                lock(&shared.calls).push(Call {
+                    action: action.clone(),
+                    ids: publish::event_ids(&action, &body),
+                    fault: None,
+                    throttled: false,
+                    forwarded: false,
+                });
             }
-            Mode::ServerError => {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                error_response(
-                    &head,
-                    500,
-                    "Receiver",
-                    "InternalError",
-                    "Request could not be completed",
-                )
-            }
-            Mode::Deny => {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                error_response(
-                    &head,
-                    403,
-                    "Sender",
-                    "AuthorizationError",
-                    "User is not authorized to perform: SNS:Publish",
-                )
-            }
-            Mode::LoseAnswers => {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                let _ = forward(shared.upstream, &head, &body);
-                let _ = client.stream.shutdown(Shutdown::Both);
-                return Ok(());
-            }
-            Mode::RefuseMarkedRequests
-                if action == "PublishBatch" && find(&body, marker.as_bytes()).is_some() =>
-            {
-                shared.faults.fetch_add(1, Ordering::SeqCst);
-                error_response(&head, 400, "Sender", &code, "refused by the fault proxy")
-            }
-            Mode::FailMarkedEntries if action == "PublishBatch" => {
-                let (rest, failed) = without_marked_entries(&body, &marker);
-                shared
-                    .faults
-                    .fetch_add(failed.len() as u64, Ordering::SeqCst);
-                let answer = if rest.contains(".Id=") {
-                    forward(shared.upstream, &head, rest.as_bytes())
-                } else {
-                    Ok(simple_response(
+            match mode {
+                Mode::Cut => {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    let _ = client.stream.shutdown(Shutdown::Both);
+                    return Ok(());
+                }
+                Mode::Throttle => {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    error_response(&head, 400, "Sender", "Throttling", "Rate exceeded")
+                }
+                Mode::ServerError => {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    error_response(
+                        &head,
+                        500,
+                        "Receiver",
+                        "InternalError",
+                        "Request could not be completed",
+                    )
+                }
+                Mode::Deny => {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    error_response(
+                        &head,
+                        403,
+                        "Sender",
+                        "AuthorizationError",
+                        "User is not authorized to perform: SNS:Publish",
+                    )
+                }
+                Mode::LoseAnswers => {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    let _ = forward(shared.upstream, &head, &body);
+                    let _ = client.stream.shutdown(Shutdown::Both);
+                    return Ok(());
+                }
+                Mode::RefuseMarkedRequests
+                    if action == "PublishBatch" && find(&body, marker.as_bytes()).is_some() =>
+                {
+                    shared.faults.fetch_add(1, Ordering::SeqCst);
+                    error_response(&head, 400, "Sender", &code, "refused by the fault proxy")
+                }
+                Mode::FailMarkedEntries if action == "PublishBatch" => {
+                    let (rest, failed) = without_marked_entries(&body, &marker);
+                    shared
+                        .faults
+                        .fetch_add(failed.len() as u64, Ordering::SeqCst);
+                    let answer = if rest.contains(".Id=") {
+                        forward(shared.upstream, &head, rest.as_bytes())
+                    } else {
+                        Ok(simple_response(
                         200,
                         "OK",
                         "text/xml",
@@ -404,16 +577,17 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
                         b"<PublishBatchResponse><PublishBatchResult><Successful/></PublishBatchResult>\
                           <ResponseMetadata><RequestId>r</RequestId></ResponseMetadata></PublishBatchResponse>",
                     ))
-                };
-                match answer {
-                    Ok(answer) => with_failed_entries(answer, &failed, &code),
-                    Err(e) => bad_gateway(shared.upstream, &e),
+                    };
+                    match answer {
+                        Ok(answer) => with_failed_entries(answer, &failed, &code),
+                        Err(e) => bad_gateway(shared.upstream, &e),
+                    }
                 }
-            }
-            Mode::Pass | Mode::RefuseMarkedRequests | Mode::FailMarkedEntries => {
-                match forward(shared.upstream, &head, &body) {
-                    Ok(resp) => resp,
-                    Err(e) => bad_gateway(shared.upstream, &e),
+                Mode::Pass | Mode::RefuseMarkedRequests | Mode::FailMarkedEntries => {
+                    match forward(shared.upstream, &head, &body) {
+                        Ok(resp) => resp,
+                        Err(e) => bad_gateway(shared.upstream, &e),
+                    }
                 }
             }
         };
@@ -432,6 +606,158 @@ fn serve_client(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             let _ = client.stream.shutdown(Shutdown::Both);
             return Ok(());
         }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A call that carries events, in [`Mode::Pass`]: a marked refusal, the next
+/// scripted fault or the quota decides; the answer, or `None` to lose it.
+fn publish_call(shared: &Shared, head: &Head, body: &[u8], action: &str) -> Option<Vec<u8>> {
+    let ids = publish::event_ids(action, body);
+    let marked = lock(&shared.marked)
+        .iter()
+        .find(|(marker, _)| publish::carries(action, body, marker))
+        .map(|(_, refusal)| Fault::Refuse(refusal.clone()));
+    let fault = marked.or_else(|| lock(&shared.script).pop_front());
+    let throttled = fault.is_none()
+        && lock(&shared.quota)
+            .as_mut()
+            .is_some_and(|q| !q.take(ids.len().max(1)));
+    if fault.is_some() || throttled {
+        shared.faults.fetch_add(1, Ordering::SeqCst);
+    }
+    let index = {
+        let mut calls = lock(&shared.calls);
+        calls.push(Call {
+            action: action.to_owned(),
+            ids,
+            fault: fault.clone(),
+            throttled,
+            forwarded: false,
+        });
+        calls.len() - 1
+    };
+    let forwarded = || lock(&shared.calls)[index].forwarded = true;
+    let pass = |body: &[u8]| match forward(shared.upstream, head, body) {
+        Ok(resp) => resp,
+        Err(e) => bad_gateway(shared.upstream, &e),
+    };
+    if throttled {
+        return Some(error_response(
+            head,
+            400,
+            "Sender",
+            publish::throttling_code(action),
+            "Rate exceeded",
+        ));
+    }
+    Some(match fault {
+        None => {
+            forwarded();
+            pass(body)
+        }
+        Some(Fault::LoseAnswer) => {
+            let _ = forward(shared.upstream, head, body);
+            forwarded();
+            return None;
+        }
+        Some(Fault::AnswerLate(delay)) => {
+            let answer = pass(body);
+            forwarded();
+            std::thread::sleep(delay);
+            answer
+        }
+        Some(Fault::Slow(delay)) => {
+            std::thread::sleep(delay);
+            forwarded();
+            pass(body)
+        }
+        Some(Fault::FailEntry(position)) => match publish::without_entry(action, body, position) {
+            None => {
+                forwarded();
+                pass(body)
+            }
+            Some(without) => {
+                let answer = match &without.rest {
+                    Some(rest) => {
+                        forwarded();
+                        let answer = pass(rest);
+                        if !answer.starts_with(b"HTTP/1.1 200") {
+                            return Some(answer);
+                        }
+                        let split = find(&answer, b"\r\n\r\n").map_or(answer.len(), |i| i + 4);
+                        Some(answer[split..].to_vec())
+                    }
+                    None => None,
+                };
+                let body = publish::with_failed_entry(action, answer.as_deref(), &without);
+                let content_type = head
+                    .get("content-type")
+                    .filter(|_| action != "PublishBatch")
+                    .unwrap_or("text/xml")
+                    .to_owned();
+                simple_response(
+                    200,
+                    "OK",
+                    &content_type,
+                    &[("x-amzn-RequestId", request_id())],
+                    &body,
+                )
+            }
+        },
+        Some(Fault::Refuse(Refusal { status, code })) => {
+            let kind = if status >= 500 { "Receiver" } else { "Sender" };
+            match code {
+                Some(code) => {
+                    error_response(head, status, kind, &code, "refused by the fault proxy")
+                }
+                None => simple_response(
+                    status,
+                    reason_phrase(status),
+                    "text/html",
+                    &[],
+                    b"<html><body>an answer that is no AWS error</body></html>",
+                ),
+            }
+        }
+    })
+}
+
+/// Makes the last close of `stream`'s socket a reset (SO_LINGER 0).
+#[allow(unsafe_code)]
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd as _;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a `linger` of the size given.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::linger>()).unwrap_or(8),
+        );
+    }
+}
+
+fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ if status >= 500 => "Internal Server Error",
+        _ => "Error",
     }
 }
 
@@ -602,11 +928,7 @@ fn is_hop_by_hop(name: &str) -> bool {
 
 /// An AWS error answer in the protocol of the request.
 fn error_response(request: &Head, status: u16, kind: &str, code: &str, message: &str) -> Vec<u8> {
-    let reason = match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        _ => "Internal Server Error",
-    };
+    let reason = reason_phrase(status);
     let request_id = request_id();
     if request.get("x-amz-target").is_some() {
         // AWS JSON 1.0 with awsQueryCompatible (SQS): the SDK takes the code
