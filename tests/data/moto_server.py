@@ -13,6 +13,14 @@ of an event template, for every event a rule sends to a target: ~130 ms an
 event, so 2,000 events would keep a server busy for over four minutes. The
 parse of a path is pure; caching it changes nothing but the time (~4 ms).
 
+moto 5.2.1 deduplicates a FIFO queue's message only against the messages
+still in the queue: once a consumer has deleted a message, a repeat with its
+deduplication id is delivered again. SQS drops a repeat for five minutes after
+the first was accepted, deleted or not ("any messages sent with the same
+message deduplication ID are accepted successfully but aren't delivered during
+the 5-minute deduplication interval"), and the conformance suite's consumers
+delete what they read: each queue remembers when it accepted each id.
+
 Arguments are moto.server's (`-H 127.0.0.1 -p PORT`).
 """
 
@@ -38,6 +46,30 @@ def put_record(self, *args, **kwargs):
 
 
 kinesis.Shard.put_record = put_record
+
+import moto.sqs.models as sqs  # noqa: E402
+
+_add_message = sqs.Queue.add_message
+_dedup_lock = threading.Lock()
+
+
+def add_message(self, message):
+    deduplicated = self.fifo_queue and (
+        self.attributes.get("ContentBasedDeduplication") == "true"
+        or message.deduplication_id
+    )
+    if deduplicated:
+        with _dedup_lock:
+            accepted = self.__dict__.setdefault("_accepted_dedup_ids", {})
+            now = message.sent_timestamp / 1000
+            first = accepted.get(message.deduplication_id)
+            if first is not None and now - first < sqs.DEDUPLICATION_TIME_IN_SECONDS:
+                return None
+            accepted[message.deduplication_id] = now
+    return _add_message(self, message)
+
+
+sqs.Queue.add_message = add_message
 
 if __name__ == "__main__":
     sys.exit(main())
