@@ -55,13 +55,7 @@ impl Router {
             return self.admit(full);
         }
         if let Some(template) = &self.routes.template {
-            let escape = self.routes.escape;
-            let mut rendered = template
-                .replace("{aggregate_type}", &escape(event.aggregate_type())?)
-                .replace("{event_type}", &escape(event.event_type())?);
-            for (name, value) in &self.routes.variables {
-                rendered = rendered.replace(&format!("{{{name}}}"), value);
-            }
+            let rendered = render(template, event, &self.routes)?;
             return self.admit(rendered);
         }
         self.default
@@ -84,6 +78,33 @@ impl Router {
         }
         verdict
     }
+}
+
+/// `template` with its placeholders filled in one pass, so a row's value
+/// that holds a placeholder's text stays text: `{aggregate_type}` and
+/// `{event_type}` escaped by the sink's rule, the sink's variables as they
+/// are. Validation has refused templates with other placeholders.
+fn render(template: &str, event: &OutboxEvent, routes: &Routes) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let Some(close) = rest[open..].find('}').map(|c| open + c) else {
+            break;
+        };
+        out.push_str(&rest[..open]);
+        let name = &rest[open + 1..close];
+        match name {
+            "aggregate_type" => out.push_str(&(routes.escape)(event.aggregate_type())?),
+            "event_type" => out.push_str(&(routes.escape)(event.event_type())?),
+            _ => match routes.variables.iter().find(|(n, _)| *n == name) {
+                Some((_, value)) => out.push_str(value),
+                None => out.push_str(&rest[open..=close]),
+            },
+        }
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -173,6 +194,42 @@ mod tests {
             Payload::Json("{}".into()),
         );
         assert!(r.route(&evil).unwrap_err().contains("climb"));
+    }
+
+    #[test]
+    fn a_value_holding_a_placeholder_stays_text() {
+        let routes = Routes {
+            default: None,
+            template: Some("arn:aws:sns:{region}:{account}:{aggregate_type}-{event_type}".into()),
+            variables: vec![("region", "eu-west-1".into()), ("account", "1".into())],
+            expand: Arc::new(str::to_owned),
+            missing: "nowhere".into(),
+            allowed: Allowed::patterns(["arn:aws:sns:eu-west-1:1:*".into()]),
+            escape: crate::sink::settings::verbatim,
+        };
+        let odd = OutboxEvent::new(
+            Fields {
+                id: "1",
+                aggregate_type: "{event_type}",
+                aggregate_id: "a",
+                event_type: "{account}",
+                group: "a",
+                time: "t",
+                headers: None,
+                topic: None,
+            },
+            Payload::Json("{}".into()),
+        );
+        assert_eq!(
+            render(routes.template.as_deref().unwrap(), &odd, &routes).unwrap(),
+            "arn:aws:sns:eu-west-1:1:{event_type}-{account}"
+        );
+        let mut r = Router::new(routes);
+        assert!(r.route(&odd).is_err(), "braces are no topic name");
+        assert_eq!(
+            &*r.route(&event(None)).unwrap(),
+            "arn:aws:sns:eu-west-1:1:order-OrderCreated"
+        );
     }
 
     #[test]
