@@ -3,7 +3,8 @@
 //! The findings are [`crate::readiness`]'s, the same `run` starts from:
 //! what stops `run` is an error here, in the same words; what `run` waits
 //! out, recovers from or warns about is a warning. Errors make the command
-//! exit non-zero; warnings do not.
+//! exit non-zero; warnings do not. A stall of the slot ([`crate::stall`], what
+//! `run` logs and fails `/readyz` with) is a warning too.
 
 use std::fmt;
 
@@ -74,6 +75,24 @@ pub async fn run(
             message: p.describe(names),
         })
         .collect();
+    let standby_slot_missing = ready.problems.iter().any(|p| {
+        matches!(
+            p,
+            readiness::Problem::Failover(crate::failover::Problem::StandbySlotMissing(_))
+        )
+    });
+    let look = crate::stall::look(client, &config.postgres.slot).await?;
+    problems.extend(
+        crate::stall::diagnose(&look, config.stream.prepared_transaction_max_age)
+            .into_iter()
+            // One look; the missing standby slot is said above already.
+            .filter(|s| s.lasting)
+            .filter(|s| !(s.cause == crate::stall::Cause::StandbySlot && standby_slot_missing))
+            .map(|s| Finding {
+                severity: Severity::Warning,
+                message: format!("stalled: {}", s.describe()),
+            }),
+    );
     // Stable: warnings, then errors, each in the order run meets them.
     problems.sort_by_key(|f| f.severity);
     out.extend(problems);

@@ -52,6 +52,7 @@ pub mod signals;
 pub mod silence;
 pub mod sink;
 pub mod sql;
+pub mod stall;
 pub mod table;
 pub mod time;
 pub mod tls;

@@ -151,6 +151,8 @@ pub struct Metrics {
     slot_losses: Counter,
     /// Time from emitting a heartbeat to receiving it on the stream.
     pub heartbeat_round_trip: Histogram,
+    /// How long the current stall of each cause has lasted ([`crate::stall`]).
+    stall_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Readiness inputs.
     pub health: Health,
 }
@@ -173,6 +175,8 @@ pub struct Health {
     pub stream_silent_ms: AtomicU64,
     /// When the oldest heartbeat not yet seen back was sent (unix ms, 0: none).
     pub heartbeat_pending_since: AtomicU64,
+    /// The first stall on now, with its fix ([`crate::stall`]).
+    pub stall: std::sync::Mutex<Option<String>>,
 }
 
 impl Metrics {
@@ -313,9 +317,20 @@ impl Metrics {
             Unit::Seconds,
             heartbeat_round_trip.clone(),
         );
+        let stall_seconds = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        for cause in crate::stall::Cause::ALL {
+            let _ = stall_seconds.get_or_create(&label("cause", cause.label()));
+        }
+        registry.register_with_unit(
+            "outbox_relay_stall",
+            "How long the stall of each cause (standby_slot, open_transaction, lock, prepared_transaction) has lasted; 0: none",
+            Unit::Seconds,
+            stall_seconds.clone(),
+        );
         Self {
             registry,
             heartbeat_round_trip,
+            stall_seconds,
             events_received,
             envelopes_published,
             publish_duration,
@@ -412,6 +427,13 @@ impl Metrics {
         self.rows.get_or_create(&label("state", state)).set(n);
     }
 
+    /// How long the stall of `cause` has lasted (0: none).
+    pub fn stall_seconds(&self, cause: crate::stall::Cause, seconds: f64) {
+        self.stall_seconds
+            .get_or_create(&label("cause", cause.label()))
+            .set(seconds);
+    }
+
     /// Whether a session streams.
     pub fn set_streaming(&self, on: bool) {
         self.streaming.set(i64::from(on));
@@ -430,6 +452,9 @@ impl Metrics {
         let h = &self.health;
         if h.slot_lost.load(Ordering::Relaxed) {
             return Some("the replication slot is missing or invalidated".into());
+        }
+        if let Some(stall) = h.stall.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            return Some(format!("stalled: {stall}"));
         }
         if h.stream_enabled.load(Ordering::Relaxed) && !h.streaming.load(Ordering::Relaxed) {
             return Some("the replication stream is not running".into());
@@ -506,6 +531,7 @@ mod tests {
             "outbox_relay_slot_wal_status{status=\"reserved\"} 1",
             "outbox_relay_publish_duration_seconds_bucket",
             "outbox_relay_end_to_end_latency_seconds_count",
+            "outbox_relay_stall_seconds{cause=\"standby_slot\"} 0",
         ] {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }

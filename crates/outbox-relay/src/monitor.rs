@@ -2,6 +2,11 @@
 //! `pg_current_wal_lsn()` against the slot's `confirmed_flush_lsn` and
 //! `restart_lsn`, its `wal_status` and `safe_wal_size`; every sixth time also
 //! the outbox rows by publish state. Feeds the metrics and readiness.
+//!
+//! Each look also asks the server why the slot's process waits, and for old
+//! prepared transactions ([`crate::stall`]): a stall is logged with its fix
+//! when it starts and when it is over, fails `/readyz` and is exported as
+//! `outbox_relay_stall_seconds{cause}`.
 
 use std::time::Duration;
 
@@ -91,6 +96,41 @@ pub async fn row_counts(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
+/// Ask the server why the slot waits, and report what changed.
+async fn look_for_stalls(
+    client: &tokio_postgres::Client,
+    config: &Config,
+    watch: &mut crate::stall::Watch,
+) {
+    use crate::stall::{self, Cause};
+    let look = match stall::look(client, &config.postgres.slot).await {
+        Ok(look) => look,
+        Err(e) => {
+            tracing::debug!(error = %crate::report::Chain(&e), "stall look failed");
+            return;
+        }
+    };
+    let now = std::time::Instant::now();
+    let found = stall::diagnose(&look, config.stream.prepared_transaction_max_age);
+    let changes = watch.observe(found, now);
+    for s in &changes.over {
+        tracing::info!(
+            cause = s.cause.label(),
+            subject = %s.subject,
+            "stall over: the server no longer names it"
+        );
+    }
+    for s in &changes.started {
+        tracing::warn!(cause = s.cause.label(), subject = %s.subject, "stalled: {}", s.describe());
+    }
+    let m = metrics::get();
+    for cause in Cause::ALL {
+        m.stall_seconds(cause, watch.seconds(cause, now));
+    }
+    *m.health.stall.lock().unwrap_or_else(|p| p.into_inner()) =
+        watch.stalls().next().map(|s| s.describe());
+}
+
 /// Watch the slot and the table until `stop`.
 pub async fn run(config: Config, stop: CancellationToken) {
     let Ok(conn) = ConnInfo::new(&config.postgres) else {
@@ -98,14 +138,21 @@ pub async fn run(config: Config, stop: CancellationToken) {
     };
     let m = metrics::get();
     let mut client = None;
+    let mut stalls = crate::stall::Watch::default();
     for round in 0u64.. {
         if client
             .as_ref()
             .is_none_or(|c: &tokio_postgres::Client| c.is_closed())
         {
             client = conn.connect().await.ok();
+            if let Some(c) = &client {
+                // A look that meets a locked catalog gives up instead of
+                // holding the next ones.
+                let _ = c.batch_execute("SET lock_timeout = '5s'").await;
+            }
         }
         if let Some(c) = &client {
+            look_for_stalls(c, &config, &mut stalls).await;
             match slot_lag(c, &config.postgres.slot).await {
                 Ok(s) => m.slot(
                     &s.wal_status,

@@ -17,6 +17,7 @@ mod sns;
 mod sns_fixture;
 mod sqs;
 mod stream;
+mod stall;
 mod tls;
 mod two_phase;
 mod webhook;

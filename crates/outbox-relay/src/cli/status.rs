@@ -1,5 +1,7 @@
 //! `outbox-relay status`: the slot's health, the oldest pending row, the rows
-//! by state and the failover state, as a table or JSON; exit 1, naming the
+//! by state, the failover state, the oldest prepared transaction and what
+//! stalls the slot ([`crate::stall`], from the server: one look, so only
+//! stalls one look can tell), as a table or JSON; exit 1, naming the
 //! problems, when the relay is not healthy.
 
 use std::process::ExitCode;
@@ -48,6 +50,21 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
     let failover = crate::failover::State::read(&client, &config.postgres.slot)
         .await
         .unwrap_or_default();
+    let look = crate::stall::look(&client, &config.postgres.slot)
+        .await
+        .unwrap_or_else(|e| {
+            eprintln!(
+                "warning: cannot ask the server what the slot waits for: {}",
+                crate::report::Chain(&e)
+            );
+            crate::stall::Look::default()
+        });
+    let stalls: Vec<crate::stall::Stall> =
+        crate::stall::diagnose(&look, config.stream.prepared_transaction_max_age)
+            .into_iter()
+            .filter(|s| s.lasting)
+            .collect();
+    let oldest_prepared = look.prepared.iter().find(|p| p.here);
     let max_lag = config.http.ready_max_lag_bytes;
     let mut problems = Vec::new();
     match slot.wal_status.as_str() {
@@ -60,6 +77,11 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
     if slot.wal_status != "missing" && slot.active_pid.is_none() {
         problems.push("no relay is streaming from the slot".to_owned());
     }
+    problems.extend(
+        stalls
+            .iter()
+            .map(|s| format!("stalled ({}): {}", s.cause.label(), s.describe())),
+    );
     if slot.lag_bytes > max_lag {
         problems.push(format!(
             "lag {} bytes is over http.ready_max_lag_bytes ({max_lag})",
@@ -79,6 +101,19 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
             "oldest_pending_seconds": oldest_pending,
             "failover": failover.failover,
             "synchronized_standby_slots": failover.standby_slots,
+            "oldest_prepared_transaction": oldest_prepared.map(|p| serde_json::json!({
+                "gid": p.gid,
+                "database": p.database,
+                "owner": p.owner,
+                "age_seconds": p.age,
+            })),
+            "stalls": stalls.iter().map(|s| serde_json::json!({
+                "cause": s.cause.label(),
+                "subject": s.subject,
+                "seconds": s.seconds,
+                "message": s.message,
+                "fix": s.fix,
+            })).collect::<Vec<_>>(),
             "rows": counts.iter().map(|(s, n)| (s.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
             "healthy": problems.is_empty(),
             "problems": problems,
@@ -114,6 +149,16 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
         println!(
             "oldest PENDING row   {}",
             opt(oldest_pending.map(|s| format!("{s:.1} s")))
+        );
+        println!(
+            "oldest prepared tx   {}",
+            opt(oldest_prepared.map(|p| format!(
+                "{} (database {:?}, owner {:?}, prepared {} ago)",
+                crate::sql::quote_literal(&p.gid),
+                p.database,
+                p.owner,
+                crate::stall::age(p.age)
+            )))
         );
         for (state, n) in &counts {
             println!("rows {state:<15} {n}");

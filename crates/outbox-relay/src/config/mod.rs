@@ -57,6 +57,9 @@ pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 pub const DEFAULT_MAX_UNMARKED: usize = 50_000;
 /// Default time a graceful shutdown waits for in-flight events.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default age at which a prepared transaction is a stall
+/// (`stream.prepared_transaction_max_age`).
+pub const DEFAULT_PREPARED_TRANSACTION_MAX_AGE: Duration = Duration::from_secs(300);
 /// Default pause after a small read of the stream (`stream.coalesce`).
 pub const DEFAULT_COALESCE: Duration = Duration::from_millis(1);
 /// Longest `stream.coalesce` allowed.
@@ -279,6 +282,11 @@ pub struct StreamConfig {
     /// See `replication::COALESCE_BELOW`.
     #[serde(deserialize_with = "de_duration")]
     pub coalesce: Duration,
+    /// A prepared transaction of the slot's database older than this is a
+    /// stall ([`crate::stall`]): logged, in `/readyz`, the metric and
+    /// `status`; 0 switches the check off.
+    #[serde(deserialize_with = "de_duration")]
+    pub prepared_transaction_max_age: Duration,
 }
 
 impl Default for StreamConfig {
@@ -291,6 +299,7 @@ impl Default for StreamConfig {
             max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             coalesce: DEFAULT_COALESCE,
+            prepared_transaction_max_age: DEFAULT_PREPARED_TRANSACTION_MAX_AGE,
         }
     }
 }
