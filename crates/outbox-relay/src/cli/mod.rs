@@ -154,7 +154,9 @@ pub fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => run::run(config, signals).await,
+            // Boxed: the relay's future holds the whole configuration and
+            // every worker's state, too large to move around on the stack.
+            Command::Run => Box::pin(run::run(config, signals)).await,
             Command::Setup {
                 apply,
                 role,
