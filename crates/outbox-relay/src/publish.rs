@@ -23,7 +23,9 @@
 //!   does not wait); otherwise it waits up to the sink's linger for more.
 //! * At most [`Limiter::limit`] batches are in flight: fixed, or adaptive
 //!   from each batch's round-trip time and [`Cause`] (see
-//!   [`crate::concurrency`]), as [`Sink::concurrency`] says.
+//!   [`crate::concurrency`]), as [`Sink::concurrency`] says. Once an
+//!   adaptive sink was throttled, batches also start no faster than the
+//!   limiter's pace ([`Limiter::paced_until`]).
 //!
 //! # Ordering (per group; the group is the aggregate id unless configured)
 //!
@@ -353,6 +355,8 @@ impl<S: Sink> Publisher<S> {
                 return None; // a batch finishing wakes the loop
             }
             let now = Instant::now();
+            // The limiter's own clock (pure logic: it is handed the time).
+            let clock = std::time::Instant::now();
             while let Some(&(at, key)) = self.waiting.first() {
                 if at > now {
                     break;
@@ -360,12 +364,21 @@ impl<S: Sink> Publisher<S> {
                 self.waiting.pop_first();
                 self.unblock(key);
             }
+            if !self.ready.is_empty() {
+                if let Some(at) = self.limiter.paced_until(clock) {
+                    // Paced: the next batch starts then (or when a backoff ends).
+                    let at = now + at.saturating_duration_since(clock);
+                    let backoff = self.waiting.first().map(|&(w, _)| w);
+                    return Some(backoff.map_or(at, |w| w.min(at)));
+                }
+            }
             let (picked, wake) = self.pick(now, open);
             if picked.is_empty() {
                 return wake;
             }
             let (batch, keys, seqs) = self.take(&picked);
             self.batches += 1;
+            self.limiter.started(clock);
             if self.batches >= self.limiter.limit() {
                 self.limiter.saturated();
             }
@@ -566,14 +579,18 @@ impl<S: Sink> Publisher<S> {
         let mut signal = Signal::Clean;
         for verdict in verdicts {
             match verdict {
-                Verdict::Retry(r) if r.cause.is_load() => {
-                    signal = Signal::BackPressure;
+                // A quota said no: the limiter paces the sink.
+                Verdict::Retry(r) if matches!(r.cause, Cause::Throttled) => {
+                    signal = Signal::Throttled;
                     break;
                 }
+                Verdict::Retry(r) if r.cause.is_load() => signal = Signal::BackPressure,
                 // A rejection may have cost the sink extra calls to find it:
                 // its time is no sample of the round trip.
-                Verdict::Retry(_) | Verdict::Rejected(_) => signal = Signal::Neutral,
-                Verdict::Delivered => {}
+                Verdict::Retry(_) | Verdict::Rejected(_) if signal == Signal::Clean => {
+                    signal = Signal::Neutral;
+                }
+                Verdict::Retry(_) | Verdict::Rejected(_) | Verdict::Delivered => {}
             }
         }
         self.limiter
@@ -753,8 +770,10 @@ mod tests {
                     let id = m.event.id().to_string();
                     if self.fail_once.lock().unwrap().remove(&id) {
                         // Load and non-load causes: the limiter moves too.
+                        // (A 5xx: throttling this often, whatever the rate,
+                        // would pace the sink down to a call a second.)
                         let cause = if id.len() % 2 == 0 {
-                            Cause::Throttled
+                            Cause::Unavailable
                         } else {
                             Cause::Other
                         };
