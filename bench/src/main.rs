@@ -19,9 +19,13 @@
 //!    `--sns-latency` away with the default configuration (rows marked
 //!    PUBLISHED): rows/s until the slot has confirmed, and until no row is
 //!    PENDING (the table has settled), against pg_recvlogical on the same rows.
-//! 3. **Quota**: a fresh backlog of `--quota-rows`, drained `--sns-latency`
-//!    away from an endpoint that throttles above `--sns-quota` messages/s:
-//!    delivered rate against the quota, throttled calls, lost messages.
+//! 3. **Quota**: for each of `--quotas` (messages/s) and each of
+//!    `--quota-bursts` (the size of the quota's token bucket, in seconds of
+//!    it), a fresh backlog drained `--sns-latency` away from an endpoint that
+//!    throttles above the quota: `--quota-seconds` at it, then
+//!    `--raise-seconds` at `--quota-raise` times it, then no quota until the
+//!    backlog is drained. Delivered messages against what the bucket gave,
+//!    throttled calls, how soon the raised quota was found, lost messages.
 //! 4. **Large rows**: for each of `--large-kib`, a fresh backlog of
 //!    `--large-rows` rows with payloads of that many KiB (hex digests, not
 //!    compressible), drained `--sns-latency` away with the default
@@ -84,9 +88,27 @@ struct Args {
     /// Each answer's latency varies uniformly within ± this fraction.
     #[arg(long, default_value_t = 0.1)]
     sns_jitter: f64,
-    /// SNS's quota for the quota run, messages/s; calls above it are throttled.
-    #[arg(long, default_value_t = 10_000.0)]
-    sns_quota: f64,
+    /// The quota runs' quotas, messages/s; calls above one are throttled.
+    #[arg(
+        long,
+        alias = "sns-quota",
+        value_delimiter = ',',
+        default_value = "300,1000,3000,10000,30000"
+    )]
+    quotas: Vec<f64>,
+    /// The sizes of the quota's token bucket, in seconds of the quota (AWS
+    /// publishes none): each quota runs with each.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,1,5")]
+    quota_bursts: Vec<f64>,
+    /// Seconds at each quota, from the relay's first call.
+    #[arg(long, default_value_t = 30)]
+    quota_seconds: u64,
+    /// The quota is then multiplied by this...
+    #[arg(long, default_value_t = 2.0)]
+    quota_raise: f64,
+    /// ...for this many seconds; then it is lifted and the rest drained.
+    #[arg(long, default_value_t = 15)]
+    raise_seconds: u64,
     /// The topics' `MaximumMessageSize` that the SNS endpoint answers
     /// `GetTopicAttributes` with, bytes (SNS: 1024 to 1048576).
     #[arg(long, default_value_t = sns::DEFAULT_MAX_MESSAGE_SIZE)]
@@ -94,9 +116,6 @@ struct Args {
     /// Backlog rows for the default-lifecycle run (marking every row).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
-    /// Backlog rows for the quota run.
-    #[arg(long, default_value_t = 200_000)]
-    quota_rows: u64,
     /// Skip the default-lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
@@ -115,6 +134,15 @@ struct Args {
     /// The relay binary (default: target/release/outbox-relay next to this one).
     #[arg(long)]
     relay: Option<PathBuf>,
+    /// Another relay binary (an earlier build) to drain beside the SNS RTT
+    /// contender in every round, for a before/after in one invocation.
+    #[arg(long)]
+    baseline_relay: Option<PathBuf>,
+    /// Drain only these contenders (and pg_recvlogical): stdout, sns, snsrtt,
+    /// snsfifo, webhook, webhookbatch, sqs, sqsfifo, eventbridge, kinesis,
+    /// kinesisloose. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    contenders: Vec<String>,
 }
 
 impl Args {
@@ -125,6 +153,7 @@ impl Args {
             latency: self.sns_latency,
             jitter: self.sns_jitter,
             quota: None,
+            burst: sns::DEFAULT_BURST,
             max_message_size: self.sns_max_message_size,
         }
     }
@@ -427,7 +456,7 @@ async fn drain(
 ) -> anyhow::Result<()> {
     let rounds = args.rounds.max(1);
     // Slots `bench_<contender>_<round>`, all copies of the first: one start LSN.
-    let contenders = [
+    let all = [
         "recvlogical",
         "stdout",
         "sns",
@@ -441,6 +470,24 @@ async fn drain(
         "kinesis",
         "kinesisloose",
     ];
+    for name in &args.contenders {
+        if !all[1..].contains(&name.as_str()) {
+            bail!(
+                "--contenders: no contender {name} (one of {})",
+                all[1..].join(", ")
+            );
+        }
+    }
+    let runs = |contender: &str| {
+        contender == "recvlogical"
+            || args.contenders.is_empty()
+            || args.contenders.iter().any(|c| c == contender)
+    };
+    let baseline = args.baseline_relay.as_deref();
+    let mut contenders: Vec<&str> = all.iter().copied().filter(|c| runs(c)).collect();
+    if baseline.is_some() {
+        contenders.push("snsrttbase");
+    }
     let slot = |contender: &str, round: usize| format!("bench_{contender}_{round}");
     let names: Vec<String> = (0..rounds)
         .flat_map(|round| contenders.iter().map(move |c| slot(c, round)))
@@ -460,79 +507,112 @@ async fn drain(
         args.sns_latency,
         args.sns_jitter * 100.0
     );
-    let (mut recvlogicals, mut stdouts) = (Vec::new(), Vec::new());
+    if let Some(baseline) = baseline {
+        println!(
+            "relay (baseline): {}, drained to the endpoint {:?} away after the SNS RTT contender",
+            baseline.display(),
+            args.sns_latency
+        );
+    }
+    let (mut recvlogicals, mut stdouts, mut baselines) = (Vec::new(), Vec::new(), Vec::new());
     let mut snss: [Vec<Usage>; NETWORK_CONTENDERS.len()] = Default::default();
     // Messages and calls at the endpoint, per contender, over the rounds.
     let mut traffic = [(0u64, 0u64); NETWORK_CONTENDERS.len()];
+    let mut baseline_traffic = (0u64, 0u64);
     for round in 0..rounds {
         recvlogicals
             .push(recvlogical(pg_bin, url, sql, &slot("recvlogical", round), &end_lsn).await?);
 
-        let stdout_slot = slot("stdout", round);
-        stdouts.push(
-            run_relay(
-                relay,
-                sql,
-                &relay_config(
-                    url,
-                    &stdout_slot,
-                    "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
-                ),
-                &[],
-                &stdout_slot,
-                &end_lsn,
-            )
-            .await?,
-        );
-
-        for (i, ((_, destination), contender)) in
-            NETWORK_CONTENDERS.iter().zip(&contenders[2..]).enumerate()
-        {
-            let endpoint = if i == 0 { &local } else { &distant };
-            let (before, calls_before, _) = endpoint.counts.snapshot();
-            let sns_slot = slot(contender, round);
-            let sink = network_sink(&endpoint.url, destination);
-            let config = relay_config(url, &sns_slot, &format!("[http]\nlisten = \"\"\n{sink}"));
-            snss[i].push(
+        if runs("stdout") {
+            let stdout_slot = slot("stdout", round);
+            stdouts.push(
                 run_relay(
                     relay,
+                    sql,
+                    &relay_config(
+                        url,
+                        &stdout_slot,
+                        "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
+                    ),
+                    &[],
+                    &stdout_slot,
+                    &end_lsn,
+                )
+                .await?,
+            );
+        }
+
+        for (i, ((name, destination), contender)) in
+            NETWORK_CONTENDERS.iter().zip(&all[2..]).enumerate()
+        {
+            // The SNS RTT contender again with the baseline binary, next to
+            // it (first in odd rounds, so neither always goes first).
+            let mut binaries = vec![(relay, *contender)];
+            if let Some(b) = baseline.filter(|_| *contender == "snsrtt") {
+                binaries.push((b, "snsrttbase"));
+                if round % 2 == 1 {
+                    binaries.reverse();
+                }
+            }
+            for (binary, contender) in binaries {
+                if !runs(contender) && contender != "snsrttbase" {
+                    continue;
+                }
+                let endpoint = if i == 0 { &local } else { &distant };
+                let (before, calls_before, _) = endpoint.counts.snapshot();
+                let sns_slot = slot(contender, round);
+                let sink = network_sink(&endpoint.url, destination);
+                let config =
+                    relay_config(url, &sns_slot, &format!("[http]\nlisten = \"\"\n{sink}"));
+                let usage = run_relay(
+                    binary,
                     sql,
                     &config,
                     &aws_env(&endpoint.url),
                     &sns_slot,
                     &end_lsn,
                 )
-                .await?,
-            );
-            let (after, calls_after, _) = endpoint.counts.snapshot();
-            if after - before < rows {
-                bail!(
-                    "the endpoint received {} messages of {rows} ({})",
-                    after - before,
-                    NETWORK_CONTENDERS[i].0
-                );
+                .await?;
+                let (after, calls_after, _) = endpoint.counts.snapshot();
+                if after - before < rows {
+                    bail!(
+                        "the endpoint received {} messages of {rows} ({name}, {})",
+                        after - before,
+                        binary.display()
+                    );
+                }
+                let seen = (after - before, calls_after - calls_before);
+                if contender == "snsrttbase" {
+                    baselines.push(usage);
+                    baseline_traffic.0 += seen.0;
+                    baseline_traffic.1 += seen.1;
+                } else {
+                    snss[i].push(usage);
+                    traffic[i].0 += seen.0;
+                    traffic[i].1 += seen.1;
+                }
             }
-            traffic[i].0 += after - before;
-            traffic[i].1 += calls_after - calls_before;
         }
         if rounds > 1 {
             let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
             let b = &recvlogicals[round];
-            let mut line = format!(
-                "round {}: rows/s pg_recvlogical {:.0}, stdout {:.0} ({:.2}x)",
-                round + 1,
-                rate(b),
-                rate(&stdouts[round]),
-                rate(&stdouts[round]) / rate(b),
-            );
-            for ((name, _), runs) in NETWORK_CONTENDERS.iter().zip(&snss) {
-                let n = &runs[round];
-                line.push_str(&format!(
-                    ", {} {:.0} ({:.2}x)",
-                    name.trim_start_matches("relay, "),
-                    rate(n),
-                    rate(n) / rate(b)
-                ));
+            let mut line = format!("round {}: rows/s pg_recvlogical {:.0}", round + 1, rate(b));
+            let named = std::iter::once(("stdout", &stdouts))
+                .chain(
+                    NETWORK_CONTENDERS
+                        .iter()
+                        .zip(&snss)
+                        .map(|((name, _), runs)| (name.trim_start_matches("relay, "), runs)),
+                )
+                .chain(std::iter::once(("baseline SNS RTT", &baselines)));
+            for (name, runs) in named {
+                if let Some(n) = runs.get(round) {
+                    line.push_str(&format!(
+                        ", {name} {:.0} ({:.2}x)",
+                        rate(n),
+                        rate(n) / rate(b)
+                    ));
+                }
             }
             println!("{line}");
         }
@@ -543,6 +623,9 @@ async fn drain(
     let rate = |u: &Usage| rows as f64 / u.wall.as_secs_f64();
     let cpu = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
     let report = |name: &str, runs: &[Usage], traffic: Option<(u64, u64)>| {
+        if runs.is_empty() {
+            return;
+        }
         println!(
             "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS{}",
             median(runs.iter().map(rate).collect()),
@@ -573,6 +656,11 @@ async fn drain(
     for (((name, _), runs), traffic) in NETWORK_CONTENDERS.iter().zip(&snss).zip(traffic) {
         report(name, runs, Some(traffic));
     }
+    report(
+        "baseline relay, SNS RTT",
+        &baselines,
+        Some(baseline_traffic),
+    );
     let ratio = |runs: &[Usage]| {
         let pairs = || runs.iter().zip(&recvlogicals);
         (
@@ -580,10 +668,24 @@ async fn drain(
             median(pairs().map(|(u, b)| cpu(u) / cpu(b)).collect()),
         )
     };
-    let (speed, per_row) = ratio(&stdouts);
-    println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
+    if !stdouts.is_empty() {
+        let (speed, per_row) = ratio(&stdouts);
+        println!("ratio stdout / pg_recvlogical: {speed:.2}x rows/s (target >= 1.0), {per_row:.2}x CPU per row (target <= 1.0)");
+    }
     let targets = ["0.6", "0.5", "0.3", "-", "-", "-", "-", "-", "-", "-"];
-    for (((name, _), runs), target) in NETWORK_CONTENDERS.iter().zip(&snss).zip(targets) {
+    let network = NETWORK_CONTENDERS
+        .iter()
+        .map(|(name, _)| name.trim_start_matches("relay, "))
+        .zip(snss.iter().map(Vec::as_slice))
+        .zip(targets)
+        .chain(std::iter::once((
+            ("baseline SNS RTT", baselines.as_slice()),
+            "0.5",
+        )));
+    for ((name, runs), target) in network {
+        if runs.is_empty() {
+            continue;
+        }
         let (speed, per_row) = ratio(runs);
         let target = if target == "-" {
             String::new()
@@ -591,9 +693,13 @@ async fn drain(
             format!(" (target >= {target})")
         };
         println!(
-            "ratio {} / pg_recvlogical: {speed:.2}x rows/s{target}, {per_row:.2}x CPU per row",
-            name.trim_start_matches("relay, ")
+            "ratio {name} / pg_recvlogical: {speed:.2}x rows/s{target}, {per_row:.2}x CPU per row"
         );
+    }
+    if !baselines.is_empty() && !snss[1].is_empty() {
+        let pairs = snss[1].iter().zip(&baselines);
+        let ratio = median(pairs.map(|(new, old)| rate(new) / rate(old)).collect());
+        println!("ratio SNS RTT / baseline SNS RTT: {ratio:.2}x rows/s (median of the rounds)");
     }
     for (what, endpoint) in [("local", &local), ("distant", &distant)] {
         let (messages, calls, _) = endpoint.counts.snapshot();
@@ -670,63 +776,280 @@ async fn lifecycle(
     Ok(())
 }
 
-/// A drain against an endpoint that throttles above the quota.
+/// What the endpoint saw in one quota run: a quota at one bucket size.
+#[derive(Debug, Clone)]
+struct QuotaRun {
+    quota: f64,
+    burst: f64,
+    raised: f64,
+    /// At the quota, from the first call until the raise.
+    at_quota: Stretch,
+    /// After the raise, until the quota is lifted.
+    after_raise: Stretch,
+    /// Seconds from the raise until a second's worth of accepted messages
+    /// first reached 85 % of the raised quota.
+    found: Option<f64>,
+    rows: u64,
+    /// Messages accepted in all, after the quota was lifted and the backlog
+    /// drained.
+    accepted: u64,
+}
+
+/// The endpoint's counts over a stretch of time, and what its bucket could
+/// have given in it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stretch {
+    seconds: f64,
+    messages: u64,
+    calls: u64,
+    throttled: u64,
+    /// The bucket's tokens at the start plus its refill over the stretch.
+    available: f64,
+}
+
+impl Stretch {
+    fn delivered(&self) -> f64 {
+        self.messages as f64 / self.available
+    }
+    fn throttled_share(&self) -> f64 {
+        self.throttled as f64 / self.calls.max(1) as f64
+    }
+}
+
+/// Drains against an endpoint that throttles above a quota: for each of
+/// `--quotas` and each of `--quota-bursts` (the bucket's size, in seconds of
+/// the quota), `--quota-seconds` at the quota from the first call, then
+/// `--raise-seconds` at `--quota-raise` times it; then the quota is lifted
+/// and the relay drains the rest, so every row is counted (lost = rows minus
+/// messages accepted: a throttled call accepts nothing). One backlog per
+/// quota, a slot for each bucket size.
 async fn quota(
     args: &Args,
     sql: &tokio_postgres::Client,
     url: &str,
     relay: &std::path::Path,
 ) -> anyhow::Result<()> {
-    sql.batch_execute("TRUNCATE outbox").await?;
-    let names = ["bench_quota".to_owned()];
-    let start_lsn = slots(sql, &names).await?;
-    let rows = args.quota_rows;
-    let end_lsn = backlog(
-        sql,
-        url,
-        rows,
-        args.per_tx,
-        &start_lsn,
-        &format!(
-            "quota: {:.0} messages/s, {:?} away",
-            args.sns_quota, args.sns_latency
-        ),
-    )
-    .await?;
-    let endpoint = sns::Endpoint::start(sns::Model {
-        quota: Some(args.sns_quota),
-        ..args.distant()
-    })
-    .await?;
+    let (t1, t2) = (args.quota_seconds as f64, args.raise_seconds as f64);
+    let widest = args.quota_bursts.iter().copied().fold(0.0, f64::max);
+    println!(
+        "\n== quota runs: SNS {:?} away (± {:.0} %), {} s at each quota, then {} s at {}x it; load average {}",
+        args.sns_latency,
+        args.sns_jitter * 100.0,
+        args.quota_seconds,
+        args.raise_seconds,
+        args.quota_raise,
+        load_average()
+    );
+    let mut runs = Vec::new();
+    for &quota in &args.quotas {
+        sql.batch_execute("TRUNCATE outbox").await?;
+        let raised = quota * args.quota_raise;
+        // Both stretches at their full quota, the widest burst, and a margin.
+        let rows = ((quota * (t1 + widest) + raised * t2) * 1.15) as u64 + 1_000;
+        let names: Vec<String> = (0..args.quota_bursts.len())
+            .map(|i| format!("bench_quota_{}_{i}", quota as u64))
+            .collect();
+        let start_lsn = slots(sql, &names).await?;
+        let end_lsn = backlog(
+            sql,
+            url,
+            rows,
+            args.per_tx,
+            &start_lsn,
+            &format!("quota {quota:.0} messages/s, raised to {raised:.0}"),
+        )
+        .await?;
+        for (&burst, slot) in args.quota_bursts.iter().zip(&names) {
+            let run = quota_run(args, sql, url, relay, slot, &end_lsn, rows, quota, burst).await?;
+            let (a, b) = (&run.at_quota, &run.after_raise);
+            println!(
+                "quota {quota:.0}/s, bucket {burst} s: {:.1} % delivered ({} of the {:.0} the bucket gave in {:.1} s), \
+                 {:.2} % of calls throttled ({} of {}); raised to {raised:.0}/s: 85 % {}, {:.1} % delivered, \
+                 {:.2} % throttled ({} of {}); lost {} of {rows} rows{}",
+                a.delivered() * 100.0,
+                a.messages,
+                a.available,
+                a.seconds,
+                a.throttled_share() * 100.0,
+                a.throttled,
+                a.calls,
+                run.found
+                    .map_or(format!("not within {:.0} s", b.seconds), |s| format!("after {s:.1} s")),
+                b.delivered() * 100.0,
+                b.throttled_share() * 100.0,
+                b.throttled,
+                b.calls,
+                rows.saturating_sub(run.accepted),
+                if run.accepted > rows {
+                    format!(" ({} accepted twice)", run.accepted - rows)
+                } else {
+                    String::new()
+                },
+            );
+            if a.messages + b.messages >= rows {
+                println!("  (the backlog ran out before the end: figures understated)");
+            }
+            sql.execute("SELECT pg_drop_replication_slot($1)", &[slot])
+                .await?;
+            runs.push(run);
+        }
+    }
+    println!(
+        "\n| quota (msg/s) | bucket | delivered | throttled calls | raised to | 85 % after | delivered | throttled calls | lost |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for run in &runs {
+        let (a, b) = (&run.at_quota, &run.after_raise);
+        println!(
+            "| {:.0} | {} s | {:.1} % | {:.2} % ({}/{}) | {:.0} | {} | {:.1} % | {:.2} % | {} |",
+            run.quota,
+            run.burst,
+            a.delivered() * 100.0,
+            a.throttled_share() * 100.0,
+            a.throttled,
+            a.calls,
+            run.raised,
+            run.found.map_or("—".into(), |s| format!("{s:.1} s")),
+            b.delivered() * 100.0,
+            b.throttled_share() * 100.0,
+            run.rows.saturating_sub(run.accepted),
+        );
+    }
+    println!("load average after the quota runs: {}", load_average());
+    Ok(())
+}
+
+/// One quota run on `slot` (its backlog `rows` rows, ending at `end_lsn`).
+#[allow(clippy::too_many_arguments)]
+async fn quota_run(
+    args: &Args,
+    sql: &tokio_postgres::Client,
+    url: &str,
+    relay: &std::path::Path,
+    slot: &str,
+    end_lsn: &str,
+    rows: u64,
+    quota: f64,
+    burst: f64,
+) -> anyhow::Result<QuotaRun> {
+    let raised = quota * args.quota_raise;
+    let endpoint = Arc::new(
+        sns::Endpoint::start(sns::Model {
+            quota: Some(quota),
+            burst: Duration::from_secs_f64(burst),
+            ..args.distant()
+        })
+        .await?,
+    );
+    // Errors only: a warning for every throttled call is the point here.
     let config = relay_config(
         url,
-        &names[0],
+        slot,
         &format!(
             "[http]\nlisten = \"\"\n{}",
             sns_sink(&endpoint.url, "bench")
         ),
-    );
-    let usage = run_relay(
-        relay,
-        sql,
-        &config,
-        &aws_env(&endpoint.url),
-        &names[0],
-        &end_lsn,
     )
-    .await?;
-    let (messages, calls, throttled) = endpoint.counts.snapshot();
-    let delivered = rows as f64 / usage.wall.as_secs_f64();
-    println!(
-        "delivered {delivered:.0} messages/s = {:.1} % of the quota (target >= 85 %); \
-         {throttled} of {calls} calls throttled = {:.2} % (target <= 5 %); \
-         {} lost ({messages} accepted for {rows} rows); {:.1} MiB peak RSS",
-        delivered * 100.0 / args.sns_quota,
-        throttled as f64 * 100.0 / calls.max(1) as f64,
-        rows.saturating_sub(messages),
-        usage.max_rss_kib as f64 / 1024.0
+    .replace("level = \"warn\"", "level = \"error\"");
+    let stretches = (
+        Duration::from_secs(args.quota_seconds),
+        Duration::from_secs(args.raise_seconds),
     );
-    Ok(())
+    let control = tokio::spawn(quota_phases(Arc::clone(&endpoint), raised, stretches));
+    let drained = run_relay(relay, sql, &config, &aws_env(&endpoint.url), slot, end_lsn).await;
+    if drained.is_err() {
+        control.abort();
+    }
+    drained?;
+    let (at_quota, after_raise, found) = control.await??;
+    let capacity = (quota * burst).max(10.0);
+    Ok(QuotaRun {
+        quota,
+        burst,
+        raised,
+        at_quota: Stretch {
+            available: capacity + quota * at_quota.seconds,
+            ..at_quota
+        },
+        after_raise,
+        found,
+        rows,
+        accepted: endpoint.counts.snapshot().0,
+    })
+}
+
+/// From the endpoint's first call: the quota for `stretches.0`, then
+/// `raised` for `stretches.1`, then lifted. What each stretch saw (the
+/// second's `available` filled in: the bucket's tokens at the raise and its
+/// refill), and seconds from the raise until a second's worth of accepted
+/// messages reached 85 % of `raised` (sampled every 100 ms).
+async fn quota_phases(
+    endpoint: Arc<sns::Endpoint>,
+    raised: f64,
+    stretches: (Duration, Duration),
+) -> anyhow::Result<(Stretch, Stretch, Option<f64>)> {
+    let waiting = Instant::now();
+    while endpoint.counts.snapshot().1 == 0 {
+        if waiting.elapsed() > Duration::from_secs(120) {
+            bail!("the relay made no call in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    // (seconds, messages, calls, throttled)
+    let mut samples: Vec<(f64, u64, u64, u64)> = vec![(0.0, 0, 0, 0)];
+    let mut raise: Option<(usize, f64)> = None;
+    loop {
+        tick.tick().await;
+        let t = start.elapsed().as_secs_f64();
+        let (messages, calls, throttled) = endpoint.counts.snapshot();
+        samples.push((t, messages, calls, throttled));
+        if raise.is_none() && t >= stretches.0.as_secs_f64() {
+            raise = Some((samples.len() - 1, endpoint.set_quota(Some(raised))));
+        }
+        if t >= (stretches.0 + stretches.1).as_secs_f64() {
+            endpoint.set_quota(None);
+            break;
+        }
+    }
+    let (at, held) = raise.expect("raised before the end");
+    let stretch = |from: (f64, u64, u64, u64), to: (f64, u64, u64, u64)| Stretch {
+        seconds: to.0 - from.0,
+        messages: to.1 - from.1,
+        calls: to.2 - from.2,
+        throttled: to.3 - from.3,
+        available: 0.0,
+    };
+    let last = *samples.last().expect("samples");
+    let after = stretch(samples[at], last);
+    let found = (at..samples.len()).find_map(|i| {
+        let (t, m, ..) = samples[i];
+        let j = (at..i).rev().find(|&j| samples[j].0 <= t - 1.0)?;
+        let (tj, mj, ..) = samples[j];
+        ((m - mj) as f64 / (t - tj) >= 0.85 * raised).then(|| t - samples[at].0)
+    });
+    Ok((
+        stretch(samples[0], samples[at]),
+        Stretch {
+            available: held + raised * after.seconds,
+            ..after
+        },
+        found,
+    ))
+}
+
+/// `/proc/loadavg`'s three averages.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Rows a transaction in the large-row backlogs: 25 MiB at 256 KiB, within

@@ -16,7 +16,10 @@
 //! after the latency (± its jitter), and above the quota a call is refused
 //! whole as SNS refuses it: HTTP 400 with the Query protocol's
 //! `<Code>Throttling</Code>` "Rate exceeded". The quota is a token bucket of
-//! messages refilled at the quota's rate, holding a tenth of a second's worth.
+//! messages refilled at the quota's rate, holding [`Model::burst`] of it
+//! (AWS does not publish its buckets' sizes), full at the start as an
+//! account's is after a quiet spell. The quota may be raised or lifted while
+//! the endpoint runs ([`Endpoint::set_quota`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -67,6 +70,9 @@ pub struct Model {
     pub jitter: f64,
     /// Messages per second accepted; calls above it are throttled.
     pub quota: Option<f64>,
+    /// How much of the quota the bucket holds (a burst taken at any speed):
+    /// this long of it, and at least one batch of ten.
+    pub burst: Duration,
     /// The topics' `MaximumMessageSize` attribute, in bytes (SNS: 1,024 to
     /// 1,048,576; 262,144 unless set).
     pub max_message_size: usize,
@@ -78,9 +84,13 @@ impl Model {
         latency: Duration::ZERO,
         jitter: 0.0,
         quota: None,
+        burst: DEFAULT_BURST,
         max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
     };
 }
+
+/// The bucket's size unless said: a tenth of a second of the quota.
+pub const DEFAULT_BURST: Duration = Duration::from_millis(100);
 
 /// SNS's `MaximumMessageSize` of a topic that does not set it.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 256 * 1024;
@@ -91,17 +101,25 @@ struct Bucket {
     capacity: f64,
     tokens: f64,
     at: Instant,
+    /// The quota was lifted: everything goes.
+    lifted: bool,
 }
 
 impl Bucket {
-    fn new(rate: f64) -> Self {
-        let capacity = (rate / 10.0).max(10.0);
+    /// A full bucket holding `burst` of `rate` (at least a batch of ten).
+    fn new(rate: f64, burst: Duration) -> Self {
+        let capacity = Self::capacity(rate, burst);
         Self {
             rate,
             capacity,
             tokens: capacity,
             at: Instant::now(),
+            lifted: false,
         }
+    }
+
+    fn capacity(rate: f64, burst: Duration) -> f64 {
+        (rate * burst.as_secs_f64()).max(10.0)
     }
 
     fn refill(&mut self) {
@@ -113,6 +131,9 @@ impl Bucket {
 
     /// Whether `n` messages may go now (taken if so).
     fn take(&mut self, n: f64) -> bool {
+        if self.lifted {
+            return true;
+        }
         self.refill();
         if self.tokens >= n {
             self.tokens -= n;
@@ -124,6 +145,9 @@ impl Bucket {
 
     /// How many of `n` messages may go now (taken): all, some or none.
     fn take_up_to(&mut self, n: usize) -> usize {
+        if self.lifted {
+            return n;
+        }
         self.refill();
         let k = (self.tokens.max(0.0).floor() as usize).min(n);
         self.tokens -= k as f64;
@@ -157,6 +181,7 @@ pub struct Endpoint {
     pub url: String,
     /// Its counters.
     pub counts: Arc<Counts>,
+    state: Arc<State>,
 }
 
 impl Endpoint {
@@ -165,12 +190,13 @@ impl Endpoint {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let counts = Arc::new(Counts::default());
-        let served = Arc::new(State {
+        let state = Arc::new(State {
             counts: Arc::clone(&counts),
             model,
-            bucket: model.quota.map(|q| Mutex::new(Bucket::new(q))),
+            bucket: model.quota.map(|q| Mutex::new(Bucket::new(q, model.burst))),
             sequence: AtomicU64::new(0),
         });
+        let served = Arc::clone(&state);
         tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -189,7 +215,30 @@ impl Endpoint {
                 });
             }
         });
-        Ok(Endpoint { url, counts })
+        Ok(Endpoint { url, counts, state })
+    }
+
+    /// From now on the quota is `quota` messages a second, its bucket
+    /// [`Model::burst`] of it, keeping the tokens it holds (up to its new
+    /// size); `None` lifts it. The messages the bucket held at the change.
+    /// An endpoint started without a quota keeps none.
+    pub fn set_quota(&self, quota: Option<f64>) -> f64 {
+        let Some(bucket) = &self.state.bucket else {
+            return 0.0;
+        };
+        let mut bucket = bucket.lock().unwrap_or_else(|p| p.into_inner());
+        bucket.refill();
+        let held = bucket.tokens;
+        match quota {
+            Some(rate) => {
+                bucket.rate = rate;
+                bucket.capacity = Bucket::capacity(rate, self.state.model.burst);
+                bucket.tokens = bucket.tokens.min(bucket.capacity);
+                bucket.lifted = false;
+            }
+            None => bucket.lifted = true,
+        }
+        held
     }
 }
 
@@ -680,7 +729,7 @@ mod tests {
                 quota,
                 ..Model::LOCAL
             },
-            bucket: quota.map(|q| Mutex::new(Bucket::new(q))),
+            bucket: quota.map(|q| Mutex::new(Bucket::new(q, DEFAULT_BURST))),
             sequence: AtomicU64::new(0),
         }
     }
@@ -847,6 +896,20 @@ mod tests {
             Class::Throttled
         );
         assert_eq!(state.counts.snapshot(), (2, 1, 1));
+    }
+
+    #[test]
+    fn a_bucket_holds_its_burst_and_a_lifted_one_takes_everything() {
+        let mut bucket = Bucket::new(100.0, Duration::from_secs(5));
+        assert!(bucket.take(500.0), "five seconds of quota at once");
+        assert!(!bucket.take(10.0));
+        assert_eq!(bucket.take_up_to(10), 0);
+        bucket.lifted = true;
+        assert!(bucket.take(1e9));
+        assert_eq!(bucket.take_up_to(10), 10);
+        // At least one batch of ten, however small the quota or the burst.
+        assert_eq!(Bucket::capacity(1.0, DEFAULT_BURST), 10.0);
+        assert_eq!(Bucket::capacity(3_000.0, DEFAULT_BURST), 300.0);
     }
 
     fn body_text(response: Response<Full<Bytes>>) -> String {
