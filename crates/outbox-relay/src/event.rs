@@ -330,6 +330,14 @@ impl OutboxEvent {
         self.text = text.0;
     }
 
+    /// Give the event another id (a notice about it is other content, so it
+    /// carries an id of its own: DESIGN.md invariant 10).
+    pub fn set_id(&mut self, id: &str) {
+        let mut text = TextBuilder(std::mem::take(&mut self.text));
+        self.id = text.push(id);
+        self.text = text.0;
+    }
+
     /// Every text field, borrowed.
     pub fn fields(&self) -> Fields<'_> {
         Fields {

@@ -192,11 +192,13 @@ impl<S: Sink> Poller<S> {
                 Ok(c) => match Table::inspect(&c, &self.config).await {
                     Ok(Some(table)) if table.managed && table.created_at.is_some() => {
                         let name = self.config.table();
+                        // The stream tells the sink too (IDENTIFY_SYSTEM, which
+                        // needs no grant): a database that revoked
+                        // pg_control_system() only leaves the poller unable to.
                         match crate::postgres::source(&c, &self.conn.dbname, &name).await {
                             Ok(source) => self.sink.source(&source),
                             Err(e) => {
-                                tracing::warn!(error = %crate::report::Chain(&e), "poller cannot read the system identifier");
-                                return None;
+                                tracing::debug!(error = %crate::report::Chain(&e), "poller cannot read the system identifier");
                             }
                         }
                         *client = Some((c, table))
@@ -394,6 +396,9 @@ impl<S: Sink> Poller<S> {
                 });
                 let mut event = m.event.clone();
                 event.set_group("outbox-relay-dead-letters");
+                // Not the event: the notice's ids (FIFO deduplication id,
+                // webhook-id, claim-check key) must not name the event's.
+                event.set_id(&format!("dead-{id}"));
                 Some(Message {
                     ticket: Ticket::detached(),
                     event,

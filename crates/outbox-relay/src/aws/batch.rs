@@ -589,15 +589,27 @@ pub fn settle(
         .collect()
 }
 
+/// Whether `value` is 64 lower-case hex digits: what [`fifo_id`] and the
+/// claim-check keys replace a value by.
+pub fn looks_hashed(value: &str) -> bool {
+    value.len() == 64
+        && value
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// A FIFO `MessageGroupId` / `MessageDeduplicationId` (SNS and SQS take at
 /// most 128 characters of ASCII letters, digits and punctuation). A value
 /// that does not fit is replaced by the hex SHA-256 of it: stable (the same
 /// aggregate keeps its group, a repeat keeps its dedup id) and distinct in
-/// practice.
+/// practice. So is a value that looks like such a hash, so no row's id can
+/// be the hash another row's id was replaced by (and a destination that
+/// deduplicates by it drop the other).
 pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
     use sha2::Digest as _;
     let fits = !value.is_empty()
         && value.len() <= 128
+        && !looks_hashed(value)
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());

@@ -160,6 +160,9 @@ impl Allowed {
             .iter()
             .map(|rule| match rule {
                 Rule::Origin(origin) => format!("origin {origin}"),
+                Rule::Pattern(pattern) if pattern == "*" => {
+                    "any bare name (in the relay's own account and region)".to_owned()
+                }
                 Rule::Pattern(pattern) => pattern.clone(),
             })
             .collect()
@@ -207,19 +210,59 @@ fn name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')
 }
 
+/// The longest name a rule is matched against: longer ones are refused
+/// unread (no destination name AWS or a URL needs is near it).
+pub const MAX_NAME: usize = 2048;
+
 /// Whether `name` matches `pattern`, `*` standing for a run (possibly empty)
 /// of [`name_char`]s and every other character for itself.
+///
+/// Linear in each segment's pattern times its name: the characters a `*`
+/// cannot stand for split both into segments that must line up one to one,
+/// and each segment is matched with the single-backtrack wildcard rule, so a
+/// crafted name cannot make a pattern with several stars take long.
 fn matches(pattern: &str, name: &str) -> bool {
-    let Some(star) = pattern.find('*') else {
-        return pattern == name;
-    };
-    let (head, tail) = (&pattern[..star], &pattern[star + 1..]);
-    let Some(rest) = name.strip_prefix(head) else {
+    if name.len() > MAX_NAME {
         return false;
+    }
+    let separators = |text: &str, star: bool| -> Vec<char> {
+        text.chars()
+            .filter(|&c| !(name_char(c) || (star && c == '*')))
+            .collect()
     };
-    // Try every run of name characters for the star, longest last.
-    let run = rest.find(|c| !name_char(c)).unwrap_or(rest.len());
-    (0..=run).any(|taken| matches(tail, &rest[taken..]))
+    if separators(pattern, true) != separators(name, false) {
+        return false;
+    }
+    let mut names = name.split(|c: char| !name_char(c));
+    pattern
+        .split(|c: char| !(name_char(c) || c == '*'))
+        .all(|segment| {
+            names
+                .next()
+                .is_some_and(|n| glob(segment.as_bytes(), n.as_bytes()))
+        })
+}
+
+/// Wildcard match of one segment (`*` any run, every other byte itself).
+fn glob(pattern: &[u8], name: &[u8]) -> bool {
+    let (mut p, mut n) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, n));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == name[n] {
+            p += 1;
+            n += 1;
+        } else if let Some((sp, sn)) = star {
+            p = sp + 1;
+            n = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|&b| b == b'*')
 }
 
 /// Whether `pattern` can be used: a `*` only where a resource name goes.
@@ -257,14 +300,14 @@ pub fn encode_path_value(value: &str) -> Result<String, String> {
 /// Where the first placeholder of a URL template may stand: in the path,
 /// after the origin's `/` and before any `?` or `#`. `Err` says why not.
 pub fn check_url_template(template: &str) -> Result<(), String> {
-    let Some(open) = template.find('{') else {
+    let (Some(first), Some(last)) = (template.find('{'), template.rfind('{')) else {
         return Ok(());
     };
     let after_scheme = template.find("://").map_or(0, |i| i + 3);
     let path = template[after_scheme..].find('/').map(|i| after_scheme + i);
     let query = template.find(['?', '#']).unwrap_or(template.len());
     match path {
-        Some(path) if path < open && open < query => Ok(()),
+        Some(path) if path < first && last < query => Ok(()),
         _ => Err(format!(
             "placeholders may stand only in the URL's path (after scheme://host[:port]/ and before any ? or #): {template:?}"
         )),
@@ -303,6 +346,25 @@ mod tests {
         assert!(matches("*", "orders"));
         assert!(!matches("*", "arn:aws:kinesis:r:1:stream/x"));
         assert!(matches("exact", "exact") && !matches("exact", "exactly"));
+        assert!(matches("a*b*c", "aXXbYYc") && !matches("a*b*c", "aXXbYY"));
+        assert!(matches("orders-*-eu", "orders--eu") && !matches("orders-*-eu", "orders-eu"));
+    }
+
+    #[test]
+    fn a_crafted_name_cannot_make_several_stars_slow() {
+        let pattern = "arn:aws:sns:eu-west-1:123456789012:*-*-*-*-orders-*";
+        let name = format!(
+            "arn:aws:sns:eu-west-1:123456789012:{}:",
+            "-orders-".repeat(250)
+        );
+        let started = std::time::Instant::now();
+        for _ in 0..100 {
+            assert!(!matches(pattern, &name));
+        }
+        assert!(!matches("*", &"a".repeat(MAX_NAME + 1)), "too long to read");
+        // Not a timing assertion on the result: a quadratic matcher took
+        // seconds for one such name; this prints what the linear one takes.
+        eprintln!("100 crafted names in {:?}", started.elapsed());
     }
 
     #[test]
@@ -377,6 +439,7 @@ mod tests {
             "https://h.test{event_type}/",
             "https://h.test/in?type={event_type}",
             "https://h.test/in#{event_type}",
+            "https://h.test/{aggregate_type}?t={event_type}",
             "{aggregate_type}",
         ] {
             assert!(check_url_template(bad).is_err(), "{bad}");

@@ -94,8 +94,8 @@ impl EventBridgeConfig {
 
 /// Whether `name` can name an event bus: a name of letters, digits and
 /// `.-_/`, or an event bus ARN.
-fn bus_name(name: &str) -> Result<(), String> {
-    let arn = name.starts_with("arn:") && name.contains(":event-bus/");
+pub(crate) fn bus_name(name: &str) -> Result<(), String> {
+    let arn = name.starts_with("arn:") && name.contains(":event-bus/") && name.len() <= 1600;
     let plain = (1..=256).contains(&name.len())
         && name
             .bytes()

@@ -25,11 +25,16 @@
 //! exist has its events recorded FAILED, naming it, as a missing SNS topic or
 //! SQS queue does. Nothing is sent to a bus that could not be verified:
 //! while `DescribeEventBus` goes unanswered the events are retried as in an
-//! outage (the slot waits), and a role that may not describe buses (no
-//! `events:DescribeEventBus`) stops the relay at start-up naming the
-//! permission, or, for a bus a row names, has its events retried as access
-//! errors are. `eventbridge.verify_bus = false` opts out: the events of a bus
-//! that cannot be verified are then sent unchecked, at the risk above.
+//! outage (the slot waits); a role that may not describe the configured bus
+//! (no `events:DescribeEventBus`; for the `default` bus it is asked about
+//! too) stops the relay at start-up naming the permission, and a bus a row
+//! names that the role may not describe has its events recorded FAILED
+//! naming the permission (replayable once it is granted), so no row can hold
+//! the slot. A name that is no bus name (over 256 characters, other
+//! characters) is recorded without a call. `eventbridge.verify_bus = false`
+//! opts out: the events of a bus that cannot be verified are then sent
+//! unchecked, at the risk above. A bus known to exist is asked about again
+//! after [`KNOWN_FOR`]: one deleted meanwhile takes events for that long.
 //!
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.
@@ -80,12 +85,16 @@ impl EventBridgeSink {
             config.operation_timeout,
             config.retry_unknown_errors_for,
         );
-        let buses = Buses::new(config.verify_bus);
+        let buses = Buses::new(config.verify_bus, &config.bus);
         if config.verify_bus {
             // A role that may not verify the configured bus would hold every
-            // event: say so now, naming the permission. An unanswered
-            // question is asked again when events come.
-            if let Bus::Unchecked(reason) = buses.bus(&batches, &Arc::from(config.bus.as_str())).await {
+            // event: say so now, naming the permission (of the default bus,
+            // which is not asked about later, too: rows may name others). An
+            // unanswered question is asked again when events come.
+            let body = serde_json::json!({ "Name": &config.bus }).to_string().into_bytes();
+            if let Err(Question::Refused(reason)) =
+                batches.ask("AWSEvents.DescribeEventBus", body).await
+            {
                 return Err(SetupError {
                     key: "eventbridge.verify_bus",
                     message: format!(
@@ -113,14 +122,19 @@ pub struct Buses {
     known: Known<Bus>,
     /// `eventbridge.verify_bus`: send nothing to a bus not known to exist.
     verify: bool,
+    /// `eventbridge.bus`: a refusal to describe it is the operator's to fix
+    /// (retried); any other bus is a row's choice (recorded).
+    configured: Arc<str>,
 }
 
 impl Buses {
-    /// Buses checked as `verify` (`eventbridge.verify_bus`) says.
-    pub fn new(verify: bool) -> Self {
+    /// Buses checked as `verify` (`eventbridge.verify_bus`) says, the
+    /// configured one being `configured`.
+    pub fn new(verify: bool, configured: &str) -> Self {
         Self {
             known: Known::default(),
             verify,
+            configured: Arc::from(configured),
         }
     }
 }
@@ -176,6 +190,9 @@ impl Buses {
 
 impl Gate<PutEvents> for Buses {
     async fn admit(&self, batches: &Batches<PutEvents>, bus: &Arc<str>) -> Result<usize, Outcome> {
+        if let Err(reason) = config::bus_name(bus) {
+            return Err(Outcome::Rejected(reason));
+        }
         match self.bus(batches, bus).await {
             Bus::Exists => Ok(MAX_EVENT_SIZE),
             Bus::Missing(reason) => Err(Outcome::Rejected(missing::<PutEvents>(
@@ -187,13 +204,17 @@ impl Gate<PutEvents> for Buses {
                 Cause::Unavailable,
                 format!("cannot verify that event bus {bus} exists ({reason}); nothing is sent to it until it is"),
             )),
-            Bus::Unchecked(reason) => Err(Outcome::retry(
-                Cause::Other,
-                format!(
-                    "may not verify that event bus {bus} exists ({reason}): allow events:DescribeEventBus, \
+            Bus::Unchecked(reason) => {
+                let why = format!(
+                    "may not verify that event bus {bus} exists ({reason}): allow events:DescribeEventBus on it, \
                      or set eventbridge.verify_bus = false to send unverified"
-                ),
-            )),
+                );
+                if *bus == self.configured {
+                    Err(Outcome::retry(Cause::Other, why))
+                } else {
+                    Err(Outcome::Rejected(why))
+                }
+            }
         }
     }
 }
@@ -300,7 +321,7 @@ mod tests {
                 Duration::from_secs(600),
             ),
             (crate::sink::Concurrency::Fixed(1), Duration::ZERO),
-            Buses::new(true),
+            Buses::new(true, "orders"),
             usize::MAX,
         )
     }
@@ -420,6 +441,18 @@ mod tests {
             );
             let puts = || seen.heads.lock().unwrap().iter().filter(|h| h.contains("PutEvents")).count();
             assert_eq!(puts(), 0, "{code}: nothing sent unverified");
+            if code == "AccessDeniedException" {
+                // A bus a row chose, not the configured one: recorded, so no
+                // row can hold the slot.
+                let other = Message::for_test("e-2", "a", r#"{"id":"e-2"}"#, "other");
+                let outcomes = sink_at(&url).publish(&[other]).await;
+                assert!(
+                    matches!(&outcomes[..], [Outcome::Rejected(r)] if r.contains("events:DescribeEventBus")),
+                    "{outcomes:?}"
+                );
+                let long = Message::for_test("e-3", "a", r#"{"id":"e-3"}"#, &"b".repeat(300));
+                assert!(matches!(&sink_at(&url).publish(&[long]).await[..], [Outcome::Rejected(_)]));
+            }
             let mut unverified = sink_at(&url);
             unverified.gate_mut().verify = false;
             assert_eq!(unverified.publish(&[event]).await, [Outcome::Delivered], "{code}");

@@ -156,6 +156,7 @@ fn part(value: &str) -> Cow<'_, str> {
     let safe = !value.is_empty()
         && value.len() <= 200
         && !value.starts_with('.')
+        && !crate::aws::batch::looks_hashed(value)
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
@@ -212,6 +213,11 @@ mod tests {
         // Another table with the same id names another object.
         let audit = prefix(&source("audit.outbox"));
         assert_ne!(object_key(&audit, "42"), object_key(&orders, "42"));
+        // A value that looks like a hash is hashed too: no id names the
+        // object another id's hash names.
+        let hashed = object_key(&orders, "order 42/é");
+        let lookalike = &hashed[orders.len()..];
+        assert_ne!(object_key(&orders, lookalike), hashed);
         let odd_table = prefix(&source("public.\"Outbox Table\""));
         assert!(odd_table.ends_with('/') && odd_table.len() == "outbox-relay/7713132220160448154/app/".len() + 65);
         assert_eq!(part("..").len(), 64);

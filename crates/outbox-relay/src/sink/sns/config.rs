@@ -140,6 +140,14 @@ impl Settings for SnsConfig {
             );
         }
         allow::check_patterns("sns.allowed_destinations", &sns.allowed_destinations, bad);
+        if !sns.topic_template.is_empty() && sns.routes().allowed.describe().is_empty() {
+            bad(
+                "sns.topic_template",
+                "cannot tell which partition, region and account its topics may be in: \
+                 set sns.region and sns.account_id (or sns.topic_arn), or list them in sns.allowed_destinations"
+                    .into(),
+            );
+        }
         if !sns.topic_template.is_empty() {
             check_template(
                 "sns.topic_template",
@@ -276,6 +284,9 @@ impl Settings for SnsConfig {
             .to_owned();
         let own = (!region.is_empty() && !account.is_empty())
             .then(|| format!("arn:{partition}:sns:{region}:{account}:*"));
+        // A template whose partition, region and account are written out.
+        let templated = allow::same_account(&self.topic_template)
+            .filter(|rule| !rule.contains('{'));
         let (r, a) = (region.clone(), account.clone());
         Routes {
             default: (!self.topic_arn.is_empty()).then(|| self.topic_arn.clone()),
@@ -289,7 +300,7 @@ impl Settings for SnsConfig {
                 }
             }),
             missing: "no topic: the row names none and sns.topic_arn is not set".into(),
-            allowed: allow::aws([own], &self.allowed_destinations),
+            allowed: allow::aws([own, templated], &self.allowed_destinations),
             escape: verbatim,
         }
     }
@@ -313,6 +324,21 @@ pub use crate::aws::message_attribute_name as sns_attribute_name;
 mod tests {
     use super::*;
     use crate::config::tests::{load, problems, MINIMAL};
+
+    #[test]
+    fn a_template_without_a_known_account_is_refused_and_a_written_out_one_is_its_own_rule() {
+        let sns = |body: &str| format!("{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\n{body}");
+        let written = load(
+            &sns("topic_template = \"arn:aws:sns:us-east-1:123456789012:{aggregate_type}\""),
+            &[],
+        )
+        .unwrap();
+        let allowed = written.destinations.sns.routes().allowed;
+        assert!(allowed.check("arn:aws:sns:us-east-1:123456789012:orders").is_ok());
+        assert!(allowed.check("arn:aws:sns:us-east-1:999999999999:orders").is_err());
+        let p = problems(load(&sns("topic_template = \"arn:aws:sns:{region}:{account}:{aggregate_type}\"\naccount_id = \"\""), &[]).unwrap_err());
+        assert!(p.iter().any(|p| p.key == "sns.topic_template" && p.message.contains("account")), "{p:?}");
+    }
 
     #[test]
     fn sns_concurrency_is_adaptive_under_its_ceiling_or_a_fixed_number() {

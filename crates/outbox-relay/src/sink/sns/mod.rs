@@ -678,5 +678,8 @@ mod tests {
         assert_ne!(spaced, fifo_id("order 43"));
         assert_eq!(fifo_id(&"x".repeat(129)).len(), 64);
         assert_eq!(fifo_id("commande-é").len(), 64);
+        // No id is another's hash: a lookalike is hashed as well.
+        let hashed = fifo_id("order 42").into_owned();
+        assert_ne!(fifo_id(&hashed), hashed);
     }
 }

@@ -118,9 +118,14 @@ impl SqsConfig {
         } else {
             &self.queue_url
         };
-        url.rfind('/')
-            .map_or_else(String::new, |i| url[..=i].to_owned())
+        base_of(url)
     }
+}
+
+/// A queue URL up to and with its last `/` (host and account).
+fn base_of(url: &str) -> String {
+    url.rfind('/')
+        .map_or_else(String::new, |i| url[..=i].to_owned())
 }
 
 /// Whether `url` looks like a queue URL: http(s), a host, and a path of
@@ -156,7 +161,7 @@ impl Settings for SqsConfig {
             check_template("sqs.queue_template", &self.queue_template, &[], bad);
             if let Err(message) = queue_url(&self.queue_template.replace(['{', '}'], "")) {
                 bad("sqs.queue_template", message);
-            } else if self.base().contains('{') {
+            } else if base_of(&self.queue_template).contains('{') {
                 bad(
                     "sqs.queue_template",
                     "placeholders may stand only in the queue's name (after the account's /), so a row's values cannot choose the host or account".into(),
@@ -232,7 +237,10 @@ impl Settings for SqsConfig {
             }),
             missing: "no queue: the row names none and sqs.queue_url is not set".into(),
             allowed: allow::aws(
-                [(!base.is_empty() && !base.contains('{')).then(|| format!("{base}*"))],
+                [&self.queue_url, &self.queue_template].map(|url| {
+                    let base = base_of(url);
+                    (!base.is_empty() && !base.contains('{')).then(|| format!("{base}*"))
+                }),
                 &self.allowed_destinations,
             ),
             escape: verbatim,

@@ -86,9 +86,12 @@ impl WebhookConfig {
         }
     }
 
-    /// The origins data may name (the configured one first).
+    /// The origins data may name: `url`'s and `url_template`'s, then
+    /// `allowed_origins`.
     pub fn allowed(&self) -> Result<Allowed, String> {
-        Allowed::origins(std::iter::once(self.base()).chain(self.allowed_origins.iter().map(String::as_str)))
+        let template = self.url_template.split('{').next().unwrap_or_default();
+        let configured = [self.url.as_str(), template].into_iter().filter(|u| !u.is_empty());
+        Allowed::origins(configured.chain(self.allowed_origins.iter().map(String::as_str)))
     }
 }
 
@@ -113,7 +116,7 @@ impl Settings for WebhookConfig {
             );
         }
         if !self.url.is_empty() {
-            if let Err(message) = http_url(&self.url) {
+            if let Err(message) = http_url(&self.url).and_then(|()| allow::Origin::of(&self.url).map(drop)) {
                 bad("webhook.url", message);
             }
         }
@@ -126,7 +129,9 @@ impl Settings for WebhookConfig {
                     "webhook.url_template",
                     "must start with http:// or https://".into(),
                 );
-            } else if let Err(message) = allow::check_url_template(&self.url_template) {
+            } else if let Err(message) = allow::check_url_template(&self.url_template).and_then(|()| {
+                allow::Origin::of(self.url_template.split('{').next().unwrap_or_default()).map(drop)
+            }) {
                 bad("webhook.url_template", message);
             }
         }
@@ -179,5 +184,36 @@ impl Settings for WebhookConfig {
 
     fn secrets(&self) -> &'static [&'static str] {
         &["secret"]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{load, problems, MINIMAL};
+    use crate::sink::Settings;
+
+    fn webhook(body: &str) -> String {
+        format!("{MINIMAL}[sink]\nkind = \"webhook\"\n[webhook]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{body}")
+    }
+
+    #[test]
+    fn the_url_and_the_template_both_give_their_origin_and_user_information_is_refused() {
+        let both = load(
+            &webhook("url = \"https://a.test/in\"\nurl_template = \"https://b.test/{aggregate_type}\""),
+            &[],
+        )
+        .unwrap();
+        let allowed = both.destinations.webhook.routes().allowed;
+        assert!(allowed.check("https://a.test/x").is_ok() && allowed.check("https://b.test/x").is_ok());
+        assert!(allowed.check("https://c.test/x").is_err());
+        for (body, key) in [
+            ("url = \"https://user@a.test/in\"", "webhook.url"),
+            ("url_template = \"https://{aggregate_type}.a.test/\"", "webhook.url_template"),
+            ("url_template = \"https://a.test/{aggregate_type}?t={event_type}\"", "webhook.url_template"),
+            ("url = \"https://a.test/\"\nallowed_origins = [\"ftp://x\"]", "webhook.allowed_origins"),
+        ] {
+            let p = problems(load(&webhook(body), &[]).unwrap_err());
+            assert!(p.iter().any(|p| p.key == key), "{body}: {p:?}");
+        }
     }
 }

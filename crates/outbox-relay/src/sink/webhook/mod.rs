@@ -18,12 +18,14 @@
 //! * The answer decides, per request (a batch shares it), in one table
 //!   ([`verdict`]): 2xx delivered; 408, 429, 5xx, a connection that fails or
 //!   no answer within `webhook.timeout` retried with the publisher's backoff
-//!   (they lower the concurrency); 401 and 403 retried as access errors, as
-//!   the AWS sinks retry theirs (a receiver rotating its secret must not
-//!   reorder or lose a group); 404, 409 and 425 retried for
-//!   `webhook.retry_unknown_errors_for` (a receiver deploying, a conflict, too
-//!   early), then recorded; 410 and every other status recorded FAILED with
-//!   the status and the start of the answer. Redirects are not followed (a 3xx
+//!   (they lower the concurrency); 401 and 403 from the configured `url`
+//!   retried as access errors without a bound, as the AWS sinks retry theirs
+//!   (a receiver rotating its secret must not reorder or lose a group); 401
+//!   and 403 from a URL a row or the template chose, and 404, 409 and 425,
+//!   retried for `webhook.retry_unknown_errors_for` (a receiver deploying, a
+//!   conflict, too early; a path the receiver protects or that does not
+//!   exist must not hold the slot forever), then recorded; 410 and every
+//!   other status recorded FAILED with the status and the start of the answer. Redirects are not followed (a 3xx
 //!   is recorded: the URL to configure is the one it names).
 //! * Where requests go: only URLs whose origin the configuration allows
 //!   (`crate::sink::allow`); the router has refused any other before a
@@ -60,8 +62,11 @@ pub struct WebhookSink {
     max_batch: usize,
     concurrency: Concurrency,
     timeout: Duration,
-    /// Events answered 404, 409 or 425 since when.
+    /// Events answered 404, 409 or 425 (or 401/403 from a URL other than
+    /// `url`) since when.
     not_yet: UnknownSince,
+    /// `webhook.url`: access errors from it are retried without a bound.
+    configured: Option<String>,
 }
 
 impl WebhookSink {
@@ -99,6 +104,7 @@ impl WebhookSink {
             concurrency: config.concurrency(),
             timeout: config.timeout,
             not_yet: UnknownSince::new(config.retry_unknown_errors_for),
+            configured: (!config.url.is_empty()).then(|| config.url.clone()),
         })
     }
 
@@ -148,14 +154,17 @@ impl WebhookSink {
             Ok(Err(error)) => {
                 Verdict::Now(Outcome::retry(Cause::Unavailable, format!("{url}: {error}")))
             }
-            Ok(Ok((status, body))) => verdict(url, status, &body),
+            Ok(Ok((status, body))) => {
+                verdict(url, status, &body, self.configured.as_deref() == Some(url))
+            }
         }
     }
 }
 
-/// What an answer's `status` means for the events of its request.
+/// What an answer's `status` means for the events of its request;
+/// `configured`: `url` is `webhook.url` itself, not a URL data chose.
 /// [`Verdict::NotYet`] is a retry bounded by `webhook.retry_unknown_errors_for`.
-fn verdict(url: &str, status: StatusCode, body: &[u8]) -> Verdict {
+fn verdict(url: &str, status: StatusCode, body: &[u8], configured: bool) -> Verdict {
     let text = String::from_utf8_lossy(&body[..body.len().min(200)]);
     let reason = format!("{url} answered {status}: {}", text.trim());
     let retry = |cause, reason| Verdict::Now(Outcome::retry(cause, reason));
@@ -164,11 +173,11 @@ fn verdict(url: &str, status: StatusCode, body: &[u8]) -> Verdict {
         429 => retry(Cause::Throttled, reason),
         408 => retry(Cause::TimedOut, reason),
         500..=599 => retry(Cause::Unavailable, reason),
-        401 | 403 => retry(
+        401 | 403 if configured => retry(
             Cause::Other,
             format!("{reason} (access refused: does the receiver verify with webhook.secret? retried until it does)"),
         ),
-        404 | 409 | 425 => Verdict::NotYet(reason),
+        401 | 403 | 404 | 409 | 425 => Verdict::NotYet(reason),
         _ => Verdict::Now(Outcome::Rejected(reason)),
     }
 }
@@ -203,23 +212,39 @@ pub fn batch_id<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 impl WebhookSink {
-    /// The outcome of `verdict` for `events` (the ids its request carried).
-    fn settle<'a>(&self, verdict: Verdict, events: impl Iterator<Item = &'a str> + Clone) -> Outcome {
+    /// The outcome of `verdict` for each of `events` (the ids its request
+    /// carried, in order): a bounded retry gives up only on the events that
+    /// have been answered so for the whole window, the others are retried.
+    fn settle<'a>(&self, verdict: Verdict, events: impl Iterator<Item = &'a str> + Clone) -> Vec<Outcome> {
+        self.settle_at(std::time::Instant::now(), verdict, events)
+    }
+
+    /// [`Self::settle`] at `now`.
+    fn settle_at<'a>(
+        &self,
+        now: std::time::Instant,
+        verdict: Verdict,
+        events: impl Iterator<Item = &'a str> + Clone,
+    ) -> Vec<Outcome> {
         match verdict {
             Verdict::Now(outcome) => {
-                self.not_yet.settle(std::time::Instant::now(), [], events);
-                outcome
+                self.not_yet.settle(now, [], events.clone());
+                events.map(|_| outcome.clone()).collect()
             }
             Verdict::NotYet(reason) => {
-                let given_up = self.not_yet.settle(std::time::Instant::now(), events, []);
-                if given_up.is_empty() {
-                    Outcome::retry(Cause::Other, reason)
-                } else {
-                    Outcome::Rejected(format!(
-                        "{reason} (answered so for {:?}: webhook.retry_unknown_errors_for)",
-                        self.not_yet.limit()
-                    ))
-                }
+                let given_up = self.not_yet.settle(now, events.clone(), []);
+                events
+                    .map(|id| {
+                        if given_up.contains(&id) {
+                            Outcome::Rejected(format!(
+                                "{reason} (answered so for {:?}: webhook.retry_unknown_errors_for)",
+                                self.not_yet.limit()
+                            ))
+                        } else {
+                            Outcome::retry(Cause::Other, reason.clone())
+                        }
+                    })
+                    .collect()
             }
         }
     }
@@ -249,7 +274,7 @@ impl Sink for WebhookSink {
             for m in batch {
                 let id = m.event.id();
                 let verdict = self.post(&m.destination, id, m.body.clone()).await;
-                outcomes.push(self.settle(verdict, std::iter::once(id)));
+                outcomes.extend(self.settle(verdict, std::iter::once(id)));
             }
             return outcomes;
         }
@@ -266,7 +291,7 @@ impl Sink for WebhookSink {
         let ids = batch.iter().map(|m| m.event.id());
         let id = batch_id(ids.clone());
         let verdict = self.post(&first.destination, &id, Bytes::from(body)).await;
-        vec![self.settle(verdict, ids); batch.len()]
+        self.settle(verdict, ids)
     }
 }
 
@@ -276,7 +301,7 @@ mod tests {
 
     #[test]
     fn statuses_decide_delivered_retried_or_recorded() {
-        let v = |code: u16| verdict("u", StatusCode::from_u16(code).unwrap(), b"why");
+        let v = |code: u16| verdict("u", StatusCode::from_u16(code).unwrap(), b"why", true);
         for code in [200, 201, 202, 204, 299] {
             assert_eq!(v(code), Verdict::Now(Outcome::Delivered), "{code}");
         }
@@ -296,12 +321,44 @@ mod tests {
         for code in [404, 409, 425] {
             assert!(matches!(v(code), Verdict::NotYet(ref r) if r.contains("why")), "{code}");
         }
+        // A URL data chose does not hold the slot forever on 401/403.
+        for code in [401, 403] {
+            let chosen = verdict("u", StatusCode::from_u16(code).unwrap(), b"why", false);
+            assert!(matches!(chosen, Verdict::NotYet(_)), "{code}");
+        }
         for code in [301, 400, 405, 410, 413, 415, 422] {
             assert!(
                 matches!(v(code), Verdict::Now(Outcome::Rejected(ref r)) if r.contains("why")),
                 "{code}"
             );
         }
+    }
+
+    #[test]
+    fn a_batch_past_the_window_records_only_the_events_that_waited_it_out() {
+        let config = WebhookConfig {
+            url: "http://127.0.0.1:9/in".into(),
+            secret: Some(crate::config::value::Secret::new(
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            )),
+            batch: true,
+            retry_unknown_errors_for: Duration::from_secs(600),
+            ..WebhookConfig::default()
+        };
+        let sink = WebhookSink::new(&config).unwrap();
+        let t0 = std::time::Instant::now();
+        let not_yet = || Verdict::NotYet("404".into());
+        let first = sink.settle_at(t0, not_yet(), ["a"].into_iter());
+        assert!(matches!(&first[..], [Outcome::Retryable(_)]));
+        let later = t0 + Duration::from_secs(600);
+        let both = sink.settle_at(later, not_yet(), ["a", "b"].into_iter());
+        assert!(matches!(&both[0], Outcome::Rejected(r) if r.contains("retry_unknown_errors_for")));
+        assert!(matches!(&both[1], Outcome::Retryable(_)), "b joined late: {both:?}");
+        // Delivered: b's clock is cleared.
+        let done = sink.settle_at(later, Verdict::Now(Outcome::Delivered), ["b"].into_iter());
+        assert_eq!(done, [Outcome::Delivered]);
+        let again = sink.settle_at(later + Duration::from_secs(600), not_yet(), ["b"].into_iter());
+        assert!(matches!(&again[..], [Outcome::Retryable(_)]));
     }
 
     #[test]
