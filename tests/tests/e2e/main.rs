@@ -2,6 +2,7 @@
 
 mod bad_input;
 mod check;
+mod conformance;
 mod eventbridge;
 mod failover;
 mod harness_smoke;
