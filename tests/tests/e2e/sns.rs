@@ -630,33 +630,58 @@ fn extended_client(endpoint: &str, args: &[&str]) {
     );
 }
 
+/// A bucket for claim-checked payloads on `endpoint`, named after `outbox`.
+async fn payload_bucket(endpoint: &str, outbox: &Outbox, prefix: &str) -> String {
+    let name = outbox.db.name().replace('_', "-");
+    let bucket = format!("{prefix}-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
+    tokio::task::spawn_blocking({
+        let (endpoint, bucket) = (endpoint.to_owned(), bucket.clone());
+        move || extended_client(&endpoint, &["create-bucket", &bucket])
+    })
+    .await
+    .unwrap();
+    bucket
+}
+
+/// The relay's configuration for `topic_arn` with large payloads in `bucket`,
+/// raw envelopes.
+fn claim_check_toml(endpoint: &str, topic_arn: &str, bucket: &str) -> String {
+    sns_toml(
+        endpoint,
+        topic_arn,
+        &format!(
+            "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
+             [envelope]\nformat = \"raw\"\n"
+        ),
+    )
+}
+
+/// `n` messages of `queue`, read with the official Extended Client (which
+/// follows the pointers): `{"body": …, "attributes": {…}}` each.
+async fn receive_extended(endpoint: &str, queue: &str, n: usize) -> Vec<serde_json::Value> {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    tokio::task::spawn_blocking({
+        let (endpoint, queue, out) = (
+            endpoint.to_owned(),
+            queue.to_owned(),
+            out.path().to_str().unwrap().to_owned(),
+        );
+        move || extended_client(&endpoint, &["receive", &queue, &n.to_string(), &out])
+    })
+    .await
+    .unwrap();
+    serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_payload_goes_through_s3_and_the_official_extended_client_reads_it_back_byte_for_byte(
 ) {
     let moto = sns::moto_endpoint().await;
     let outbox = Outbox::new().await;
-    let name = outbox.db.name().replace('_', "-");
-    let bucket = format!("payloads-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
     let endpoint = moto.to_string();
-    tokio::task::spawn_blocking({
-        let (endpoint, bucket) = (endpoint.clone(), bucket.clone());
-        move || extended_client(&endpoint, &["create-bucket", &bucket])
-    })
-    .await
-    .unwrap();
+    let bucket = payload_bucket(&endpoint, &outbox, "payloads").await;
     let topic = sns::topic_with_queue(&endpoint, outbox.db.name(), false, true).await;
-    let relay = start(
-        &outbox,
-        &sns_toml(
-            &endpoint,
-            &topic.arn,
-            &format!(
-                "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
-                 [envelope]\nformat = \"raw\"\n"
-            ),
-        ),
-    )
-    .await;
+    let relay = start(&outbox, &claim_check_toml(&endpoint, &topic.arn, &bucket)).await;
     // 400 KiB of text SNS must carry as it is: quotes, escapes, non-ASCII.
     let rows = outbox
         .sql
@@ -671,19 +696,7 @@ async fn a_large_payload_goes_through_s3_and_the_official_extended_client_reads_
         .unwrap();
     let sent: HashMap<String, String> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert!(sent.values().any(|p| p.len() > 400 * 1024));
-    let out = tempfile::NamedTempFile::new().unwrap();
-    tokio::task::spawn_blocking({
-        let (endpoint, queue, out) = (
-            endpoint.clone(),
-            topic.queue_url.clone(),
-            out.path().to_str().unwrap().to_owned(),
-        );
-        move || extended_client(&endpoint, &["receive", &queue, "2", &out])
-    })
-    .await
-    .unwrap();
-    let got: Vec<serde_json::Value> =
-        serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap();
+    let got = receive_extended(&endpoint, &topic.queue_url, 2).await;
     assert_eq!(got.len(), 2, "{got:?}");
     for message in &got {
         let id = message["attributes"]["event_id"].as_str().unwrap();
@@ -1207,30 +1220,12 @@ async fn two_tables_sharing_a_payload_bucket_keep_both_payloads_of_one_event_id(
     let endpoint = moto.to_string();
     let first = Outbox::new().await;
     let second = Outbox::new().await;
-    let name = first.db.name().replace('_', "-");
-    let bucket = format!("shared-{}", &name[name.len().saturating_sub(16)..]).to_lowercase();
-    tokio::task::spawn_blocking({
-        let (endpoint, bucket) = (endpoint.clone(), bucket.clone());
-        move || extended_client(&endpoint, &["create-bucket", &bucket])
-    })
-    .await
-    .unwrap();
+    let bucket = payload_bucket(&endpoint, &first, "shared").await;
     let id = "3b8e6f7a-2d0c-4f5e-9a1b-c0ffee000042";
     let mut queues = Vec::new();
     for (outbox, fill) in [(&first, "first "), (&second, "second ")] {
         let topic = sns::topic_with_queue(&endpoint, outbox.db.name(), false, true).await;
-        let relay = start(
-            outbox,
-            &sns_toml(
-                &endpoint,
-                &topic.arn,
-                &format!(
-                    "large_payload_bucket = \"{bucket}\"\nlarge_payload_endpoint_url = \"{endpoint}\"\n\
-                     [envelope]\nformat = \"raw\"\n"
-                ),
-            ),
-        )
-        .await;
+        let relay = start(outbox, &claim_check_toml(&endpoint, &topic.arn, &bucket)).await;
         let payload: String = outbox
             .sql
             .query_one(
@@ -1242,15 +1237,22 @@ async fn two_tables_sharing_a_payload_bucket_keep_both_payloads_of_one_event_id(
             .await
             .unwrap()
             .get(0);
-        wait_until(Duration::from_secs(30), "the event is published", || async {
-            let state: String = outbox
-                .sql
-                .query_one("SELECT publish_state FROM outbox WHERE id::text = $1", &[&id])
-                .await
-                .unwrap()
-                .get(0);
-            (state == "PUBLISHED").then_some(())
-        })
+        wait_until(
+            Duration::from_secs(30),
+            "the event is published",
+            || async {
+                let state: String = outbox
+                    .sql
+                    .query_one(
+                        "SELECT publish_state FROM outbox WHERE id::text = $1",
+                        &[&id],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                (state == "PUBLISHED").then_some(())
+            },
+        )
         .await;
         let summary = relay.stop().await;
         assert_eq!((summary.delivered, summary.rejected), (1, 0));
@@ -1258,15 +1260,7 @@ async fn two_tables_sharing_a_payload_bucket_keep_both_payloads_of_one_event_id(
     }
     // Both payloads are stored before either message is read.
     for (queue, payload) in queues {
-        let out = tempfile::NamedTempFile::new().unwrap();
-        tokio::task::spawn_blocking({
-            let (endpoint, out) = (endpoint.clone(), out.path().to_str().unwrap().to_owned());
-            move || extended_client(&endpoint, &["receive", &queue, "1", &out])
-        })
-        .await
-        .unwrap();
-        let got: Vec<serde_json::Value> =
-            serde_json::from_slice(&std::fs::read(out.path()).unwrap()).unwrap();
+        let got = receive_extended(&endpoint, &queue, 1).await;
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0]["attributes"]["event_id"].as_str(), Some(id));
         assert!(

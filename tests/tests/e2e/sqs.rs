@@ -240,16 +240,32 @@ async fn a_row_naming_a_queue_of_another_host_or_account_is_recorded_failed_and_
     let queue_url = aws_json::create_queue(&moto, outbox.db.name()).await;
     let trap = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     trap.set_nonblocking(true).unwrap();
-    let account = queue_url.trim_end_matches('/').rsplit('/').nth(1).unwrap().to_owned();
+    let account = queue_url
+        .trim_end_matches('/')
+        .rsplit('/')
+        .nth(1)
+        .unwrap()
+        .to_owned();
     let config = outbox.config_file(&sqs_toml(&queue_url, ""));
     let mut relay = spawn_relay(&config, Some(("AWS_ENDPOINT_URL_SQS", &moto)));
     outbox.wait_slot_active(true).await;
 
     let mut expected = insert(&outbox, 2, 5, 2).await;
     let hostile = [
-        format!("http://127.0.0.1:{}/{account}/{}", trap.local_addr().unwrap().port(), outbox.db.name()),
-        format!("{}/999999999999/{}", moto.trim_end_matches('/'), outbox.db.name()),
-        format!("{}/{account}/a/../../999999999999/q", moto.trim_end_matches('/')),
+        format!(
+            "http://127.0.0.1:{}/{account}/{}",
+            trap.local_addr().unwrap().port(),
+            outbox.db.name()
+        ),
+        format!(
+            "{}/999999999999/{}",
+            moto.trim_end_matches('/'),
+            outbox.db.name()
+        ),
+        format!(
+            "{}/{account}/a/../../999999999999/q",
+            moto.trim_end_matches('/')
+        ),
     ];
     let mut refused = Vec::new();
     for url in &hostile {
