@@ -77,14 +77,6 @@ macro_rules! conformance {
     )*};
 }
 
-// Known failure, a relay issue, not the test's:
-// `sns_fifo::one_entry_failing_at_every_position_of_a_batch_is_retried_alone_in_order`.
-// A PublishBatch to a FIFO topic may carry several events of a group; when
-// SNS fails one entry and accepts a later one of its group, the relay sends
-// the later one again after the failed one, and the FIFO queue drops that
-// repeat: the consumer processes the later event first (docs/guarantees.md,
-// "Limits"). The SQS FIFO and Kinesis sinks put at most one entry of a group
-// in a call and pass; the SNS FIFO sink should do the same.
 conformance! {
     sns_standard => Kind::SnsStandard;
     sns_fifo => Kind::SnsFifo;

@@ -112,6 +112,8 @@ pub struct SnsSink {
     /// last ask's failure, which is theirs too.
     asking: tokio::sync::Mutex<Option<(Arc<str>, Class, String)>>,
     claim_check: Option<claim_check::ClaimCheck>,
+    /// Most messages of a group a batch: 1 when the configured topic is FIFO.
+    max_run: usize,
 }
 
 impl SnsSink {
@@ -179,6 +181,14 @@ impl SnsSink {
             limits: limits::TopicLimits::new(config.max_message_size),
             asking: tokio::sync::Mutex::new(None),
             claim_check,
+            // Batches of distinct groups when the configured topic is FIFO;
+            // a row routed to another FIFO topic is still sent one entry a
+            // group a call (`plan`).
+            max_run: if config.topic_arn.ends_with(".fifo") || config.topic_template.ends_with(".fifo") {
+                1
+            } else {
+                usize::MAX
+            },
         })
     }
 
@@ -497,6 +507,10 @@ impl Sink for SnsSink {
         MAX_BATCH_ENTRIES
     }
 
+    fn max_run(&self) -> usize {
+        self.max_run
+    }
+
     fn concurrency(&self) -> Concurrency {
         self.concurrency
     }
@@ -607,6 +621,11 @@ impl SnsSink {
         };
         let mut request = Vec::new();
         let mut request_bytes = 0;
+        // On a FIFO topic at most one entry of a group a call: SNS may fail
+        // an entry and take a later one of its group in the same call, which
+        // the consumer would then get first (the repeat that follows the
+        // retried entry is deduplicated away).
+        let mut groups = std::collections::HashSet::new();
         for (i, message) in batch.iter().enumerate() {
             debug_assert_eq!(
                 *message.destination, *batch[0].destination,
@@ -615,9 +634,14 @@ impl SnsSink {
             match self.entry(i, message, fifo, limit, pointers[i].as_deref()) {
                 Ok((entry, size)) => {
                     plan.sizes[i] = size;
-                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES {
+                    let repeated = fifo && groups.contains(message.event.group());
+                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES || repeated {
                         plan.requests.push(std::mem::take(&mut request));
                         request_bytes = 0;
+                        groups.clear();
+                    }
+                    if fifo {
+                        groups.insert(message.event.group());
                     }
                     request.push(entry);
                     request_bytes += size;
@@ -638,6 +662,44 @@ impl SnsSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink for the local endpoint at `url`, without a claim check.
+    fn sink_at(url: &str) -> SnsSink {
+        SnsSink {
+            client: crate::aws::local::client(aws::SNS, url),
+            attributes: Vec::new(),
+            concurrency: Concurrency::Fixed(1),
+            linger: Duration::ZERO,
+            operation_timeout: Duration::from_secs(5),
+            unknown: errors::UnknownSince::new(Duration::from_secs(600)),
+            limits: limits::TopicLimits::new(0),
+            asking: tokio::sync::Mutex::new(None),
+            claim_check: None,
+            max_run: 1,
+        }
+    }
+
+    #[test]
+    fn a_fifo_call_holds_at_most_one_entry_of_a_group() {
+        let sink = sink_at("http://127.0.0.1:9");
+        let topic = "arn:aws:sns:us-east-1:123456789012:t.fifo";
+        let batch = [
+            Message::for_test("a", "g1", "{}", topic),
+            Message::for_test("b", "g2", "{}", topic),
+            Message::for_test("c", "g1", "{}", topic),
+            Message::for_test("d", "g3", "{}", topic),
+        ];
+        let no_pointers = vec![None; batch.len()];
+        let runs = |fifo| {
+            sink.plan(&batch, fifo, 262_144, &no_pointers)
+                .requests
+                .iter()
+                .map(Vec::len)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(runs(true), [2, 2], "g1's second entry starts a call");
+        assert_eq!(runs(false), [4]);
+    }
 
     #[tokio::test]
     async fn endpoints_follow_the_sdk_rules_for_every_partition() {
