@@ -1,5 +1,6 @@
-"""moto's server as the tests run it: Kinesis's PutRecords made safe for
-concurrent calls, and EventBridge rules fast enough for thousands of events.
+"""moto's server as the tests run it: Kinesis's PutRecords and GetRecords made
+safe for concurrent calls, and EventBridge rules fast enough for thousands of
+events.
 
 moto 5.2's `Shard.put_record` says of itself "this function is not safe for
 concurrency": it takes the shard's highest sequence number plus one, so two
@@ -46,6 +47,19 @@ def put_record(self, *args, **kwargs):
 
 
 kinesis.Shard.put_record = put_record
+
+# GetRecords iterates the shard's records (an OrderedDict) while a
+# concurrent PutRecords appends to it: "mutated during iteration", an HTTP
+# 500 Kinesis never answers. The same lock makes a read see whole writes.
+_get_records = kinesis.Shard.get_records
+
+
+def get_records(self, *args, **kwargs):
+    with _lock:
+        return _get_records(self, *args, **kwargs)
+
+
+kinesis.Shard.get_records = get_records
 
 import moto.sqs.models as sqs  # noqa: E402
 
