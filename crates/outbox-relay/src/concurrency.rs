@@ -40,20 +40,25 @@
 //!   limit, which is already paid for (TCP's recovery rule).
 //! * **An RTT well above the baseline** (mean plus [`DEVIATIONS`] standard
 //!   deviations, and at least [`FALL_RISE`] above it) while the limit was
-//!   reached: queueing somewhere; the limit is multiplied by [`DECREASE`], as
-//!   Vector does. Only when the limit was reached: with slots to spare it
-//!   only queued messages in the relay; and only for a clear rise: a shared
-//!   host's own CPU load raises the RTT too.
+//!   reached, before any pace: queueing somewhere; the limit is multiplied
+//!   by [`DECREASE`], as Vector does. Only when the limit was reached: with
+//!   slots to spare it only queued messages in the relay; and only for a
+//!   clear rise: a shared host's own CPU load raises the RTT too.
 //! * Either way at least 1 less, never under 1, and slow start is over.
-//! * **The limit was reached and the RTT held** (at most the baseline mean
-//!   plus [`RISE`]): the limit grows by [`SLOW_START`] of itself until
-//!   anything pushed back or throttled, by one afterwards (additive increase
-//!   near the knee, as Vector does). An eighth a round trip takes a drain
-//!   20 ms away from 8 to a few hundred calls in flight within a second; and
-//!   when a bucket's burst runs out during slow start, what is in flight
-//!   then (all throttled: an answer cannot recall calls already sent) is
-//!   about an eighth of what the burst took, where growth by half would have
-//!   a third.
+//! * **The limit (not the pace) was reached and the RTT held** (at most the
+//!   baseline mean plus [`RISE`]): the limit grows by [`SLOW_START`] of
+//!   itself until the first back pressure or rise, by one afterwards
+//!   (additive increase near the knee, as Vector does). Once paced, the
+//!   pace decides how fast calls start and the limit only has to keep up
+//!   with it: it grows by [`SLOW_START`] whenever it is reached before the
+//!   pace, whatever the RTT, and an RTT rise no longer lowers it (on a
+//!   shared host at thousands of calls a second, that rise is mostly the
+//!   host). An eighth a round trip takes a
+//!   drain 20 ms away from 8 to a few hundred calls in flight within a
+//!   second; and when a bucket's burst runs out before anything paces, what
+//!   is in flight then (all throttled: an answer cannot recall calls already
+//!   sent) is about an eighth of what the burst took, where growth by half
+//!   would have a third.
 //! * Otherwise it stays: a limit nobody used is no evidence for a higher one.
 //!
 //! # The pace, once the destination throttles
@@ -62,7 +67,7 @@
 //! call sent after the pace's last cut (on calls sent before it the cut is
 //! already paid for, so at most one cut a round trip):
 //!
-//! * **The first** ends slow start for good. The pace starts at [`FIRST`]
+//! * **The first** starts the pace, for good. It starts at [`FIRST`]
 //!   (a quarter) of the rate calls were being sent at, measured over the
 //!   last [`STARTS`] starts: a burst may have paid for slow start's rate
 //!   several times over. That rate is the *peak*, where the destination
@@ -85,8 +90,10 @@
 //! [`MAX_RETURN`]: a slow pace probes no more often than every hundred
 //! calls); then it probes above the peak, slowly and then faster, so a quota
 //! raised to twice is found within seconds. The curve advances only while
-//! the relay had more to send than it was let (a pace nobody used is no
-//! evidence), and not while the destination still refuses. While paced,
+//! the pace held back batches that were ready and calls started at
+//! [`BINDING`] of it or faster (a pace nobody used, because there was
+//! nothing to send or the relay could not go faster, is no evidence), and
+//! not while the destination still refuses. While paced,
 //! at most twice the calls the pace keeps in flight (the pace times the
 //! baseline RTT) are in flight: the pace decides, and the limit only bounds
 //! what a destination that stops answering can hold.
@@ -171,10 +178,15 @@ pub const MAX_RETURN: Duration = Duration::from_secs(10);
 /// as taken (an empty bucket still takes a call now and then, as it
 /// refills).
 pub const TAKEN: u32 = 3;
+/// Answers to calls sent after a cut needed before the share of them taken
+/// says how far to cut again.
+pub const JUDGED: u32 = 8;
 /// The slowest pace, in calls a second.
 pub const FLOOR: f64 = 1.0;
 /// Starts kept to measure the rate calls are sent at.
-pub const STARTS: usize = 64;
+pub const STARTS: usize = 256;
+/// The pace grows only while calls start at this share of it or more.
+pub const BINDING: f64 = 0.9;
 /// How far behind its pace a call may start and the next still keep its
 /// place: a timer that wakes late starts what it owes, up to this much.
 const SLACK: Duration = Duration::from_millis(2);
@@ -295,6 +307,9 @@ struct Pace {
     refused: bool,
     /// Calls sent after the last cut taken in a row.
     taken: u32,
+    /// Calls sent after the last cut answered, and of them taken.
+    answered: u32,
+    took: u32,
     /// The destination took a call sent since it began throttling.
     trickle: bool,
 }
@@ -321,6 +336,8 @@ impl Pace {
         self.cut = now;
         self.grown = 0.0;
         self.taken = 0;
+        self.answered = 0;
+        self.took = 0;
         let gap = (1.0 - self.rate / self.peak).max(0.0);
         self.k = self.back() * (gap / (1.0 - EASE)).cbrt();
         self.next = self.next.max(now + interval(self.rate));
@@ -437,6 +454,10 @@ impl Limiter {
             Signal::Clean => {
                 self.window.rtt_sum += rtt.as_secs_f64();
                 self.window.samples += 1;
+                if let Some(pace) = self.pace.as_mut().filter(|_| current) {
+                    pace.answered += 1;
+                    pace.took += 1;
+                }
                 if let Some(pace) = self.pace.as_mut().filter(|p| p.refused && current) {
                     pace.taken += 1;
                     pace.trickle = true;
@@ -468,7 +489,6 @@ impl Limiter {
 
     /// Throttling of a call sent after the pace's last cut: cut the pace.
     fn throttled(&mut self, now: Instant) {
-        self.slow_start = false;
         let sending = self.sending(now);
         let rtt = self.baseline.mean().unwrap_or(0.0);
         match &mut self.pace {
@@ -488,6 +508,8 @@ impl Limiter {
                     grown: 0.0,
                     refused: true,
                     taken: 0,
+                    answered: 0,
+                    took: 0,
                     trickle: false,
                 };
                 pace.set(now, rate * FIRST);
@@ -501,7 +523,17 @@ impl Limiter {
                 if pace.trickle {
                     pace.peak = pace.peak.min(pace.rate);
                 }
-                let rate = pace.rate * RETREAT;
+                // The share of calls taken since the last cut is about the
+                // share of this pace the destination takes (when enough
+                // answered to tell): cut to it, by at least EASE and at most
+                // RETREAT.
+                pace.answered += 1;
+                let taken = if pace.answered >= JUDGED {
+                    f64::from(pace.took) / f64::from(pace.answered)
+                } else {
+                    0.0
+                };
+                let rate = pace.rate * taken.clamp(RETREAT, EASE);
                 pace.set(now, rate);
                 pace.make_room(rtt);
             }
@@ -521,9 +553,13 @@ impl Limiter {
         let current = (window.samples > 0).then(|| window.rtt_sum / f64::from(window.samples));
         let mean = self.baseline.mean();
         let deviation = self.baseline.deviation();
+        // Whether the limit (not the pace) is what held the publisher back.
+        let binding = self.pace.as_ref().is_none_or(|p| self.limit <= p.room);
+        let paced = self.pace.is_some();
         let risen = match (mean, current) {
             (Some(mean), Some(c)) => {
                 window.saturated
+                    && !paced
                     && c >= mean * (1.0 + FALL_RISE)
                     && c >= mean + DEVIATIONS * deviation
             }
@@ -534,8 +570,6 @@ impl Limiter {
             // The first samples only set the baseline.
             _ => false,
         };
-        // Whether the limit (not the pace) is what held the publisher back.
-        let binding = self.pace.as_ref().is_none_or(|p| self.limit <= p.room);
         if window.back_pressure || risen {
             self.slow_start = false;
             let factor = if window.back_pressure {
@@ -546,8 +580,8 @@ impl Limiter {
             let lower = (self.limit as f64 * factor) as usize;
             self.limit = lower.min(self.limit - 1).max(1);
             self.decreased = Some(now);
-        } else if window.saturated && held && binding {
-            let step = if self.slow_start {
+        } else if window.saturated && binding && (held || paced) {
+            let step = if self.slow_start || paced {
                 (self.limit as f64 * SLOW_START) as usize
             } else {
                 1
@@ -558,8 +592,14 @@ impl Limiter {
             self.baseline.update(current);
         }
         let rtt = self.baseline.mean().unwrap_or(0.0);
+        let sending = self.sending(now);
         if let Some(pace) = &mut self.pace {
-            if (window.saturated || window.held) && !pace.refused {
+            // The pace held calls back, and calls went about as fast as it
+            // let them (not slower, held back by the relay's own speed or
+            // the limit): only then is the pace what limits, and worth
+            // raising.
+            let binding = sending.is_none_or(|s| s >= BINDING * pace.rate);
+            if window.held && binding && !pace.refused {
                 if let Some(began) = window.began {
                     pace.grown += now.saturating_duration_since(began).as_secs_f64();
                 }
@@ -877,7 +917,9 @@ mod tests {
 
     /// A relay that always has batches to send, as fast as `cpu` calls a
     /// second, publishing to a destination `rtt` away (± 10 %, drawn from a
-    /// seeded generator) through `limiter`. Its timer wakes on whole
+    /// seeded generator) through `limiter`. It works in slices of `slice`
+    /// seconds (a process sharing its cores runs in bursts), each of which
+    /// may start `cpu × slice` calls at once; its timer wakes on whole
     /// milliseconds, as tokio's does. Deterministic: the clock is simulated.
     struct Relay {
         limiter: Limiter,
@@ -885,7 +927,10 @@ mod tests {
         now: f64,
         rtt: f64,
         cpu: f64,
-        cpu_free: f64,
+        slice: f64,
+        /// Calls the current slice may still start, and its number.
+        budget: f64,
+        current: i64,
         /// (answer at, sent at, what it says), in nanoseconds.
         answers: BinaryHeap<Reverse<(u64, u64, Answer)>>,
         seed: u64,
@@ -908,7 +953,9 @@ mod tests {
                 now: 0.0,
                 rtt: 0.020,
                 cpu: 10_000.0,
-                cpu_free: 0.0,
+                slice: 0.005,
+                budget: 0.0,
+                current: -1,
                 answers: BinaryHeap::new(),
                 seed,
                 failing: 0.0,
@@ -938,8 +985,14 @@ mod tests {
             while self.now < end {
                 let mut wake = None;
                 while self.answers.len() < self.limiter.limit() {
-                    if self.now < self.cpu_free {
-                        wake = Some(self.cpu_free);
+                    // Rounded, so that waking at a slice's start is in it.
+                    let current = (self.now / self.slice + 1e-6).floor() as i64;
+                    if current > self.current {
+                        self.current = current;
+                        self.budget = self.cpu * self.slice;
+                    }
+                    if self.budget < 1.0 {
+                        wake = Some((self.current + 1) as f64 * self.slice);
                         break;
                     }
                     if let Some(at) = self.limiter.paced_until(self.at(self.now)) {
@@ -951,7 +1004,7 @@ mod tests {
                     if self.answers.len() + 1 >= self.limiter.limit() {
                         self.limiter.saturated();
                     }
-                    self.cpu_free = self.now + 1.0 / self.cpu;
+                    self.budget -= 1.0;
                     seen.calls += 1;
                     let answer = if self.random() < self.failing {
                         seen.failed += 1;
@@ -1069,6 +1122,35 @@ mod tests {
         let after: Vec<u64> = (0..5).map(|_| relay.run(1.0, None).calls).collect();
         assert!(after[0] >= 1, "{after:?}");
         assert!(after[3] >= 5_000, "{after:?}");
+    }
+
+    #[test]
+    fn a_pace_the_relay_cannot_keep_up_with_does_not_grow() {
+        let mut limiter = Limiter::new(Concurrency::Adaptive { ceiling: 500 });
+        let mut clock = Instant::now();
+        let rtt = Duration::from_millis(20);
+        run(&mut limiter, &mut clock, 10, rtt, |_| Signal::Clean);
+        // 1,000 calls a second, then throttled: paced at a quarter of it.
+        for _ in 0..100 {
+            limiter.started(clock);
+            clock += Duration::from_millis(1);
+        }
+        limiter.finished(clock, rtt, Signal::Throttled);
+        let paced = limiter.rate().expect("paced");
+        // For 30 s the relay starts a call every 10 ms (its CPU taken by
+        // something else), under half the pace, though the pace holds back
+        // the next one each time: the pace is not what limits. It climbs
+        // only while the starts before the throttling still count.
+        for _ in 0..3_000 {
+            clock += Duration::from_millis(10);
+            if limiter.paced_until(clock).is_none() {
+                limiter.started(clock);
+            }
+            limiter.paced_until(clock);
+            limiter.finished(clock, rtt, Signal::Clean);
+        }
+        let rate = limiter.rate().expect("paced");
+        assert!(rate < paced * 2.0, "{paced} then {rate}");
     }
 
     #[test]
