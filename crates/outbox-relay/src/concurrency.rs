@@ -45,21 +45,21 @@
 //!   slots to spare it only queued messages in the relay; and only for a
 //!   clear rise: a shared host's own CPU load raises the RTT too.
 //! * Either way at least 1 less, never under 1, and slow start is over.
-//! * **The limit (not the pace) was reached and the RTT held** (at most the
-//!   baseline mean plus [`RISE`]): the limit grows by [`SLOW_START`] of
-//!   itself until the first back pressure or rise, by one afterwards
-//!   (additive increase near the knee, as Vector does). Once paced, the
-//!   pace decides how fast calls start and the limit only has to keep up
-//!   with it: it grows by [`SLOW_START`] whenever it is reached before the
-//!   pace, whatever the RTT, and an RTT rise no longer lowers it (on a
-//!   shared host at thousands of calls a second, that rise is mostly the
-//!   host). An eighth a round trip takes a
-//!   drain 20 ms away from 8 to a few hundred calls in flight within a
-//!   second; and when a bucket's burst runs out before anything paces, what
-//!   is in flight then (all throttled: an answer cannot recall calls already
-//!   sent) is about an eighth of what the burst took, where growth by half
-//!   would have a third.
+//! * **The limit was reached and the RTT held** (at most the baseline mean
+//!   plus [`RISE`]): the limit grows by [`SLOW_START`] of itself until the
+//!   first back pressure or rise, by one afterwards (additive increase near
+//!   the knee, as Vector does). An eighth a round trip takes a drain 20 ms
+//!   away from 8 to a few hundred calls in flight within a second; and when
+//!   a bucket's burst runs out before anything paces, what is in flight then
+//!   (all throttled: an answer cannot recall calls already sent) is about an
+//!   eighth of what the burst took, where growth by half would have a third.
 //! * Otherwise it stays: a limit nobody used is no evidence for a higher one.
+//!
+//! Once paced, the pace decides how fast calls start and the limit only has
+//! to keep up with it: it grows by [`SLOW_START`] whenever it is reached
+//! before the pace, whatever the RTT, and an RTT rise no longer lowers it (on
+//! a shared host at thousands of calls a second, that rise is mostly the
+//! host's own load). Back pressure still halves it.
 //!
 //! # The pace, once the destination throttles
 //!
@@ -74,11 +74,13 @@
 //!   said no.
 //! * **Again, before [`TAKEN`] calls in a row sent after the last cut came
 //!   back taken** (an empty bucket still takes a call now and then, as it
-//!   refills): the pace is halved ([`RETREAT`]). If the destination took any
-//!   call since it began throttling, it limits a rate below the pace it
-//!   refused, which becomes the peak; if it took none, the peak stays, so
-//!   the pace goes back there once calls are taken again (at [`FLOOR`], one
-//!   call taken is enough).
+//!   refills): the pace is cut to the share of the calls sent since the last
+//!   cut that were taken (about the share of the pace the destination takes),
+//!   once [`JUDGED`] have answered; at least to [`EASE`] of it and at most to
+//!   [`RETREAT`] (half). If the destination took any call since it began
+//!   throttling, it limits a rate below the pace it refused, which becomes
+//!   the peak; if it took none, the peak stays, so the pace goes back there
+//!   once calls are taken again (at [`FLOOR`], one call taken is enough).
 //! * **After the destination took the pace**: the rate calls were being
 //!   sent at (at most the pace) is the new peak, and the pace falls to
 //!   [`EASE`] of it.
@@ -93,10 +95,10 @@
 //! the pace held back batches that were ready and calls started at
 //! [`BINDING`] of it or faster (a pace nobody used, because there was
 //! nothing to send or the relay could not go faster, is no evidence), and
-//! not while the destination still refuses. While paced,
-//! at most twice the calls the pace keeps in flight (the pace times the
-//! baseline RTT) are in flight: the pace decides, and the limit only bounds
-//! what a destination that stops answering can hold.
+//! not while the destination still refuses. While paced, at most twice the
+//! calls the pace keeps in flight (the pace times the baseline RTT) are in
+//! flight: the pace decides, and the limit only bounds what a destination
+//! that stops answering can hold.
 //!
 //! Timeouts and 5xx answers are not a quota: they halve the limit, as
 //! above, and do not pace. A destination with a failing node answers some
