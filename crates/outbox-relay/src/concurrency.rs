@@ -819,6 +819,15 @@ mod tests {
         assert_eq!(limiter.rate(), None, "timeouts and 5xx do not pace");
     }
 
+    /// 100 calls started `every` apart, then one answered throttled after `rtt`.
+    fn throttled_after(limiter: &mut Limiter, clock: &mut Instant, every: Duration, rtt: Duration) {
+        for _ in 0..100 {
+            limiter.started(*clock);
+            *clock += every;
+        }
+        limiter.finished(*clock, rtt, Signal::Throttled);
+    }
+
     #[test]
     fn once_throttled_calls_are_spaced_by_the_pace() {
         let mut limiter = Limiter::new(Concurrency::Adaptive { ceiling: 500 });
@@ -826,11 +835,7 @@ mod tests {
         let rtt = Duration::from_millis(20);
         run(&mut limiter, &mut clock, 10, rtt, |_| Signal::Clean);
         // 100 calls a second for a while, then one throttled.
-        for _ in 0..100 {
-            limiter.started(clock);
-            clock += Duration::from_millis(10);
-        }
-        limiter.finished(clock, rtt, Signal::Throttled);
+        throttled_after(&mut limiter, &mut clock, Duration::from_millis(10), rtt);
         let rate = limiter.rate().expect("paced");
         assert!((22.0..=28.0).contains(&rate), "a quarter of 100/s: {rate}");
         // The next call waits for the pace, and the one after it too.
@@ -1133,11 +1138,7 @@ mod tests {
         let rtt = Duration::from_millis(20);
         run(&mut limiter, &mut clock, 10, rtt, |_| Signal::Clean);
         // 1,000 calls a second, then throttled: paced at a quarter of it.
-        for _ in 0..100 {
-            limiter.started(clock);
-            clock += Duration::from_millis(1);
-        }
-        limiter.finished(clock, rtt, Signal::Throttled);
+        throttled_after(&mut limiter, &mut clock, Duration::from_millis(1), rtt);
         let paced = limiter.rate().expect("paced");
         // For 30 s the relay starts a call every 10 ms (its CPU taken by
         // something else), under half the pace, though the pace holds back

@@ -1237,23 +1237,8 @@ async fn two_tables_sharing_a_payload_bucket_keep_both_payloads_of_one_event_id(
             .await
             .unwrap()
             .get(0);
-        wait_until(
-            Duration::from_secs(30),
-            "the event is published",
-            || async {
-                let state: String = outbox
-                    .sql
-                    .query_one(
-                        "SELECT publish_state FROM outbox WHERE id::text = $1",
-                        &[&id],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                (state == "PUBLISHED").then_some(())
-            },
-        )
-        .await;
+        let (state, _, error) = crate::sqs::recorded(outbox, id).await;
+        assert_eq!(state, "PUBLISHED", "{error}");
         let summary = relay.stop().await;
         assert_eq!((summary.delivered, summary.rejected), (1, 0));
         queues.push((topic.queue_url, payload));

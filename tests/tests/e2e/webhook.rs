@@ -4,15 +4,14 @@
 
 use std::collections::HashSet;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 use harness::{wait_until, HttpsFront, RelayProcess, TestPki};
 
+use crate::conformance::receiver::SECRET;
 use crate::outbox::Outbox;
 use crate::sns::{assert_per_aggregate_order, insert};
-
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// The receiver: a Python process on a free port, its log and its control
 /// directory.
@@ -33,30 +32,7 @@ struct Request {
 
 impl Receiver {
     async fn start() -> Receiver {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port_file = dir.path().join("port");
-        let child = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/data/webhook_receiver.py"
-            ))
-            .arg(SECRET)
-            .arg(&port_file)
-            .arg(dir.path().join("requests.jsonl"))
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 webhook_receiver.py");
-        let port = wait_until(Duration::from_secs(30), "the receiver listens", || {
-            let port_file = port_file.clone();
-            async move {
-                std::fs::read_to_string(&port_file)
-                    .ok()
-                    .and_then(|p| p.trim().parse::<u16>().ok())
-            }
-        })
-        .await;
+        let (child, dir, port) = crate::conformance::receiver::launch().await;
         Receiver { child, dir, port }
     }
 

@@ -22,7 +22,7 @@
 //! docs/guarantees.md.
 
 mod destination;
-mod receiver;
+pub(crate) mod receiver;
 mod scenario;
 
 use destination::Kind;

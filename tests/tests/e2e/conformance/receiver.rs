@@ -33,32 +33,40 @@ pub(crate) struct Request {
     pub events: Vec<(String, String)>,
 }
 
+/// Start `tests/data/webhook_receiver.py` with [`SECRET`], logging to and
+/// taking faults from a new directory: the process, the directory and the
+/// port it listens on (once it does).
+pub(crate) async fn launch() -> (Child, tempfile::TempDir, u16) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port_file = dir.path().join("port");
+    let child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/data/webhook_receiver.py"
+        ))
+        .arg(SECRET)
+        .arg(&port_file)
+        .arg(dir.path().join("requests.jsonl"))
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python3 webhook_receiver.py");
+    let port = wait_until(Duration::from_secs(30), "the receiver listens", || {
+        let port_file = port_file.clone();
+        async move {
+            std::fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.trim().parse::<u16>().ok())
+        }
+    })
+    .await;
+    (child, dir, port)
+}
+
 impl Receiver {
     pub(crate) async fn start() -> Receiver {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let port_file = dir.path().join("port");
-        let child = Command::new("python3")
-            .arg(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/data/webhook_receiver.py"
-            ))
-            .arg(SECRET)
-            .arg(&port_file)
-            .arg(dir.path().join("requests.jsonl"))
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("python3 webhook_receiver.py");
-        let port = wait_until(Duration::from_secs(30), "the receiver listens", || {
-            let port_file = port_file.clone();
-            async move {
-                std::fs::read_to_string(&port_file)
-                    .ok()
-                    .and_then(|p| p.trim().parse::<u16>().ok())
-            }
-        })
-        .await;
+        let (child, dir, port) = launch().await;
         Receiver { child, dir, port }
     }
 
