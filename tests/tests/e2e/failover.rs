@@ -14,22 +14,24 @@ use crate::outbox::{envelope_ids, produce, Outbox};
 
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_it() {
-    let primary = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
-    let version: i32 = primary
-        .psql("SHOW server_version_num")
-        .parse()
-        .expect("server_version_num");
-    if version < 170_000 {
-        // Failover slots (pg_create_logical_replication_slot's `failover`,
-        // sync_replication_slots) came with PostgreSQL 17: before it a
-        // promoted standby has no logical slot (docs/recovery.md).
-        eprintln!("skipped: failover slots need PostgreSQL 17 or later (this is {version})");
-        return;
-    }
-    let mut outbox = Outbox::on(&primary).await;
-    // The relay's slot as `setup` creates it with postgres.failover_slot.
+/// Point the relay configuration `file` at both servers, wanting the
+/// writable one (`target_session_attrs=read-write`), as an operator whose
+/// database may fail over writes it.
+fn follow_both(file: &std::path::Path, primary: &Cluster, standby: &Cluster) {
+    let text = std::fs::read_to_string(file).unwrap();
+    let one = format!("127.0.0.1:{}", primary.port());
+    let both = format!("127.0.0.1:{},127.0.0.1:{}", primary.port(), standby.port());
+    let start = text.find("url = \"").unwrap() + 7;
+    let url = &text[start..][..text[start..].find('"').unwrap()];
+    let mut multi = url.replacen(&one, &both, 1);
+    multi.push(if multi.contains('?') { '&' } else { '?' });
+    multi.push_str("target_session_attrs=read-write");
+    std::fs::write(file, text.replacen(url, &multi, 1)).unwrap();
+}
+
+/// The relay's failover slot, created as `setup` renders it with
+/// `postgres.failover_slot` (instead of the test database's own slot).
+async fn failover_slot(outbox: &Outbox) {
     let config = outbox.config(&format!("failover_slot = true\n{QUICK_RETRY}"));
     let files = outbox_relay::setup::render(&config, &outbox.role, false).unwrap();
     let (_, create) = files
@@ -38,6 +40,121 @@ async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_
         .unwrap();
     outbox.drop_slot().await;
     outbox.sql.batch_execute(create).await.unwrap();
+}
+
+/// Whether `cluster` is PostgreSQL 17 or later (failover slots); says so
+/// when it is not.
+fn has_failover_slots(cluster: &Cluster) -> bool {
+    let version: i32 = cluster
+        .psql("SHOW server_version_num")
+        .parse()
+        .expect("server_version_num");
+    if version < 170_000 {
+        // Failover slots (pg_create_logical_replication_slot's `failover`,
+        // sync_replication_slots) came with PostgreSQL 17: before it a
+        // promoted standby has no logical slot (docs/recovery.md).
+        eprintln!("skipped: failover slots need PostgreSQL 17 or later (this is {version})");
+    }
+    version >= 170_000
+}
+
+/// The operator's slip of issue 28: the primary waits for its standby's
+/// physical slot (`synchronized_standby_slots = 'standby1'`), the standby is
+/// copied with that setting, and promoted after a crash. The promoted server
+/// names a slot it does not have, so its walsender waits for ever: the
+/// relay's `/readyz` fails and its log names the slot and the fix within a
+/// minute, and once the operator resets the setting every event written on
+/// the promoted server arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_left_with_a_stale_synchronized_standby_slots_is_named_and_the_fix_delivers_everything(
+) {
+    let primary = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
+    if !has_failover_slots(&primary) {
+        return;
+    }
+    let mut outbox = Outbox::on(&primary).await;
+    failover_slot(&outbox).await;
+    // Set before the copy: the standby inherits it.
+    primary.psql("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'");
+    primary.psql("SELECT pg_reload_conf()");
+    let standby = {
+        let primary = Arc::clone(&primary);
+        tokio::task::spawn_blocking(move || {
+            Cluster::standby_of(&primary, "standby1", "sync_replication_slots = on")
+        })
+        .await
+        .unwrap()
+    };
+    outbox.reconnect().await;
+    let addr = crate::stall::free_addr();
+    let file = outbox.config_file(&format!(
+        "failover_slot = true\n{QUICK_RETRY}[http]\nlisten = \"{addr}\""
+    ));
+    follow_both(&file, &primary, &standby);
+    let mut relay = RelayProcess::spawn(&["run", "--config", file.to_str().unwrap()], &[]);
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_many(2, 5, 5).await;
+    crate::stall::wait_delivered(&relay, &before).await;
+    let synced = format!(
+        "SELECT synced::text || (NOT temporary)::text FROM pg_replication_slots WHERE slot_name = '{}'",
+        outbox.slot
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "the standby has a synchronized copy of the slot",
+        || async { standby.try_psql(&synced).as_deref() == Some("truetrue") },
+    )
+    .await;
+
+    {
+        let primary = Arc::clone(&primary);
+        tokio::task::spawn_blocking(move || primary.stop(StopMode::Fast))
+            .await
+            .unwrap();
+    }
+    standby.promote();
+    let standby_url = outbox.db.url().replacen(
+        &format!("127.0.0.1:{}", primary.port()),
+        &format!("127.0.0.1:{}", standby.port()),
+        1,
+    );
+    let (client, connection) = tokio_postgres::connect(&standby_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the promoted standby");
+    tokio::spawn(connection);
+    let after: Vec<String> = client
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', 'agg-' || (n % 5), 'After', '{}' FROM generate_series(1, 20) n \
+             RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let body = crate::stall::wait_stall_reported(&relay, &addr, &["standby1"]).await;
+    let got: HashSet<String> = envelope_ids(&relay.stdout_lines()).into_iter().collect();
+    assert!(
+        after.iter().all(|id| !got.contains(id)),
+        "nothing written on the promoted server came out while it waits: {body}"
+    );
+    standby.psql("ALTER SYSTEM RESET synchronized_standby_slots");
+    standby.psql("SELECT pg_reload_conf()");
+    crate::stall::wait_delivered(&relay, &after).await;
+    crate::stall::wait_ready(&addr).await;
+    relay.stop_gracefully().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_it() {
+    let primary = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
+    if !has_failover_slots(&primary) {
+        return;
+    }
+    let mut outbox = Outbox::on(&primary).await;
+    failover_slot(&outbox).await;
     let standby = {
         let primary = Arc::clone(&primary);
         tokio::task::spawn_blocking(move || {
@@ -57,17 +174,9 @@ async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_
 
     // The relay knows both hosts and wants the writable one.
     let file = outbox.config_file(&format!("failover_slot = true\n{QUICK_RETRY}"));
-    let text = std::fs::read_to_string(&file).unwrap();
+    follow_both(&file, &primary, &standby);
     let one = format!("127.0.0.1:{}", primary.port());
     let both = format!("127.0.0.1:{},127.0.0.1:{}", primary.port(), standby.port());
-    let url_end = text[text.find("url = \"").unwrap() + 7..]
-        .find('"')
-        .unwrap();
-    let url = &text[text.find("url = \"").unwrap() + 7..][..url_end];
-    let mut multi = url.replacen(&one, &both, 1);
-    multi.push(if multi.contains('?') { '&' } else { '?' });
-    multi.push_str("target_session_attrs=read-write");
-    std::fs::write(&file, text.replacen(url, &multi, 1)).unwrap();
 
     // A name the server has no physical slot for would stall every logical
     // walsender: check says so.

@@ -19,7 +19,7 @@ use crate::outbox::{envelope_ids, Outbox};
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
 
 /// `GET path` from the relay's listener: (status code, body).
-async fn get(addr: &str, path: &str) -> (u16, String) {
+pub(crate) async fn get(addr: &str, path: &str) -> (u16, String) {
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return (0, String::new());
     };
@@ -63,7 +63,7 @@ async fn wait_stall_seconds(addr: &str, cause: &str, at_least: f64) {
     .await;
 }
 
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -85,7 +85,7 @@ fn server_version(cluster: &Cluster) -> i32 {
 
 /// Wait until `/readyz` fails with a body that says all of `says`, and the
 /// relay's log has a `stalled:` line that does too; the body.
-async fn wait_stall_reported(relay: &RelayProcess, addr: &str, says: &[&str]) -> String {
+pub(crate) async fn wait_stall_reported(relay: &RelayProcess, addr: &str, says: &[&str]) -> String {
     wait_until(
         Duration::from_secs(60),
         "/readyz fails naming the stall and the log says it",
@@ -106,7 +106,7 @@ async fn wait_stall_reported(relay: &RelayProcess, addr: &str, says: &[&str]) ->
 }
 
 /// Wait until `/readyz` answers 200 again.
-async fn wait_ready(addr: &str) {
+pub(crate) async fn wait_ready(addr: &str) {
     wait_until(Duration::from_secs(60), "/readyz recovers", || async {
         let (status, body) = get(addr, "/readyz").await;
         if status == 200 {
@@ -119,7 +119,7 @@ async fn wait_ready(addr: &str) {
 }
 
 /// Wait until every id of `expected` is in the relay's output.
-async fn wait_delivered(relay: &RelayProcess, expected: &[String]) {
+pub(crate) async fn wait_delivered(relay: &RelayProcess, expected: &[String]) {
     let expected: HashSet<&String> = expected.iter().collect();
     wait_until(
         Duration::from_secs(60),
