@@ -15,6 +15,13 @@ pub const KNOWN_FOR: Duration = Duration::from_secs(60);
 /// outage does not make every batch ask again, one at a time.
 pub const UNANSWERED_FOR: Duration = Duration::from_secs(10);
 
+/// Most destinations a sink remembers facts of. A row may name any
+/// destination its sink allows (`crate::sink::allow`), so an application can
+/// name very many: past this the facts that expired go, and if that is not
+/// enough all of them (each is asked again when next needed), so memory stays
+/// bounded (DESIGN.md invariant 6). As many as the router's cache of names.
+pub const MAX_KNOWN: usize = 10_000;
+
 /// Per destination: a fact and until when it holds.
 pub struct Known<T> {
     facts: Mutex<HashMap<Arc<str>, (T, Instant)>>,
@@ -59,10 +66,23 @@ impl<T: Clone> Known<T> {
         }
         let before = self.lock().get(destination).map(|(fact, _)| fact.clone());
         let (fact, valid) = ask(before).await;
-        self.lock().insert(
-            Arc::clone(destination),
-            (fact.clone(), Instant::now() + valid),
-        );
+        let now = Instant::now();
+        {
+            let mut facts = self.lock();
+            if facts.len() >= MAX_KNOWN && !facts.contains_key(destination) {
+                facts.retain(|_, (_, until)| *until > now);
+                if facts.len() >= MAX_KNOWN {
+                    facts.clear();
+                }
+            }
+            facts.insert(Arc::clone(destination), (fact.clone(), now + valid));
+        }
+        drop(_asking);
+        let mut asking = self.asking.lock().unwrap_or_else(PoisonError::into_inner);
+        if asking.len() > MAX_KNOWN {
+            // Only the destinations someone is asking about now.
+            asking.retain(|_, held| Arc::strong_count(held) > 1);
+        }
         fact
     }
 
@@ -81,6 +101,26 @@ impl<T: Clone> Known<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn facts_of_ever_more_destinations_stay_bounded() {
+        let known = Known::default();
+        for n in 0..(MAX_KNOWN * 2 + 10) {
+            let destination: Arc<str> = Arc::from(format!("bus-{n}"));
+            let fact = known
+                .get(&destination, |_| async { (n, Duration::from_secs(60)) })
+                .await;
+            assert_eq!(fact, n);
+        }
+        assert!(known.lock().len() <= MAX_KNOWN);
+        assert!(known.asking.lock().unwrap().len() <= MAX_KNOWN + 1);
+        // What is kept is still used.
+        let last: Arc<str> = Arc::from(format!("bus-{}", MAX_KNOWN * 2 + 9));
+        let fact = known
+            .get(&last, |_| async { (0, Duration::from_secs(60)) })
+            .await;
+        assert_eq!(fact, MAX_KNOWN * 2 + 9);
+    }
 
     #[tokio::test]
     async fn a_fact_is_asked_once_while_it_holds_and_again_after() {

@@ -65,10 +65,13 @@ impl TopicLimits {
     /// the topic has none).
     pub fn learn(&self, topic: &Arc<str>, limit: Option<usize>) -> usize {
         let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
-        self.learned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(Arc::clone(topic), (limit, Instant::now()));
+        let mut learned = self.learned.lock().unwrap_or_else(PoisonError::into_inner);
+        // Rows may name very many topics: bounded as `aws::known` bounds its
+        // facts (each forgotten limit is asked again when next needed).
+        if learned.len() >= crate::aws::known::MAX_KNOWN && !learned.contains_key(topic) {
+            learned.clear();
+        }
+        learned.insert(Arc::clone(topic), (limit, Instant::now()));
         limit
     }
 
