@@ -90,11 +90,6 @@ impl std::fmt::Display for Origin {
 }
 
 impl Allowed {
-    /// Nothing but the configured default destination.
-    pub fn nothing() -> Self {
-        Self::default()
-    }
-
     /// URLs of the origins of `urls` (each an `http(s)://host[:port]` URL,
     /// anything after the origin ignored).
     pub fn origins<'a>(urls: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
@@ -118,16 +113,6 @@ impl Allowed {
             }
         }
         Self { rules }
-    }
-
-    /// These rules and `other`'s.
-    pub fn and(mut self, other: Self) -> Self {
-        for rule in other.rules {
-            if !self.rules.contains(&rule) {
-                self.rules.push(rule);
-            }
-        }
-        self
     }
 
     /// Whether `name` (a full destination: URL, ARN, queue URL, bus or
@@ -419,7 +404,7 @@ mod tests {
                 "{why}"
             );
         }
-        assert!(Allowed::nothing()
+        assert!(Allowed::default()
             .check("https://x.test/")
             .unwrap_err()
             .contains("may name none"));
