@@ -160,7 +160,7 @@ impl Args {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    outbox_relay::config::parse_duration(text)
+    outbox_relay::parse_duration(text)
 }
 
 /// What one process cost.
@@ -209,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
     admin.batch_execute("CREATE DATABASE bench").await?;
     let sql = harness::connect(&url).await;
     let setup_config = relay_config(&url, "bench", "[sink]\nkind = \"stdout\"\n");
-    let config = outbox_relay::config::Config::from_parts(
+    let config = outbox_relay::Config::from_parts(
         &setup_config,
         std::path::Path::new("bench.toml"),
         std::iter::empty(),

@@ -338,7 +338,7 @@ fn respond(body: &Bytes, state: &State) -> Response<Full<Bytes>> {
                         body[key + 1..at].starts_with(b"PublishBatchRequestEntries.member.")
                     })
             })
-            .map(|at| outbox_relay::tls::percent_decode(&value(at + 4)))
+            .map(|at| outbox_relay::percent_decode(&value(at + 4)))
             .collect();
         if let Some(bucket) = &state.bucket {
             let allowed = bucket
@@ -661,7 +661,7 @@ fn topic_attributes(body: &[u8], max_message_size: usize) -> Response<Full<Bytes
     let arn = form
         .split('&')
         .find_map(|pair| pair.strip_prefix("TopicArn="))
-        .map(outbox_relay::tls::percent_decode)
+        .map(outbox_relay::percent_decode)
         .unwrap_or_default();
     let owner = arn.split(':').nth(4).unwrap_or("123456789012").to_owned();
     let mut attributes = vec![
@@ -739,12 +739,12 @@ mod tests {
         let status = response.status().as_u16();
         let body = body_text(response);
         let (code, _) =
-            outbox_relay::aws::json::parse_error(body.as_bytes()).expect("an AWS JSON error");
+            outbox_relay::parse_aws_json_error(body.as_bytes()).expect("an AWS JSON error");
         let class = classify(Some(status), Some(&code), None);
         (status, code, class)
     }
 
-    use outbox_relay::aws::errors::{classify, Class};
+    use outbox_relay::{classify_aws_error as classify, AwsErrorClass as Class};
 
     // As the relay writes them (sink/sqs, sink/eventbridge, sink/kinesis).
     const SQS_BATCH: &[u8] = br#"{"QueueUrl":"http://127.0.0.1:1/123456789012/bench.fifo","Entries":[{"Id":"0","MessageBody":"{\"Id\":\"x\",\"a\":\"\\\"Id\\\":\\\"y\"}","MessageAttributes":{"Id":{"DataType":"String","StringValue":"v"}},"MessageGroupId":"g","MessageDeduplicationId":"d0"},{"Id":"1","MessageBody":"b","MessageGroupId":"g","MessageDeduplicationId":"d1"}]}"#;

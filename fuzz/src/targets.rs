@@ -73,7 +73,7 @@ fn config_target(input: &[u8]) {
         .next()
         .filter(|l| l.len() < 200)
         .map(|l| ("OUTBOX_RELAY__POSTGRES__SLOT".to_owned(), l.to_owned()));
-    match outbox_relay::config::Config::from_parts(&text, Path::new("fuzz.toml"), env) {
+    match outbox_relay::Config::from_parts(&text, Path::new("fuzz.toml"), env) {
         Ok(config) => {
             // A loaded configuration is usable: these are what the relay reads first.
             let _ = config.table();

@@ -92,15 +92,6 @@ mod oid {
     pub const JSONB: u32 = 3802;
 }
 
-/// Whether a payload column of type `type_oid` can be carried (jsonb, json,
-/// text, varchar, char, bytea).
-pub fn payload_type_supported(type_oid: u32) -> bool {
-    matches!(
-        type_oid,
-        oid::JSONB | oid::JSON | oid::TEXT | oid::VARCHAR | oid::BPCHAR | oid::BYTEA
-    )
-}
-
 /// UTF-8 text that shares the replication message's buffer.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Text(Bytes);
@@ -704,6 +695,7 @@ fn decode_bytea(raw: &[u8], column: &str) -> Result<Bytes, RowError> {
 
 /// Postgres `timestamptz` text (ISO DateStyle, e.g. `2026-11-22 05:48:24.123456+00`)
 /// to RFC 3339 (`2026-11-22T05:48:24.123456Z`). A `timestamp` without zone is taken as UTC.
+#[cfg(test)]
 pub fn rfc3339_from_pg(pg: &str) -> String {
     // Room for ":00".
     let mut out = String::with_capacity(pg.len() + 3);
@@ -742,6 +734,7 @@ fn rfc3339_from_pg_into(pg: &str, out: &mut String) {
 }
 
 /// Microseconds since 2000-01-01 UTC (Postgres epoch) to RFC 3339 in UTC.
+#[cfg(test)]
 pub fn rfc3339_from_pg_micros(micros: i64) -> String {
     let mut out = String::with_capacity(27);
     rfc3339_from_pg_micros_into(micros, &mut out);

@@ -16,48 +16,33 @@
 //! The module docs of [`ack`] and [`replication`] state the delivery
 //! invariants and why they hold.
 
-pub mod ack;
-pub mod aws;
-pub mod check;
-pub mod cli;
-pub mod concurrency;
-pub mod config;
-pub mod envelope;
-pub mod error;
-pub mod event;
-pub mod failover;
-pub mod http;
-pub mod lsn;
-pub mod marking;
-pub mod metrics;
-pub mod monitor;
-pub mod outgoing;
-pub mod platform;
-pub mod poller;
-pub mod position;
-pub mod postgres;
-pub mod publish;
-pub mod readiness;
-pub mod record;
-pub mod relay;
-pub mod replay;
-pub mod replication;
-pub mod report;
-pub mod retention;
-pub mod retry;
-pub mod route;
-pub mod rows;
-pub mod setup;
-pub mod signals;
-pub mod silence;
-pub mod sink;
-pub mod sql;
-pub mod stall;
-pub mod table;
-pub mod time;
-pub mod tls;
-pub mod walstream;
+mod cli;
+mod config;
+mod event;
+mod http;
+mod metrics;
+mod pipeline;
+mod postgres;
+mod relay;
+mod report;
+mod retry;
+mod signals;
+mod sink;
+mod time;
 
-pub use config::Config;
+// What the binary, the end-to-end tests, the benchmarks and the fuzz targets
+// use; everything else is the crate's own.
+pub use cli::main;
+pub use config::{parse_duration, Config, Secret};
+pub use metrics::get as metrics;
+pub use pipeline::error::ErrorClass;
+pub use pipeline::sink::{Message, Outcome, Sink};
+pub use pipeline::stream::{RelayError, Summary};
+pub use postgres::tls::{percent_decode, CHANNEL_BINDING_NOT_OFFERED};
+pub use postgres::walstream::{WalStream, WireError};
+pub use postgres::{check, setup, ConnInfo};
 pub use relay::run;
-pub use replication::{RelayError, Summary};
+pub use report::Chain;
+pub use sink::aws::errors::{classify as classify_aws_error, Class as AwsErrorClass};
+pub use sink::aws::json::parse_error as parse_aws_json_error;
+pub use sink::SnsSink;

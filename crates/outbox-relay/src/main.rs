@@ -2,7 +2,7 @@
 
 fn main() -> std::process::ExitCode {
     no_transparent_huge_pages();
-    outbox_relay::cli::main()
+    outbox_relay::main()
 }
 
 /// mimalloc: the SNS sink's AWS SDK allocates per call, and glibc's malloc

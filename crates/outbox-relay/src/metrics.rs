@@ -151,7 +151,7 @@ pub struct Metrics {
     slot_losses: Counter,
     /// Time from emitting a heartbeat to receiving it on the stream.
     pub heartbeat_round_trip: Histogram,
-    /// How long the current stall of each cause has lasted ([`crate::stall`]).
+    /// How long the current stall of each cause has lasted ([`crate::postgres::stall`]).
     stall_seconds: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Readiness inputs.
     pub health: Health,
@@ -175,7 +175,7 @@ pub struct Health {
     pub stream_silent_ms: AtomicU64,
     /// When the oldest heartbeat not yet seen back was sent (unix ms, 0: none).
     pub heartbeat_pending_since: AtomicU64,
-    /// The first stall on now, with its fix ([`crate::stall`]).
+    /// The first stall on now, with its fix ([`crate::postgres::stall`]).
     pub stall: std::sync::Mutex<Option<String>>,
 }
 
@@ -318,7 +318,7 @@ impl Metrics {
             heartbeat_round_trip.clone(),
         );
         let stall_seconds = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        for cause in crate::stall::Cause::ALL {
+        for cause in crate::postgres::stall::Cause::ALL {
             let _ = stall_seconds.get_or_create(&label("cause", cause.label()));
         }
         registry.register_with_unit(
@@ -428,7 +428,7 @@ impl Metrics {
     }
 
     /// How long the stall of `cause` has lasted (0: none).
-    pub fn stall_seconds(&self, cause: crate::stall::Cause, seconds: f64) {
+    pub fn stall_seconds(&self, cause: crate::postgres::stall::Cause, seconds: f64) {
         self.stall_seconds
             .get_or_create(&label("cause", cause.label()))
             .set(seconds);

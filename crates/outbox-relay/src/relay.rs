@@ -1,12 +1,12 @@
 //! The relay: the workers one instance runs, side by side.
 //!
-//! * the **stream** (`[stream] enabled`): replication → sink, see [`crate::replication`];
+//! * the **stream** (`[stream] enabled`): replication → sink, see [`crate::pipeline::stream`];
 //! * the **poller** (`[poller] enabled`, in mark and delete modes): publishes
-//!   what the log cannot give back, see [`crate::poller`];
+//!   what the log cannot give back, see [`crate::pipeline::poller`];
 //! * **retention** (`[retention] enabled`, in mark mode): deletes old
-//!   published rows, see [`crate::retention`];
+//!   published rows, see [`crate::postgres::outbox::retention`];
 //! * the **monitor** and the **HTTP listener** (`[http] listen`): slot lag,
-//!   `/metrics`, `/healthz`, `/readyz`, see [`crate::monitor`], [`crate::http`].
+//!   `/metrics`, `/healthz`, `/readyz`, see [`crate::postgres::monitor`], [`crate::http`].
 //!
 //! Each can be switched off per instance, so a fleet can run retention on one
 //! node only. When the stream recreates a lost slot it tells this instance's
@@ -18,9 +18,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, OnPublished};
-use crate::poller::Poller;
-use crate::replication::{self, RelayError, Summary};
-use crate::sink::Sink;
+use crate::pipeline::poller::Poller;
+use crate::pipeline::sink::Sink;
+use crate::pipeline::stream::{self, RelayError, Summary};
 
 /// Run every enabled worker until `stop` (graceful) or a fatal stream error.
 pub async fn run<S: Sink>(
@@ -46,7 +46,7 @@ pub async fn run<S: Sink>(
             workers.clone(),
         )));
     }
-    tasks.push(tokio::spawn(crate::monitor::run(
+    tasks.push(tokio::spawn(crate::postgres::monitor::run(
         config.clone(),
         workers.clone(),
     )));
@@ -55,13 +55,13 @@ pub async fn run<S: Sink>(
         tasks.push(tokio::spawn(poller.run(workers.clone())));
     }
     if config.retention.enabled && mode == OnPublished::Mark {
-        tasks.push(tokio::spawn(crate::retention::run(
+        tasks.push(tokio::spawn(crate::postgres::outbox::retention::run(
             config.clone(),
             workers.clone(),
         )));
     }
     let result = if config.stream.enabled {
-        replication::run(config, sink, stop.clone(), sweep_tx).await
+        stream::run(config, sink, stop.clone(), sweep_tx).await
     } else {
         stop.cancelled().await;
         Ok(Summary::default())

@@ -6,7 +6,7 @@
 /// tokio-postgres prints a server error as just "db error" and keeps the
 /// server's message in the source; this prints `ERROR: must be owner of …`.
 /// Its refusal under `channel_binding = require` comes out in the words the
-/// replication connection uses ([`crate::tls::channel_binding_refused`]).
+/// replication connection uses ([`crate::postgres::tls::channel_binding_refused`]).
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
@@ -17,9 +17,9 @@ impl std::fmt::Display for Chain<'_> {
             // The replication connection refuses in libpq's words; so does this one.
             let refusal = error
                 .downcast_ref::<tokio_postgres::Error>()
-                .is_some_and(crate::tls::is_channel_binding_refusal);
+                .is_some_and(crate::postgres::tls::is_channel_binding_refusal);
             let more = if refusal {
-                crate::tls::channel_binding_refused(None)
+                crate::postgres::tls::channel_binding_refused(None)
             } else {
                 error.to_string()
             };

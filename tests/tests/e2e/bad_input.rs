@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use harness::{server_version_num, wait_until};
-use outbox_relay::replication::ErrorClass;
+use outbox_relay::ErrorClass;
 
 use crate::outbox::{Collect, Outbox, Running};
 
@@ -220,7 +220,7 @@ async fn a_wrong_password_stops_the_relay_with_the_servers_reason() {
     let url = outbox
         .relay_url()
         .replacen(crate::outbox::ROLE_PASSWORD, "not-the-password", 1);
-    config.postgres.url = Some(outbox_relay::config::Secret::new(url));
+    config.postgres.url = Some(outbox_relay::Secret::new(url));
     let relay = Running::start(config, Collect::default());
     let error = stopped(relay).await.expect_err("a fatal error");
     assert_eq!(error.class(), ErrorClass::Fatal);

@@ -9,15 +9,14 @@ use std::time::Duration;
 
 use harness::{server_version_num, wait_until};
 use outbox_relay::check::{Finding, Severity};
-use outbox_relay::config::Config;
-use outbox_relay::replication::ErrorClass;
+use outbox_relay::Config;
+use outbox_relay::ErrorClass;
 
 use crate::outbox::{Collect, Outbox, Running};
 
 /// What `check` finds with `config`, connected as the relay connects.
 async fn check(config: &Config) -> Vec<Finding> {
-    let conn =
-        outbox_relay::postgres::ConnInfo::new(&config.postgres).expect("connection settings");
+    let conn = outbox_relay::ConnInfo::new(&config.postgres).expect("connection settings");
     let client = conn.connect().await.expect("connect as the relay");
     outbox_relay::check::run(config, &client)
         .await

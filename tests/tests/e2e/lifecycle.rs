@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use harness::{wait_until, RelayProcess};
-use outbox_relay::sink::{Message, Outcome, Sink};
+use outbox_relay::{Message, Outcome, Sink};
 
 use crate::outbox::{envelope_ids, metric, Collect, Outbox, Running};
 

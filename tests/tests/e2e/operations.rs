@@ -555,7 +555,7 @@ async fn connections_frozen_in_the_network_are_noticed_and_nothing_is_lost() {
     let mut config = outbox.config(&format!(
         "receive_timeout = \"6s\"\n{QUICK_RETRY}[http]\nlisten = \"{addr}\"\nready_max_lag_bytes = 1073741824"
     ));
-    config.postgres.url = Some(outbox_relay::config::Secret::new(url.replacen(
+    config.postgres.url = Some(outbox_relay::Secret::new(url.replacen(
         &host_port,
         &format!("127.0.0.1:{}", proxy.port()),
         1,

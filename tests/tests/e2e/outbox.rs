@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use harness::TestDb;
-use outbox_relay::config::Config;
-use outbox_relay::sink::{Message, Outcome, Sink};
+use outbox_relay::Config;
+use outbox_relay::{Message, Outcome, Sink};
 use outbox_relay::{RelayError, Summary};
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
@@ -434,7 +434,7 @@ impl Sink for Collect {
 /// its exposition text: the first sample whose name and labels start with
 /// `series`.
 pub fn metric(series: &str) -> f64 {
-    let text = outbox_relay::metrics::get().encode();
+    let text = outbox_relay::metrics().encode();
     text.lines()
         .find(|l| l.starts_with(series) && !l.starts_with('#'))
         .and_then(|l| l.rsplit(' ').next())

@@ -6,7 +6,7 @@ use std::time::Duration;
 use harness::proxy::{FaultProxy, Mode};
 use harness::sns::{self, Received, Topic};
 use harness::{wait_until, RelayProcess};
-use outbox_relay::sink::SnsSink;
+use outbox_relay::SnsSink;
 
 use crate::outbox::{Outbox, Running};
 

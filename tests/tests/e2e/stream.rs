@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use harness::wait_until;
-use outbox_relay::replication::ErrorClass;
-use outbox_relay::sink::Sink;
+use outbox_relay::ErrorClass;
+use outbox_relay::Sink;
 
 use crate::outbox::{metric, Collect, Outbox, Running};
 

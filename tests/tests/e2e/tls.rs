@@ -15,10 +15,10 @@ use std::time::Duration;
 use harness::{
     server_version_num, wait_until, Cluster, FrontStart, PgTlsFront, RelayProcess, TestPki,
 };
-use outbox_relay::config::{Config, Secret};
-use outbox_relay::replication::ErrorClass;
-use outbox_relay::tls::CHANNEL_BINDING_NOT_OFFERED;
-use outbox_relay::walstream::{WalStream, WireError};
+use outbox_relay::ErrorClass;
+use outbox_relay::CHANNEL_BINDING_NOT_OFFERED;
+use outbox_relay::{Config, Secret};
+use outbox_relay::{WalStream, WireError};
 
 use crate::outbox::{Collect, Outbox, Running, ROLE_PASSWORD};
 
@@ -85,7 +85,7 @@ fn config_at(outbox: &Outbox, host: &str, port: u16, tls: &str) -> Config {
 
 /// Log the replication connection in under `config` (and start streaming).
 async fn replication_login(config: &Config) -> Result<WalStream, WireError> {
-    let conn = outbox_relay::postgres::ConnInfo::new(&config.postgres).unwrap();
+    let conn = outbox_relay::ConnInfo::new(&config.postgres).unwrap();
     conn.replicate(
         config.postgres.slot.as_str(),
         &config.postgres.publication,
@@ -267,12 +267,12 @@ async fn a_wrong_ca_or_host_name_is_refused_with_a_message_that_says_so() {
         "{text}"
     );
     // The replication connection explains it in the same words.
-    let conn = outbox_relay::postgres::ConnInfo::new(&wrong.postgres).unwrap();
+    let conn = outbox_relay::ConnInfo::new(&wrong.postgres).unwrap();
     let failure = match conn
         .replicate(&outbox.slot, &wrong.postgres.publication, 0, None)
         .await
     {
-        Err(outbox_relay::walstream::WireError::Tls(e)) => e,
+        Err(outbox_relay::WireError::Tls(e)) => e,
         Err(other) => panic!("a TLS error: {other}"),
         Ok(_) => panic!("the replication connection refuses the wrong CA"),
     };
@@ -567,12 +567,12 @@ async fn direct_tls_starts_without_an_ssl_request_and_agrees_on_alpn_postgresql(
         return;
     }
     // Before 17 the server reads the TLS hello as a start-up packet and hangs up.
-    let conn = outbox_relay::postgres::ConnInfo::new(&config.postgres).unwrap();
+    let conn = outbox_relay::ConnInfo::new(&config.postgres).unwrap();
     let sql = conn
         .connect()
         .await
         .expect_err("no direct TLS before PostgreSQL 17");
-    let text = outbox_relay::postgres::Chain(&sql).to_string();
+    let text = outbox_relay::Chain(&sql).to_string();
     assert!(text.contains("PostgreSQL 16 and older"), "{text}");
     match replication_login(&config).await {
         Err(WireError::Tls(e)) => {

@@ -1,11 +1,11 @@
-//! `outbox-relay check`: the findings of [`crate::check`], one a line;
+//! `outbox-relay check`: the findings of [`crate::postgres::check`], one a line;
 //! exit 3 when any of them is an error.
 
 use std::process::ExitCode;
 
 use super::{connect, EXIT_CHECK, EXIT_FAILURE};
-use crate::check::{Finding, Severity};
 use crate::config::Config;
+use crate::postgres::check::{Finding, Severity};
 use crate::sink::Kind;
 
 /// Print the findings; the exit code.
@@ -14,7 +14,7 @@ pub(super) async fn run(config: &Config) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    match crate::check::run(config, &client).await {
+    match crate::postgres::check::run(config, &client).await {
         Ok(mut findings) => {
             findings.insert(0, routing(config));
             for f in &findings {
@@ -33,7 +33,7 @@ pub(super) async fn run(config: &Config) -> ExitCode {
     }
 }
 
-/// What a row's `topic` column or a template may name (`crate::sink::allow`).
+/// What a row's `topic` column or a template may name (`crate::config::allow`).
 fn routing(config: &Config) -> Finding {
     let allowed = config.destination().routes().allowed.describe();
     let key = match config.sink.kind {

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogFormat};
-use crate::platform::Choice;
+use crate::postgres::platform::Choice;
 use crate::postgres::ConnInfo;
 use crate::signals::StopSignals;
 
@@ -58,7 +58,7 @@ enum Command {
         #[arg(long)]
         apply: bool,
         /// Name of the least-privilege role to create.
-        #[arg(long, default_value = crate::setup::DEFAULT_ROLE)]
+        #[arg(long, default_value = crate::postgres::setup::DEFAULT_ROLE)]
         role: String,
         /// Create the outbox table partitioned by range of created_at.
         #[arg(long)]
@@ -75,7 +75,7 @@ enum Command {
     Replay {
         /// Which rows.
         #[command(flatten)]
-        selection: crate::replay::Selection,
+        selection: crate::pipeline::replay::Selection,
         /// At most this many events per second.
         #[arg(long)]
         rate: Option<f64>,
@@ -211,8 +211,8 @@ async fn connect(config: &Config) -> Result<tokio_postgres::Client, ExitCode> {
 async fn table_of(
     config: &Config,
     client: &tokio_postgres::Client,
-) -> Result<crate::table::Table, ExitCode> {
-    match crate::table::Table::inspect(client, config).await {
+) -> Result<crate::postgres::outbox::table::Table, ExitCode> {
+    match crate::postgres::outbox::table::Table::inspect(client, config).await {
         Ok(Some(table)) => Ok(table),
         Ok(None) => {
             eprintln!(

@@ -1,5 +1,5 @@
 //! `outbox-relay purge`: published rows older than an age deleted now, as
-//! retention does on its timer ([`crate::retention`]); the table needs the
+//! retention does on its timer ([`crate::postgres::outbox::retention`]); the table needs the
 //! relay-managed columns to tell published rows.
 
 use std::process::ExitCode;
@@ -25,8 +25,14 @@ pub(super) async fn run(config: &Config, older_than: std::time::Duration) -> Exi
         return ExitCode::from(EXIT_FAILURE);
     }
     let r = &config.retention;
-    match crate::retention::purge(&client, &table, older_than, r.batch_size, r.drop_partitions)
-        .await
+    match crate::postgres::outbox::retention::purge(
+        &client,
+        &table,
+        older_than,
+        r.batch_size,
+        r.drop_partitions,
+    )
+    .await
     {
         Ok(p) => {
             eprintln!(

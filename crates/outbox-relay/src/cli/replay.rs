@@ -1,5 +1,5 @@
 //! `outbox-relay replay`: selected rows published again through the
-//! configured sink ([`crate::replay`]), or with `--dry-run` counted and
+//! configured sink ([`crate::pipeline::replay`]), or with `--dry-run` counted and
 //! sampled; exit 1 when any was rejected.
 
 use std::process::ExitCode;
@@ -12,7 +12,7 @@ use crate::sink::Configured;
 /// Replay the selected rows (or count them); the exit code.
 pub(super) async fn run(
     config: &Config,
-    selection: &crate::replay::Selection,
+    selection: &crate::pipeline::replay::Selection,
     rate: Option<f64>,
     dry_run: bool,
 ) -> ExitCode {
@@ -25,7 +25,7 @@ pub(super) async fn run(
         Err(code) => return code,
     };
     if dry_run {
-        return match crate::replay::dry_run(&client, config, &table, selection).await {
+        return match crate::pipeline::replay::dry_run(&client, config, &table, selection).await {
             Ok((count, sample)) => {
                 println!("{count} rows would be replayed");
                 for line in sample {
@@ -49,7 +49,7 @@ pub(super) async fn run(
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    let result = crate::replay::run(
+    let result = crate::pipeline::replay::run(
         &mut client,
         config,
         &table,

@@ -10,9 +10,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::{EXIT_CONFIG, EXIT_FAILURE};
 use crate::config::Config;
-use crate::replication::ErrorClass;
+use crate::pipeline::sink::Sink;
+use crate::pipeline::stream::ErrorClass;
 use crate::signals::StopSignals;
-use crate::sink::{Configured, Sink};
+use crate::sink::Configured;
 
 /// Run the relay until a stop signal or an error; the exit code.
 pub(super) async fn run(config: Config, signals: Option<StopSignals>) -> ExitCode {

@@ -1,4 +1,4 @@
-//! `outbox-relay setup`: the SQL of [`crate::setup`] for the configured
+//! `outbox-relay setup`: the SQL of [`crate::postgres::setup`] for the configured
 //! names, printed or applied, with the role file for the platform given,
 //! detected or assumed (self-managed). Printing needs no server unless asked
 //! to tell the platform from it.
@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::{connect, EXIT_FAILURE};
 use crate::config::Config;
-use crate::platform::{self, Choice, Platform};
+use crate::postgres::platform::{self, Choice, Platform};
 
 /// Print or apply the setup SQL; the exit code.
 pub(super) async fn run(
@@ -42,7 +42,7 @@ pub(super) async fn run(
             "the default; --platform auto tells it from the server".to_owned(),
         ),
     };
-    let files = match crate::setup::render_for(config, role, partitioned, platform) {
+    let files = match crate::postgres::setup::render_for(config, role, partitioned, platform) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
@@ -63,7 +63,7 @@ pub(super) async fn run(
         return ExitCode::SUCCESS;
     };
     eprintln!("setup {rendered}");
-    match crate::setup::apply(&client, &files).await {
+    match crate::postgres::setup::apply(&client, &files).await {
         Ok(()) => {
             eprintln!(
                 "applied {} files: table {}, publication {}, slot {}, role {role}",

@@ -1,6 +1,6 @@
 //! `outbox-relay status`: the slot's health, the oldest pending row, the rows
 //! by state, the failover state, the oldest prepared transaction and what
-//! stalls the slot ([`crate::stall`], from the server: one look, so only
+//! stalls the slot ([`crate::postgres::stall`], from the server: one look, so only
 //! stalls one look can tell), as a table or JSON; exit 1, naming the
 //! problems, when the relay is not healthy.
 
@@ -15,19 +15,19 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let slot = match crate::monitor::slot_lag(&client, &config.postgres.slot).await {
+    let slot = match crate::postgres::monitor::slot_lag(&client, &config.postgres.slot).await {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: cannot read the slot: {}", crate::report::Chain(&e));
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let table = crate::table::Table::inspect(&client, config)
+    let table = crate::postgres::outbox::table::Table::inspect(&client, config)
         .await
         .ok()
         .flatten();
     let counts = match &table {
-        Some(t) if t.managed => crate::monitor::row_counts(&client, t)
+        Some(t) if t.managed => crate::postgres::monitor::row_counts(&client, t)
             .await
             .unwrap_or_default(),
         _ => Vec::new(),
@@ -47,20 +47,20 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
             .and_then(|r| r.get(0)),
         _ => None,
     };
-    let failover = crate::failover::State::read(&client, &config.postgres.slot)
+    let failover = crate::postgres::failover::State::read(&client, &config.postgres.slot)
         .await
         .unwrap_or_default();
-    let look = crate::stall::look(&client, &config.postgres.slot)
+    let look = crate::postgres::stall::look(&client, &config.postgres.slot)
         .await
         .unwrap_or_else(|e| {
             eprintln!(
                 "warning: cannot ask the server what the slot waits for: {}",
                 crate::report::Chain(&e)
             );
-            crate::stall::Look::default()
+            crate::postgres::stall::Look::default()
         });
-    let stalls: Vec<crate::stall::Stall> =
-        crate::stall::diagnose(&look, config.stream.prepared_transaction_max_age)
+    let stalls: Vec<crate::postgres::stall::Stall> =
+        crate::postgres::stall::diagnose(&look, config.stream.prepared_transaction_max_age)
             .into_iter()
             .filter(|s| s.lasting)
             .collect();
@@ -154,10 +154,10 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
             "oldest prepared tx   {}",
             opt(oldest_prepared.map(|p| format!(
                 "{} (database {:?}, owner {:?}, prepared {} ago)",
-                crate::sql::quote_literal(&p.gid),
+                crate::postgres::sql::quote_literal(&p.gid),
                 p.database,
                 p.owner,
-                crate::stall::age(p.age)
+                crate::postgres::stall::age(p.age)
             )))
         );
         for (state, n) in &counts {

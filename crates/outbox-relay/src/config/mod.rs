@@ -20,16 +20,19 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod allow;
 pub mod columns;
+pub mod settings;
 pub mod value;
 
-use crate::sink::settings::Settings;
+use crate::config::settings::Settings;
 use crate::sink::Sections;
 
 pub use crate::sink::Kind as SinkKind;
 pub use columns::ColumnMapping;
+#[cfg(test)]
 use value::field_names;
-pub use value::{check_endpoint_url, de_duration, parse_duration, Secret};
+pub use value::{de_duration, parse_duration, Secret};
 
 /// Every key at its default, commented: what `outbox-relay config` prints.
 /// A test keeps it equal to the real defaults and complete ([`keys`]).
@@ -171,11 +174,11 @@ pub struct PostgresConfig {
 
 impl PostgresConfig {
     /// The TLS settings, from the URL and the `ssl_*` keys; problems name their key.
-    pub fn tls(&self) -> Result<crate::tls::TlsSettings, Vec<(String, String)>> {
+    pub fn tls(&self) -> Result<crate::postgres::tls::TlsSettings, Vec<(String, String)>> {
         let (rest, url) = self
             .url
             .as_ref()
-            .map(|u| crate::tls::split_url(u.expose()))
+            .map(|u| crate::postgres::tls::split_url(u.expose()))
             .unwrap_or_default();
         let unix_socket = tokio_postgres::Config::from_str(&rest).is_ok_and(|c| {
             matches!(
@@ -183,9 +186,9 @@ impl PostgresConfig {
                 Some(tokio_postgres::config::Host::Unix(_))
             )
         });
-        crate::tls::TlsSettings::resolve(
+        crate::postgres::tls::TlsSettings::resolve(
             &url,
-            crate::tls::KeyValues {
+            crate::postgres::tls::KeyValues {
                 ssl_mode: self.ssl_mode.as_deref(),
                 ssl_root_cert: self.ssl_root_cert.as_deref(),
                 ssl_cert: self.ssl_cert.as_deref(),
@@ -283,7 +286,7 @@ pub struct StreamConfig {
     #[serde(deserialize_with = "de_duration")]
     pub coalesce: Duration,
     /// A prepared transaction of the slot's database older than this is a
-    /// stall ([`crate::stall`]): logged, in `/readyz`, the metric and
+    /// stall ([`crate::postgres::stall`]): logged, in `/readyz`, the metric and
     /// `status`; 0 switches the check off.
     #[serde(deserialize_with = "de_duration")]
     pub prepared_transaction_max_age: Duration,
@@ -859,7 +862,7 @@ fn check_url(url: &str) -> Result<(), String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err("must be a URL starting with postgres:// or postgresql://".into());
     }
-    let (url, _) = crate::tls::split_url(url);
+    let (url, _) = crate::postgres::tls::split_url(url);
     let parsed = tokio_postgres::Config::from_str(&url)
         .map_err(|e| format!("not a valid Postgres URL: {e}"))?;
     if parsed.get_user().is_none() {
@@ -1026,6 +1029,7 @@ fn env_value(raw: &str) -> toml::Value {
 /// Every configuration key, `section.key`, in declaration order. Read from
 /// the structs themselves (what serde asks a deserializer for), so a new
 /// field is a new key here without anyone listing it.
+#[cfg(test)]
 pub fn keys() -> Vec<String> {
     let mut keys = Vec::new();
     for section in field_names::<Config>() {
@@ -1059,6 +1063,7 @@ pub fn keys() -> Vec<String> {
 }
 
 /// The environment variable that overrides `key` (`section.key`).
+#[cfg(test)]
 pub fn env_var(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
 }

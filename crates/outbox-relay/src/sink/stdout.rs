@@ -42,7 +42,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::oneshot;
 
-use super::{Cause, Message, Outcome, Sink};
+use crate::pipeline::sink::{Cause, Message, Outcome, Sink};
 
 /// A buffer to write, and where to say how it went (the buffer comes back for reuse).
 struct Job {

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::allow;
-use crate::sink::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::allow;
+use crate::config::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of `PutEvents` calls in flight.
 pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
@@ -88,7 +88,7 @@ impl EventBridgeConfig {
         if !self.region.is_empty() {
             return Some(&self.region);
         }
-        crate::aws::arn_region(&self.bus)
+        crate::sink::aws::arn_region(&self.bus)
     }
 }
 
@@ -140,7 +140,7 @@ impl Settings for EventBridgeConfig {
             bad,
         );
         allow::check_patterns("eventbridge.allowed_destinations", &self.allowed_destinations, bad);
-        crate::aws::check_calls(
+        crate::sink::aws::check_calls(
             "eventbridge",
             &self.endpoint_url,
             (self.operation_timeout, self.attempt_timeout),

@@ -12,7 +12,7 @@
 //! an entry (Source, DetailType and Detail in UTF-8 bytes) and a whole call
 //! at most 1 MiB (raised from 256 KiB in January 2026). "Delivered" means
 //! PutEvents gave the entry an `EventId`. An entry's `ErrorCode` is
-//! classified as every AWS error is ([`crate::aws::errors`]): `InternalFailure`
+//! classified as every AWS error is ([`crate::sink::aws::errors`]): `InternalFailure`
 //! and `ThrottlingException` are retried, `MalformedDetail` and
 //! `InvalidArgument` recorded.
 //!
@@ -43,10 +43,10 @@ use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::{Cause, Message, Outcome};
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Gate, missing, Positional, Protocol, Question};
-use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
-use crate::aws::{self, json, SetupError};
+use crate::pipeline::sink::{Cause, Message, Outcome};
+use crate::sink::aws::batch::{positional, Answer, BatchSink, Batches, Gate, missing, Positional, Protocol, Question};
+use crate::sink::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
+use crate::sink::aws::{self, json, SetupError};
 
 pub mod config;
 
@@ -303,7 +303,7 @@ impl Protocol for PutEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::{Outcome, Sink};
+    use crate::pipeline::sink::{Outcome, Sink};
     use std::time::Duration;
 
     /// A sink for the local endpoint at `url`.
@@ -315,12 +315,12 @@ mod tests {
         BatchSink::assemble(
             "eventbridge",
             Batches::new(
-                crate::aws::local::client(aws::EVENTBRIDGE, url),
+                crate::sink::aws::local::client(aws::EVENTBRIDGE, url),
                 protocol,
                 Duration::from_secs(5),
                 Duration::from_secs(600),
             ),
-            (crate::sink::Concurrency::Fixed(1), Duration::ZERO),
+            (crate::pipeline::sink::Concurrency::Fixed(1), Duration::ZERO),
             Buses::new(true, "orders"),
             usize::MAX,
         )
@@ -330,10 +330,10 @@ mod tests {
     async fn a_denied_permission_is_kept_as_refused_and_stale_credentials_are_asked_again() {
         let ask = |code: &'static str| async move {
             let (url, _) =
-                crate::aws::local::endpoint(move |_| crate::aws::local::json_refusal(code, "no"))
+                crate::sink::aws::local::endpoint(move |_| crate::sink::aws::local::json_refusal(code, "no"))
                     .await;
             let batches = Batches::new(
-                crate::aws::local::client(aws::EVENTBRIDGE, &url),
+                crate::sink::aws::local::client(aws::EVENTBRIDGE, &url),
                 PutEvents {
                     source: "outbox-relay".into(),
                     detail_type: "{event_type}".into(),
@@ -366,13 +366,13 @@ mod tests {
     #[tokio::test]
     async fn events_for_a_bus_that_does_not_exist_are_rejected_not_sent() {
         // As AWS: PutEvents takes anything; DescribeEventBus knows one bus.
-        let (url, seen) = crate::aws::local::endpoint(|head| {
+        let (url, seen) = crate::sink::aws::local::endpoint(|head| {
             if head.contains("x-amz-target: AWSEvents.PutEvents") {
-                crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                crate::sink::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
             } else if head.contains("x-amz-target: AWSEvents.DescribeEventBus") {
-                crate::aws::local::json_ok(r#"{"Name":"orders","Arn":"arn:aws:events:us-east-1:123456789012:event-bus/orders"}"#)
+                crate::sink::aws::local::json_ok(r#"{"Name":"orders","Arn":"arn:aws:events:us-east-1:123456789012:event-bus/orders"}"#)
             } else {
-                crate::aws::local::json_refusal("UnknownOperationException", "?")
+                crate::sink::aws::local::json_refusal("UnknownOperationException", "?")
             }
         })
         .await;
@@ -380,7 +380,7 @@ mod tests {
         let event = |bus: &str| Message::for_test("e-1", "a", r#"{"id":"e-1"}"#, bus);
         assert_eq!(sink.publish(&[event("orders")]).await, [Outcome::Delivered]);
         assert_eq!(sink.publish(&[event("orders")]).await, [Outcome::Delivered]);
-        let describes = |seen: &crate::aws::local::Seen| {
+        let describes = |seen: &crate::sink::aws::local::Seen| {
             seen.heads
                 .lock()
                 .unwrap()
@@ -390,11 +390,11 @@ mod tests {
         };
         assert_eq!(describes(&seen), 1, "asked once, then known");
 
-        let (url, seen) = crate::aws::local::endpoint(|head| {
+        let (url, seen) = crate::sink::aws::local::endpoint(|head| {
             if head.contains("x-amz-target: AWSEvents.PutEvents") {
-                crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                crate::sink::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
             } else {
-                crate::aws::local::json_refusal(
+                crate::sink::aws::local::json_refusal(
                     "ResourceNotFoundException",
                     "Event bus typo does not exist.",
                 )
@@ -425,11 +425,11 @@ mod tests {
             ("AccessDeniedException", Cause::Other),
             ("InternalFailure", Cause::Unavailable),
         ] {
-            let (url, seen) = crate::aws::local::endpoint(move |head| {
+            let (url, seen) = crate::sink::aws::local::endpoint(move |head| {
                 if head.contains("x-amz-target: AWSEvents.PutEvents") {
-                    crate::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                    crate::sink::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
                 } else {
-                    crate::aws::local::json_refusal(code, "no")
+                    crate::sink::aws::local::json_refusal(code, "no")
                 }
             })
             .await;
@@ -483,12 +483,12 @@ mod tests {
         );
         assert_eq!(answers[2], None);
         assert_eq!(
-            crate::aws::errors::classify(None, Some("MalformedDetail"), None),
-            crate::aws::errors::Class::Invalid
+            crate::sink::aws::errors::classify(None, Some("MalformedDetail"), None),
+            crate::sink::aws::errors::Class::Invalid
         );
         assert_eq!(
-            crate::aws::errors::classify(None, Some("InternalFailure"), None),
-            crate::aws::errors::Class::Unavailable
+            crate::sink::aws::errors::classify(None, Some("InternalFailure"), None),
+            crate::sink::aws::errors::Class::Unavailable
         );
     }
 }

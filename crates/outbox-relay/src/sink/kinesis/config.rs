@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::allow;
-use crate::sink::settings::{verbatim, Routes, Settings};
+use crate::config::allow;
+use crate::config::settings::{verbatim, Routes, Settings};
 
 /// Default ceiling of `PutRecords` calls in flight.
 pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
@@ -91,7 +91,7 @@ impl KinesisConfig {
         if !self.region.is_empty() {
             return Some(&self.region);
         }
-        crate::aws::arn_region(&self.stream)
+        crate::sink::aws::arn_region(&self.stream)
     }
 }
 
@@ -134,7 +134,7 @@ impl Settings for KinesisConfig {
             bad,
         );
         allow::check_patterns("kinesis.allowed_destinations", &self.allowed_destinations, bad);
-        crate::aws::check_calls(
+        crate::sink::aws::check_calls(
             "kinesis",
             &self.endpoint_url,
             (self.operation_timeout, self.attempt_timeout),

@@ -18,15 +18,15 @@
 //! unless raised to up to 10 MiB: `kinesis.max_record_size`), a call up to
 //! 10 MiB; the relay keeps calls within 5 MiB, the limit before the raise,
 //! which every endpoint takes. A stream that does not exist rejects its
-//! records ([`crate::aws::errors`]).
+//! records ([`crate::sink::aws::errors`]).
 
 use std::borrow::Cow;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::Message;
-use crate::aws::batch::{positional, Answer, BatchSink, Batches, Fixed, Positional, Protocol};
-use crate::aws::{self, json, SetupError};
+use crate::pipeline::sink::Message;
+use crate::sink::aws::batch::{positional, Answer, BatchSink, Batches, Fixed, Positional, Protocol};
+use crate::sink::aws::{self, json, SetupError};
 
 pub mod config;
 
@@ -156,8 +156,8 @@ impl Protocol for PutRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::errors::{classify, Class};
-    use crate::sink::{Cause, Outcome, Retry};
+    use crate::sink::aws::errors::{classify, Class};
+    use crate::pipeline::sink::{Cause, Outcome, Retry};
     use std::time::Duration;
 
     fn message(id: &str, group: &str) -> Message {
@@ -169,13 +169,13 @@ mod tests {
     async fn records_behind_a_failed_one_wait_unsent_and_take_none_of_its_failure() {
         // Every record fails with a code nobody knows: retried for
         // `retry_unknown_errors_for` (zero here), then recorded.
-        let (url, seen) = crate::aws::local::endpoint(|_| {
-            crate::aws::local::json_ok(
+        let (url, seen) = crate::sink::aws::local::endpoint(|_| {
+            crate::sink::aws::local::json_ok(
                 r#"{"FailedRecordCount":1,"Records":[{"ErrorCode":"NewKindOfFailure","ErrorMessage":"?"}]}"#,
             )
         })
         .await;
-        let client = crate::aws::local::client(aws::KINESIS, &url);
+        let client = crate::sink::aws::local::client(aws::KINESIS, &url);
         let batches = Batches::new(
             client,
             PutRecords { strict_order: true },

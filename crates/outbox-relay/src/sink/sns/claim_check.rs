@@ -38,29 +38,27 @@ use aws_smithy_xml::decode::{try_data, Document};
 
 use std::sync::PoisonError;
 
-use crate::aws::errors::{self, Class};
-use crate::sink::Source;
-use crate::aws::{Client, Request};
+use crate::sink::aws::errors::{self, Class};
+use crate::pipeline::sink::Source;
+use crate::sink::aws::{Client, Request};
 
 /// The pointer's class name, first in the body.
 pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
 /// The attribute that marks a message as a pointer and gives the payload's
 /// size in bytes.
 pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
-/// The attribute the libraries' first versions used for the same.
-pub const LEGACY_SIZE_ATTRIBUTE: &str = "SQSLargePayloadSize";
 
 /// Where large payloads go.
 pub struct ClaimCheck {
     client: Client,
     bucket: String,
     /// The keys' prefix for the events' source, once told
-    /// ([`crate::sink::Sink::source`]).
+    /// ([`crate::pipeline::sink::Sink::source`]).
     prefix: std::sync::RwLock<Option<String>>,
 }
 
 impl ClaimCheck {
-    /// Payloads go to `bucket` through `client` (for S3, at the bucket's endpoint: [`crate::aws::endpoint::s3_bucket`]).
+    /// Payloads go to `bucket` through `client` (for S3, at the bucket's endpoint: [`crate::sink::aws::endpoint::s3_bucket`]).
     pub fn new(client: Client, bucket: String) -> Self {
         Self {
             client,
@@ -156,7 +154,7 @@ fn part(value: &str) -> Cow<'_, str> {
     let safe = !value.is_empty()
         && value.len() <= 200
         && !value.starts_with('.')
-        && !crate::aws::batch::looks_hashed(value)
+        && !crate::sink::aws::batch::looks_hashed(value)
         && value
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use crate::concurrency::ConcurrencyMode;
+pub use crate::pipeline::concurrency::ConcurrencyMode;
 use crate::config::value::{check_endpoint_url, de_duration};
-use crate::sink::allow;
-use crate::sink::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::allow;
+use crate::config::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.
@@ -98,7 +98,7 @@ impl Default for SnsConfig {
 
 impl SnsConfig {
     /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> crate::concurrency::Concurrency {
+    pub fn concurrency(&self) -> crate::pipeline::concurrency::Concurrency {
         self.concurrency.with_ceiling(self.max_in_flight_batches)
     }
 
@@ -280,7 +280,7 @@ impl Settings for SnsConfig {
         let account = self.account().unwrap_or_default().to_owned();
         let partition = (self.topic_arn.split(':').nth(1))
             .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| crate::aws::endpoint::partition(&region))
+            .unwrap_or_else(|| crate::sink::aws::endpoint::partition(&region))
             .to_owned();
         let own = (!region.is_empty() && !account.is_empty())
             .then(|| format!("arn:{partition}:sns:{region}:{account}:*"));
@@ -317,8 +317,8 @@ impl Settings for SnsConfig {
 }
 
 /// Whether SNS (and SQS, which receives the attributes of raw delivery)
-/// accepts `name` as a message attribute name ([`crate::aws::message_attribute_name`]).
-pub use crate::aws::message_attribute_name as sns_attribute_name;
+/// accepts `name` as a message attribute name ([`crate::sink::aws::message_attribute_name`]).
+pub use crate::sink::aws::message_attribute_name as sns_attribute_name;
 
 #[cfg(test)]
 mod tests {
@@ -342,7 +342,7 @@ mod tests {
 
     #[test]
     fn sns_concurrency_is_adaptive_under_its_ceiling_or_a_fixed_number() {
-        use crate::concurrency::Concurrency;
+        use crate::pipeline::concurrency::Concurrency;
         let sns = |extra: &str, env: &[(&str, &str)]| {
             load(
                 &format!("{MINIMAL}[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"arn:aws:sns:eu-west-1:123456789012:t\"\n{extra}"),

@@ -68,7 +68,7 @@ impl TopicLimits {
         let mut learned = self.learned.lock().unwrap_or_else(PoisonError::into_inner);
         // Rows may name very many topics: bounded as `aws::known` bounds its
         // facts (each forgotten limit is asked again when next needed).
-        if learned.len() >= crate::aws::known::MAX_KNOWN && !learned.contains_key(topic) {
+        if learned.len() >= crate::sink::aws::known::MAX_KNOWN && !learned.contains_key(topic) {
             learned.clear();
         }
         learned.insert(Arc::clone(topic), (limit, Instant::now()));

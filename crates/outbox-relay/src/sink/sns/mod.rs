@@ -43,7 +43,7 @@
 //! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
 //! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 //!
-//! The calls go through the AWS layer ([`crate::aws`]: endpoint settings,
+//! The calls go through the AWS layer ([`crate::sink::aws`]: endpoint settings,
 //! credentials, signing, pooled connections, proxies); this folder adds the
 //! Query protocol's request bodies and answers (`protocol.rs`, one buffer
 //! per request), SNS's error classes ([`errors`]) and limits ([`limits`]).
@@ -57,10 +57,10 @@ use std::time::Duration;
 use aws_config::SdkConfig;
 
 use self::protocol::{Entry, EntryResult};
-use super::{Concurrency, Message, Outcome, Sink};
-use crate::aws::batch::{self, fifo_id, retrying, Verdict};
-use crate::aws::errors::{self, Class};
-use crate::aws::{self, CallError, Client, SetupError};
+use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink};
+use crate::sink::aws::batch::{self, fifo_id, retrying, Verdict};
+use crate::sink::aws::errors::{self, Class};
+use crate::sink::aws::{self, CallError, Client, SetupError};
 
 pub mod claim_check;
 pub mod config;
@@ -68,10 +68,7 @@ pub mod config;
 pub mod limits;
 mod protocol;
 
-pub use config::{
-    sns_attribute_name, SnsConfig, DEFAULT_SNS_IN_FLIGHT_BATCHES,
-    DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR, SNS_FIXED_ATTRIBUTES, SNS_MAX_ATTRIBUTES,
-};
+pub use config::SnsConfig;
 
 /// SNS's endpoint for `region` by its rules (the SNS SDK's resolver: every
 /// partition, GovCloud, China, ISO; the FIPS and dual-stack settings of
@@ -519,7 +516,7 @@ impl Sink for SnsSink {
         self.linger
     }
 
-    fn source(&self, source: &crate::sink::Source) {
+    fn source(&self, source: &crate::pipeline::sink::Source) {
         if let Some(claim_check) = &self.claim_check {
             claim_check.source(source);
         }
@@ -666,7 +663,7 @@ mod tests {
     /// A sink for the local endpoint at `url`, without a claim check.
     fn sink_at(url: &str) -> SnsSink {
         SnsSink {
-            client: crate::aws::local::client(aws::SNS, url),
+            client: crate::sink::aws::local::client(aws::SNS, url),
             attributes: Vec::new(),
             concurrency: Concurrency::Fixed(1),
             linger: Duration::ZERO,
@@ -732,7 +729,7 @@ mod tests {
 
     #[test]
     fn fifo_ids_that_sns_would_refuse_are_hashed_stably() {
-        use crate::aws::batch::fifo_id;
+        use crate::sink::aws::batch::fifo_id;
         assert_eq!(fifo_id("order-42"), "order-42");
         let spaced = fifo_id("order 42");
         assert_eq!(spaced.len(), 64);

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::de_duration;
-use crate::sink::allow;
-use crate::sink::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::allow;
+use crate::config::settings::{check_template, verbatim, Routes, Settings};
 
 /// Default ceiling of `SendMessageBatch` calls in flight.
 pub const DEFAULT_SQS_IN_FLIGHT_BATCHES: usize = 500;
@@ -183,7 +183,7 @@ impl Settings for SqsConfig {
         }
         let mut seen = std::collections::BTreeSet::new();
         for name in &self.attributes {
-            if let Err(why) = crate::aws::message_attribute_name(name) {
+            if let Err(why) = crate::sink::aws::message_attribute_name(name) {
                 bad(
                     "sqs.attributes",
                     format!("{name:?} cannot be a message attribute name: {why}"),
@@ -212,7 +212,7 @@ impl Settings for SqsConfig {
             ("max_in_flight_batches", self.max_in_flight_batches),
             bad,
         );
-        crate::aws::check_calls(
+        crate::sink::aws::check_calls(
             "sqs",
             &self.endpoint_url,
             (self.operation_timeout, self.attempt_timeout),

@@ -19,7 +19,7 @@
 //! `aggregate_id` and the headers named in `sqs.attributes`, as `String`.
 //!
 //! Failures are classified once for every AWS destination
-//! ([`crate::aws::errors`], [`crate::aws::batch`]): `QueueDoesNotExist`
+//! ([`crate::sink::aws::errors`], [`crate::sink::aws::batch`]): `QueueDoesNotExist`
 //! rejects the entries, an entry failure with `SenderFault` or an invalid
 //! request is recorded (a request refused as a whole is narrowed down to the
 //! culprit), throttling, 5xx, timeouts and credential errors are retried.
@@ -29,10 +29,10 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Message, Outcome};
-use crate::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
-use crate::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
-use crate::aws::{self, json, SetupError};
+use crate::pipeline::sink::{Message, Outcome};
+use crate::sink::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
+use crate::sink::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
+use crate::sink::aws::{self, json, SetupError};
 use crate::event::OutboxEvent;
 
 pub mod config;

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::concurrency::{Concurrency, ConcurrencyMode};
+use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
 use crate::config::value::{de_duration, Secret};
-use crate::sink::allow::{self, Allowed};
-use crate::sink::settings::{check_template, Routes, Settings};
+use crate::config::allow::{self, Allowed};
+use crate::config::settings::{check_template, Routes, Settings};
 
 /// Default ceiling of requests in flight: 12,800 events/s one at a time
 /// 20 ms away (`batch = true` carries up to 100 events a request).

@@ -28,9 +28,9 @@
 //!   other status recorded FAILED with the status and the start of the answer. Redirects are not followed (a 3xx
 //!   is recorded: the URL to configure is the one it names).
 //! * Where requests go: only URLs whose origin the configuration allows
-//!   (`crate::sink::allow`); the router has refused any other before a
+//!   (`crate::config::allow`); the router has refused any other before a
 //!   request is formed.
-//! * Connections: the AWS layer's connector ([`crate::aws::connect`]): proxies
+//! * Connections: the AWS layer's connector ([`crate::sink::aws::connect`]): proxies
 //!   from the standard variables, TLS with the system's roots (or
 //!   `AWS_CA_BUNDLE`), `TCP_USER_TIMEOUT`; pooled by hyper-util.
 
@@ -41,10 +41,10 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, StatusCode, Uri};
 
-use super::{Cause, Concurrency, Message, Outcome, Sink};
-use crate::aws::connect;
-use crate::aws::errors::UnknownSince;
-use crate::aws::SetupError;
+use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
+use crate::sink::aws::connect;
+use crate::sink::aws::errors::UnknownSince;
+use crate::sink::aws::SetupError;
 
 pub mod config;
 mod sign;
@@ -120,7 +120,7 @@ impl WebhookSink {
             .method(Method::POST)
             .uri(uri)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, HeaderValue::from_static(crate::aws::AGENT))
+            .header(USER_AGENT, HeaderValue::from_static(crate::sink::aws::AGENT))
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)

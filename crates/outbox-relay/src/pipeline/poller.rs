@@ -1,0 +1,450 @@
+//! The fallback poller: publishes from the table what the log cannot give back.
+//!
+//! Each round, in one transaction, it claims due rows with
+//! `FOR UPDATE SKIP LOCKED` (so several relays can poll one table and no row
+//! is claimed twice), publishes them through the same mapping, envelope,
+//! routing and sink as the stream, and records the outcome:
+//!
+//! | due rows | |
+//! |---|---|
+//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); while the slot is active, only once the slot has passed them (see [`Passed`]) |
+//! | `PENDING`, created before a slot was recreated | swept at once by this instance's poller, without waiting for the grace period |
+//! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
+//!
+//! | outcome | row becomes |
+//! |---|---|
+//! | delivered | `PUBLISHED` (`published_at = now()`), or deleted in delete mode |
+//! | rejected (or unmappable) | `FAILED`, `attempts + 1`, `last_error`, `next_attempt_at = now() + backoff`; `DEAD` at `max_attempts` or past `max_age` (error log, optional notice to `poller.dead_letter_topic`) |
+//! | transient failure (SNS down, throttled) | unchanged: the round ends, the rows are retried next round, no attempt is counted |
+//! | filtered out (`[filter]`) | `SKIPPED` (deleted in delete mode) |
+//!
+//! The backoff of a FAILED row is `backoff_initial × multiplier^attempts`,
+//! capped at `backoff_max`, with jitter. Rows are taken oldest first (by
+//! `created_at`), so a group's retries keep their relative order; a retried
+//! FAILED row is by nature later than the events of its group that followed it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, RetryConfig};
+use crate::pipeline::ack::Ticket;
+use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
+use crate::pipeline::sink::{Message, Outcome, Sink};
+use crate::postgres::outbox::table::Table;
+use crate::postgres::ConnInfo;
+use crate::retry::Backoff;
+
+/// Samples kept by [`Passed`]; when full, every other one goes.
+const PASSED_SAMPLES: usize = 600;
+
+/// Which PENDING rows an active slot has already passed.
+///
+/// A PENDING row past `poller.grace` is missed only if the stream has gone
+/// past it (published but not marked: a crash in between, a marking failure).
+/// One the stream has not reached yet is still its to publish; claiming it
+/// would publish a backlog twice. Rows carry no LSN, so each round samples
+/// the server's clock with `pg_current_wal_insert_lsn()`: every transaction that
+/// committed before the sample's time lies before its LSN. Once the slot's
+/// `confirmed_flush_lsn` reaches a sample, the stream has passed every row
+/// committed before that time. The poller then claims PENDING rows created
+/// more than `poller.grace` before the newest passed sample: a transaction
+/// open longer than `grace` may be published twice, never missed.
+#[derive(Debug, Default)]
+pub struct Passed {
+    /// (server time in seconds since the epoch, WAL position), oldest first.
+    samples: std::collections::VecDeque<(f64, i64)>,
+}
+
+impl Passed {
+    /// Record a sample; the time of the newest sample at or before `confirmed`, if any.
+    pub fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
+        if self.samples.len() == PASSED_SAMPLES {
+            // Thin out rather than forget the oldest: a slot far behind still
+            // reaches a sample, later and coarser.
+            let mut keep = false;
+            self.samples.retain(|_| {
+                keep = !keep;
+                keep
+            });
+        }
+        self.samples.push_back((now, current));
+        let confirmed = confirmed?;
+        let newest = self
+            .samples
+            .iter()
+            .rposition(|(_, lsn)| *lsn <= confirmed)?;
+        self.samples.drain(..newest);
+        self.samples.front().map(|(at, _)| *at)
+    }
+}
+
+/// `created_at` (Postgres timestamptz text) before which PENDING rows are
+/// swept without grace, after a slot was recreated.
+pub type Sweep = watch::Receiver<Option<String>>;
+
+/// What one round did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Published (and marked or deleted).
+    pub published: usize,
+    /// Recorded FAILED.
+    pub failed: usize,
+    /// Recorded DEAD.
+    pub dead: usize,
+    /// Filtered out.
+    pub skipped: usize,
+    /// Left for the next round after a transient failure.
+    pub deferred: usize,
+}
+
+/// The poller of one relay.
+pub struct Poller<S> {
+    config: Config,
+    conn: ConnInfo,
+    sink: Arc<S>,
+    sweep: Sweep,
+    backoff: Backoff,
+    passed: Passed,
+}
+
+impl<S: Sink> Poller<S> {
+    /// A poller for `config`, publishing with `sink`.
+    pub fn new(
+        config: &Config,
+        sink: Arc<S>,
+        sweep: Sweep,
+    ) -> Result<Self, crate::postgres::ConnInfoError> {
+        Ok(Self {
+            conn: ConnInfo::new(&config.postgres)?,
+            backoff: Backoff::new(&RetryConfig {
+                initial: config.poller.backoff_initial,
+                max: config.poller.backoff_max,
+                ..config.retry.clone()
+            }),
+            config: config.clone(),
+            sink,
+            sweep,
+            passed: Passed::default(),
+        })
+    }
+
+    /// Poll every `poller.interval` until `stop`; a round that claimed a full
+    /// batch is followed by another at once.
+    pub async fn run(mut self, stop: CancellationToken) {
+        let mut client: Option<(Client, Table)> = None;
+        let mut failed_rounds = 0u32;
+        loop {
+            let full = match self.connected(&mut client).await {
+                Some((c, table)) => match self.round(c, table).await {
+                    Ok(round) => {
+                        failed_rounds = 0;
+                        if round.claimed > 0 {
+                            tracing::info!(
+                                claimed = round.claimed,
+                                published = round.published,
+                                failed = round.failed,
+                                dead = round.dead,
+                                skipped = round.skipped,
+                                deferred = round.deferred,
+                                "poller round"
+                            );
+                        }
+                        round.claimed >= self.config.poller.batch_size && round.deferred == 0
+                    }
+                    Err(e) => {
+                        failed_rounds = failed_rounds.saturating_add(1);
+                        tracing::warn!(error = %crate::report::Chain(&e), failed_rounds, "poller round failed; retrying with backoff");
+                        client = None;
+                        false
+                    }
+                },
+                None => false,
+            };
+            if full {
+                if stop.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+            // Back off after failed rounds, so a persistent error (a missing
+            // grant, a broken column) does not republish a batch every interval.
+            let wait = self.config.poller.interval * 2u32.saturating_pow(failed_rounds.min(6));
+            tokio::select! {
+                _ = tokio::time::sleep(wait.min(std::time::Duration::from_secs(300))) => {}
+                _ = stop.cancelled() => return,
+            }
+        }
+    }
+
+    async fn connected<'a>(
+        &self,
+        client: &'a mut Option<(Client, Table)>,
+    ) -> Option<(&'a mut Client, &'a Table)> {
+        if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            *client = None;
+            match self.conn.connect().await {
+                Ok(c) => match Table::inspect(&c, &self.config).await {
+                    Ok(Some(table)) if table.managed && table.created_at.is_some() => {
+                        let name = self.config.table();
+                        // The stream tells the sink too (IDENTIFY_SYSTEM, which
+                        // needs no grant): a database that revoked
+                        // pg_control_system() only leaves the poller unable to.
+                        match crate::postgres::source(&c, &self.conn.dbname, &name).await {
+                            Ok(source) => self.sink.source(&source),
+                            Err(e) => {
+                                tracing::debug!(error = %crate::report::Chain(&e), "poller cannot read the system identifier");
+                            }
+                        }
+                        *client = Some((c, table))
+                    }
+                    Ok(_) => {
+                        tracing::warn!(
+                            table = %self.config.table(),
+                            "the poller needs the relay-managed columns and created_at; it is idle"
+                        );
+                        return None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::report::Chain(&e), "poller cannot inspect the table");
+                        return None;
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(error = %crate::report::Chain(&e), "poller cannot connect");
+                    return None;
+                }
+            }
+        }
+        client.as_mut().map(|(c, t)| (c, &*t))
+    }
+
+    /// One round: claim, publish, record, commit.
+    pub async fn round(
+        &mut self,
+        client: &mut Client,
+        table: &Table,
+    ) -> Result<Round, tokio_postgres::Error> {
+        let config = &self.config;
+        let poller = &config.poller;
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        let mut rows_to_messages = match Rows::new(config, table, &self.conn.dbname) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %crate::report::Chain(&e), "the poller cannot map the table");
+                return Ok(Round::default());
+            }
+        };
+        let sweep = self.sweep.borrow().clone();
+        // PENDING rows past the grace period: while the slot streams, only
+        // those it has passed (see `Passed`); while it is down, all of them.
+        let (streaming, passed): (bool, Option<f64>) = {
+            let row = client
+                .query_one(
+                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
+                            coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&config.postgres.slot],
+                )
+                .await?;
+            let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
+            (row.get(2), passed)
+        };
+        // NULL: nothing missed can be told from the backlog yet. (The claim
+        // keeps it as a condition of its own: `least(now(), NULL)` is now().)
+        let missed_before: Option<f64> = if streaming {
+            passed
+        } else {
+            Some(f64::INFINITY)
+        };
+        let tx = client.transaction().await?;
+        tx.batch_execute(TEXT_SETTINGS).await?;
+        let claim = format!(
+            "SELECT {cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})) \
+             FROM {t} AS o \
+             WHERE (o.publish_state = 'PENDING' AND ((o.{created_at} < now() - make_interval(secs => {grace}) \
+                                                      AND o.{created_at} < to_timestamp($2::float8) - make_interval(secs => {grace})) \
+                                                     OR o.{created_at} <= $1::text::timestamptz)) \
+                OR (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
+                    AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
+             ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            cols = table.text_columns("o"),
+            t = table.qualified,
+            id = table.id,
+            grace = poller.grace.as_secs_f64(),
+            max_age = poller.max_age.as_secs_f64(),
+            max_attempts = poller.max_attempts,
+            limit = poller.batch_size,
+        );
+        let rows = tx.query(&claim, &[&sweep, &missed_before]).await?;
+        let metrics = crate::metrics::get();
+        metrics.poller_ran();
+        metrics.received("poller", rows.len() as u64);
+        let mut round = Round {
+            claimed: rows.len(),
+            ..Round::default()
+        };
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(round);
+        }
+        let width = rows_to_messages.width();
+        let mut published: Vec<String> = Vec::new();
+        let mut skipped: Vec<String> = Vec::new();
+        // (id, attempts so far, too old, reason)
+        let mut failures: Vec<(String, i32, bool, String)> = Vec::new();
+        let mut messages: Vec<(Message, i32, bool)> = Vec::new();
+        for row in &rows {
+            let attempts: i32 = row.get(width);
+            let too_old: bool = row.get::<_, Option<bool>>(width + 1).unwrap_or(false);
+            match rows_to_messages.prepare(row) {
+                Prepared::Publish(message) => messages.push((message, attempts, too_old)),
+                Prepared::Skip(id) => skipped.push(id.to_string()),
+                Prepared::Fail(id, reason) => failures.push((id, attempts, too_old, reason)),
+            }
+        }
+
+        // Publish in claim order, batches of one destination.
+        let (outgoing, meta): (Vec<Message>, Vec<(i32, bool)>) = messages
+            .iter()
+            .map(|(m, a, o)| (m.clone(), (*a, *o)))
+            .unzip();
+        let mut offset = 0;
+        for batch in batches(&outgoing, self.sink.max_batch().max(1)) {
+            let outcomes = self.sink.publish(batch).await;
+            let mut transient = None;
+            for ((message, (attempts, too_old)), outcome) in
+                batch.iter().zip(&meta[offset..]).zip(outcomes)
+            {
+                let id = message.event.id().to_string();
+                match outcome {
+                    Outcome::Delivered => published.push(id),
+                    Outcome::Rejected(reason) => failures.push((id, *attempts, *too_old, reason)),
+                    Outcome::Retryable(retry) => {
+                        transient.get_or_insert(retry.reason);
+                        round.deferred += 1;
+                    }
+                }
+            }
+            offset += batch.len();
+            if let Some(reason) = transient {
+                tracing::warn!(error = %reason, "the sink is failing; the poller leaves the rest for the next round");
+                round.deferred += outgoing.len() - offset;
+                break;
+            }
+        }
+
+        let mode = config.lifecycle.on_published;
+        for (ids, sql) in [
+            (&published, table.published_sql(mode)),
+            (&skipped, table.skipped_sql(mode)),
+        ] {
+            if let (Some(sql), false) = (sql, ids.is_empty()) {
+                tx.execute(&sql, &[ids]).await?;
+            }
+        }
+        let fail_sql = table.failure_sql(poller.max_attempts);
+        let mut dead_notices = Vec::new();
+        for (id, attempts, too_old, reason) in &failures {
+            let dead = attempts + 1 >= poller.max_attempts || *too_old;
+            let delay = self
+                .backoff
+                .delay(u32::try_from(*attempts).unwrap_or(0))
+                .as_secs_f64();
+            tx.execute(&fail_sql, &[id, reason, too_old, &delay])
+                .await?;
+            if dead {
+                round.dead += 1;
+                tracing::error!(id = %id, attempts = attempts + 1, error = %reason, "event is DEAD: it will not be retried; replay it once the cause is fixed");
+                dead_notices.push((id.clone(), attempts + 1, reason.clone()));
+            } else {
+                round.failed += 1;
+            }
+        }
+        tx.commit().await?;
+        round.published = published.len();
+        round.skipped = skipped.len();
+        metrics.published("delivered", published.len() as u64);
+        metrics.published("skipped", skipped.len() as u64);
+        metrics.published("rejected", (round.failed + round.dead) as u64);
+        metrics.published("retried", round.deferred as u64);
+        self.notify_dead(&dead_notices, &messages).await;
+        Ok(round)
+    }
+
+    /// Publish a notice for each row that went DEAD to `poller.dead_letter_topic`.
+    async fn notify_dead(&self, dead: &[(String, i32, String)], messages: &[(Message, i32, bool)]) {
+        let topic = &self.config.poller.dead_letter_topic;
+        if topic.is_empty() || dead.is_empty() {
+            return;
+        }
+        let destination: Arc<str> = Arc::from(topic.as_str());
+        let notices: Vec<Message> = dead
+            .iter()
+            .filter_map(|(id, attempts, reason)| {
+                let (m, _, _) = messages.iter().find(|(m, _, _)| m.event.id() == id)?;
+                let notice = serde_json::json!({
+                    "id": id,
+                    "attempts": attempts,
+                    "error": reason,
+                    "envelope": String::from_utf8_lossy(&m.body),
+                });
+                let mut event = m.event.clone();
+                event.set_group("outbox-relay-dead-letters");
+                // Not the event: the notice's ids (FIFO deduplication id,
+                // webhook-id, claim-check key) must not name the event's.
+                event.set_id(&format!("dead-{id}"));
+                Some(Message {
+                    ticket: Ticket::detached(),
+                    event,
+                    body: Bytes::from(notice.to_string()),
+                    destination: Arc::clone(&destination),
+                    commit_time: 0,
+                })
+            })
+            .collect();
+        for chunk in notices.chunks(self.sink.max_batch().max(1)) {
+            for outcome in self.sink.publish(chunk).await {
+                if outcome != Outcome::Delivered {
+                    tracing::warn!(topic = %topic, outcome = ?outcome, "dead-letter notice not delivered");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Passed;
+
+    #[test]
+    fn the_newest_sample_the_slot_confirmed_is_the_cutoff() {
+        let mut passed = Passed::default();
+        // The slot has confirmed nothing we sampled: nothing is passed yet.
+        assert_eq!(passed.update(10.0, 1000, Some(900)), None);
+        assert_eq!(passed.update(11.0, 2000, Some(999)), None);
+        // It reached the first sample, then went past the second.
+        assert_eq!(passed.update(12.0, 3000, Some(1000)), Some(10.0));
+        assert_eq!(passed.update(13.0, 4000, Some(2500)), Some(11.0));
+        // Caught up: the round's own sample.
+        assert_eq!(passed.update(14.0, 5000, Some(5000)), Some(14.0));
+        // No slot: nothing is passed.
+        assert_eq!(passed.update(15.0, 6000, None), None);
+    }
+
+    #[test]
+    fn samples_stay_bounded_and_keep_the_oldest_while_the_slot_lags() {
+        let mut passed = Passed::default();
+        for i in 0..(super::PASSED_SAMPLES as i64 * 3) {
+            passed.update(i as f64, 1000 + i, Some(999));
+            assert!(passed.samples.len() <= super::PASSED_SAMPLES);
+        }
+        // The slot reaches the first sample's position: it still counts.
+        assert_eq!(passed.update(5000.0, 9000, Some(1000)), Some(0.0));
+    }
+}

@@ -1,0 +1,1120 @@
+//! The replication stream: from the slot to the sink, and acknowledgements back.
+//!
+//! ```text
+//!  Postgres walsender ──pgoutput──► WalStream (read in place) ──WalMessage──► Stream
+//!      ▲                                                                      │ decode, map, encode
+//!      │  status updates                                                      ▼
+//!      └── WalStream::send_status(confirmed) ◄── AckTracker ◄── Completion ◄── publisher ──► Sink
+//! ```
+//!
+//! # Progress tracking
+//!
+//! The only position ever reported to Postgres is [`AckTracker::confirmed`]:
+//! the end of the last commit whose events, and all earlier ones, the sink has
+//! finished, or a keepalive's `wal_end` when nothing is open or unfinished (see
+//! [`crate::pipeline::ack`] for why that is safe). The loop sends it in standby status
+//! updates every `min(1 s, wal_sender_timeout / 2)`, on a timer of its own
+//! that runs whether or not it reads, after a burst in which the server
+//! asked for a reply, and, while events finish, when it moved and
+//! `PROMPT_ACK` (200 ms) has passed since the last update.
+//!
+//! A session starts at the slot's `confirmed_flush_lsn` and reports that
+//! position until it confirms more, so a restart never moves the slot.
+//!
+//! # Prepared transactions
+//!
+//! A slot created with `two_phase` is streamed with protocol version 3 and
+//! `two_phase 'on'` from PostgreSQL 15 on ([`readiness::Readiness::protocol`];
+//! version 1 otherwise, and on 14, whose pgoutput sends prepared transactions
+//! at COMMIT PREPARED as ordinary ones). A prepared transaction then arrives
+//! at PREPARE TRANSACTION: its events are held (the `prepared` submodule)
+//! and parked in the tracker, which keeps the confirmed position before it;
+//! COMMIT PREPARED hands them to the publisher at its own place in the
+//! stream, after what committed in between, and ROLLBACK PREPARED drops them. A session that
+//! ends meanwhile loses nothing: the walsender sends a prepared transaction
+//! again to a session that starts before its PREPARE record (and only its
+//! COMMIT PREPARED, without the rows, to one that starts after it, which is
+//! why the position may not pass it).
+//!
+//! # Backpressure
+//!
+//! The loop reads the socket only while three things are under their
+//! ceilings; at any of them it stops reading (status updates go on) and the
+//! walsender waits, so memory stays bounded however large the backlog:
+//!
+//! * the events between receipt and their final outcome: at most
+//!   `[stream] max_in_flight`;
+//! * the bytes they hold ([`held_bytes`]: the pgoutput message the event
+//!   shares, the encoded envelope and the sink's copy of it, and a fixed
+//!   share for the rest): at most
+//!   `[stream] max_in_flight_bytes`. The check comes before each message,
+//!   so one event larger than the whole budget still passes (the budget is
+//!   exceeded by at most one event), and the stream never deadlocks;
+//! * events of prepared transactions waiting for their COMMIT PREPARED count
+//!   in both, up to half of each (`under_budget`): only a later message of
+//!   the stream can release them, so they may not stop it. Beyond half a
+//!   budget they are held without bound (the rows of the prepared
+//!   transactions open at once; the server allows `max_prepared_transactions`
+//!   of them), and the events that flow keep the other half;
+//! * the rows published but not yet marked or deleted
+//!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
+//!   behind without bound; it does not hold the confirmed position
+//!   (see [`crate::postgres::outbox::marking`]).
+//!
+//! # Graceful shutdown
+//!
+//! On the stop signal the loop reads on to the end of the open transaction (so
+//! nothing half-emitted is left unconfirmed), stops reading, waits for the
+//! in-flight events (up to `[stream] shutdown_timeout`; not for those of
+//! prepared transactions, which the next session gets again), reports the final
+//! position and waits until the slot shows it, then closes the stream
+//! (CopyDone, Terminate). Without this step a clean restart would send the
+//! last events again.
+//!
+//! # Errors
+//!
+//! [`RelayError::class`] says what to do: transient errors (the connection
+//! broke, the slot is busy) end the session and [`run`] starts another after a
+//! backoff; fatal errors (the slot or table does not fit, the stream cannot be
+//! decoded) stop the relay with a message that says how to fix them. Neither
+//! acknowledges anything: what was in flight is sent again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pgoutput::Message as Pgoutput;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, TableName};
+use crate::event::RowMapping;
+use crate::pipeline::ack::{AckTracker, FramingError, Ticket};
+pub use crate::pipeline::error::{ErrorClass, RelayError};
+use crate::pipeline::outgoing::{Outgoing, Prepared};
+use crate::pipeline::publish::{self, Completion, Dispatch};
+use crate::pipeline::sink::Message;
+use crate::pipeline::sink::Sink;
+use crate::postgres::lsn::{format_lsn, parse_lsn};
+use crate::postgres::outbox::marking::{self, Mark, Marker};
+use crate::postgres::outbox::record::Recorder;
+use crate::postgres::position;
+use crate::postgres::readiness::{self, Admission, Names, Problem};
+use crate::postgres::walstream::{Protocol, WalMessage, WireError};
+use crate::postgres::{self, ConnInfo};
+use crate::retry::Backoff;
+
+use super::prepared::{Held, PreparedTxs};
+
+/// Prefix of the relay's heartbeat messages.
+const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
+
+/// While events finish, the confirmed position goes to the server (and to
+/// the kept position) at most this often, besides the status timer.
+const PROMPT_ACK: Duration = Duration::from_millis(200);
+
+/// How often a standby relay looks whether the slot is free.
+const STANDBY_POLL: Duration = Duration::from_secs(2);
+
+/// How long connecting and START_REPLICATION may take.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long to wait for the server to show the final acknowledgement.
+const FINAL_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What an event holds besides its row and its envelope, counted against
+/// `stream.max_in_flight_bytes`: the message and event structs, their queue
+/// slots, the group key and the id marking keeps. An estimate, on the
+/// generous side (about half of this is measured in structs alone).
+const HELD_PER_EVENT: usize = 512;
+
+/// The bytes a message holds until its outcome: the replicated row (`row`
+/// bytes of pgoutput message, which the event's fields share), the encoded
+/// envelope twice (the sink copies it into the request or the output buffer
+/// of its batch: the SNS sink form-encoded, the stdout sink as a line), and
+/// [`HELD_PER_EVENT`]. Counting the copy for every event, not only for those
+/// in a batch in flight, is generous; without it the stdout sink's buffer
+/// of up to 1,024 large envelopes would double what the budget allows.
+fn held_bytes(row: usize, message: &Message) -> usize {
+    row + 2 * message.body.len() + HELD_PER_EVENT
+}
+
+/// Most events the loop reads in one burst before it looks at completions,
+/// the heartbeat and the stop signal again.
+const BURST_MAX: usize = 1024;
+
+/// A read of fewer events than this, when it took everything there was, is
+/// followed by the `stream.coalesce` pause.
+pub const COALESCE_BELOW: usize = 64;
+
+/// After a read of fewer than [`COALESCE_BELOW`] events that took everything
+/// there was, hold the thread for `pause` (`stream.coalesce`, default 1 ms)
+/// before anything reads again.
+///
+/// The walsender sends each change as it decodes it. A relay that keeps up
+/// would otherwise wake for every few rows, and each wake costs more than the
+/// rows: a readiness wait, a `recv` (which sends a TCP window update), the
+/// hand-over to the publisher, one sink call and its completion. During the
+/// pause the kernel gathers what arrives, so the next read takes a run of
+/// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
+/// a row without the pause, about 4 with 100 µs (fourth session); once the
+/// rows themselves cost less, 300 µs took another 10–15% off (2.6–2.9 µs
+/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md). With
+/// the relay reading the socket itself (sixth session), 1 ms took another
+/// 15% off (1.95 µs against 2.3–2.4 at 300–700 µs), for 3 ms more median and
+/// 4 ms more p99 latency at 5,000 events/s (11.9 ms p99).
+///
+/// Kept small on purpose: the pause holds the runtime's thread, so
+/// everything else (completions, health, metrics) waits about this long (the
+/// kernel's timer slack adds some 50 µs), and so may an event. No pause when
+/// the relay is behind: a read of a full run, a read cut short by the
+/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 1 ms is about
+/// 80 KiB of stream, below the read buffer and the socket's receive buffer,
+/// so the walsender does not stall (a 1 ms tokio sleep, tried earlier, halved
+/// throughput: its timer rounds up to whole milliseconds and more).
+fn coalesce(taken: usize, pause: Duration) {
+    if taken < COALESCE_BELOW && !pause.is_zero() {
+        std::thread::sleep(pause);
+    }
+}
+
+/// Poll `future` once: its output if it is ready now. For cancel-safe futures
+/// only (a pending one is dropped). Tokio's task budget may make a ready
+/// future look pending: the burst then ends early (after about 128 messages,
+/// the loop taking one unit a message), and the task yields to the publisher,
+/// which keeps the pipeline, and the memory it holds, shallow.
+fn now_or_never<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Counts over the life of [`run`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Events the sink accepted.
+    pub delivered: u64,
+    /// Events rejected as never publishable.
+    pub rejected: u64,
+    /// Events filtered out (`[filter]`).
+    pub skipped: u64,
+    /// Replication sessions started.
+    pub sessions: u64,
+    /// The last position confirmed to the server.
+    pub confirmed_lsn: u64,
+}
+
+/// Relay from the slot to `sink` until `stop` is cancelled (then shut down
+/// gracefully) or a fatal error. Transient errors start a new session after a
+/// backoff.
+pub async fn run<S: Sink>(
+    config: &Config,
+    sink: Arc<S>,
+    stop: CancellationToken,
+    sweep: watch::Sender<Option<String>>,
+) -> Result<Summary, RelayError> {
+    let conn = ConnInfo::new(&config.postgres)?;
+    let backoff = Backoff::new(&config.retry);
+    let mut summary = Summary::default();
+    let mut attempt = 0;
+    loop {
+        let sessions_before = summary.sessions;
+        match session(
+            config,
+            &conn,
+            Arc::clone(&sink),
+            &stop,
+            &mut summary,
+            &sweep,
+        )
+        .await
+        {
+            Ok(()) => return Ok(summary),
+            // Stopped while a session was failing for a passing reason (a
+            // standby looking at the busy slot): a clean stop all the same.
+            Err(e) if e.class() == ErrorClass::Transient && stop.is_cancelled() => {
+                return Ok(summary)
+            }
+            Err(e) if e.class() == ErrorClass::Transient => {
+                if summary.sessions > sessions_before {
+                    attempt = 0; // it streamed: start the backoff over
+                }
+                let standby = e.is_slot_busy();
+                let delay = if standby {
+                    // Another relay holds the slot: poll it often, to take over
+                    // within seconds when that one dies.
+                    STANDBY_POLL
+                } else {
+                    backoff.delay(attempt)
+                };
+                attempt = attempt.saturating_add(1);
+                if standby {
+                    if attempt == 1 || attempt % 30 == 0 {
+                        tracing::info!(reason = %crate::report::Chain(&e), "standing by: the slot is in use; taking over when it is free");
+                    }
+                } else {
+                    tracing::warn!(error = %crate::report::Chain(&e), attempt, retry_in_ms = delay.as_millis() as u64, "replication session ended, reconnecting");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return Ok(summary),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn sql(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> RelayError {
+    move |source| RelayError::Sql { context, source }
+}
+
+/// Why the relay cannot start with the slot, publication and table as they
+/// are; `check` reports the same [`Problem`] in the same words.
+fn refusal(problem: Problem, names: &Names) -> RelayError {
+    match problem {
+        // As the stream says it when the table changes under it.
+        Problem::Mapping(e) => RelayError::Mapping(e),
+        problem => RelayError::Unusable {
+            message: problem.describe(names),
+            transient: problem.effect().transient(),
+            lost: problem.effect().lost(),
+        },
+    }
+}
+
+/// Whether a poller can publish what a lost slot held ([`readiness::Readiness::sweepable`]).
+/// Without one, recreating the slot would silently skip what was written
+/// meanwhile: better to stop loudly.
+fn can_sweep(config: &Config, sweepable: bool) -> bool {
+    if sweepable {
+        if !config.poller.enabled {
+            tracing::warn!("this instance's poller is off: another instance's poller must sweep the rows the lost slot held (after poller.grace)");
+        }
+    } else {
+        tracing::error!("lifecycle.recreate_slot is set, but the table lacks the relay-managed columns or created_at: no poller could publish what the lost slot held, so the slot is not recreated");
+    }
+    sweepable
+}
+
+/// Drop `slot` if it exists (invalidated) and create it anew; its start
+/// position and the database time before which PENDING rows must be swept.
+async fn recreate_slot(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    failover: bool,
+) -> Result<(u64, String), RelayError> {
+    client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND wal_status = 'lost'",
+            &[&slot],
+        )
+        .await
+        .map_err(|source| {
+            // 42704: another relay dropped it first: look again next session.
+            if source.code().is_some_and(|c| c.code() == "42704") {
+                RelayError::Unusable {
+                    message: format!(
+                        "replication slot {slot:?} was dropped by another process meanwhile; looking again"
+                    ),
+                    transient: true,
+                    lost: false,
+                }
+            } else {
+                RelayError::Sql {
+                    context: "dropping the invalidated slot",
+                    source,
+                }
+            }
+        })?;
+    let create = if failover {
+        // postgres.failover_slot, as sql/003_slot_failover.sql creates it.
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    let row = client
+        .query_one(create, &[&slot])
+        .await
+        .map_err(|source| {
+            // 42710: another relay created it first (duplicate object):
+            // stand by, and look at it again in the next session.
+            if source.code().is_some_and(|c| c.code() == "42710") {
+                RelayError::Unusable {
+                    message: format!(
+                        "replication slot {slot:?} was created by another process meanwhile; looking again"
+                    ),
+                    transient: true,
+                    lost: false,
+                }
+            } else {
+                RelayError::Sql {
+                    context: "creating the replication slot",
+                    source,
+                }
+            }
+        })?;
+    let start = parse_lsn(row.get(0)).unwrap_or(0);
+    // now() is the transaction start; the slot exists from here on.
+    let before: String = client
+        .query_one("SELECT clock_timestamp()::text", &[])
+        .await
+        .map_err(sql("reading the clock"))?
+        .get(0);
+    Ok((start, before))
+}
+
+async fn session<S: Sink>(
+    config: &Config,
+    conn: &ConnInfo,
+    sink: Arc<S>,
+    stop: &CancellationToken,
+    summary: &mut Summary,
+    sweep: &watch::Sender<Option<String>>,
+) -> Result<(), RelayError> {
+    let slot = &config.postgres.slot;
+    let sql_client = Arc::new(conn.connect().await?);
+    let ready = readiness::inspect(&sql_client, config)
+        .await
+        .map_err(sql("inspecting the slot, table and publication"))?;
+    let names = ready.names.clone();
+    for problem in &ready.problems {
+        if problem.effect() == readiness::Effect::Warns {
+            tracing::warn!(problem = %problem.describe(&names), "the relay runs, but check this");
+        }
+    }
+    let sweepable = ready.sweepable();
+    let keep = !ready
+        .problems
+        .iter()
+        .any(|p| matches!(p, Problem::NoPositionTable { .. }));
+    let mut protocol = ready.protocol();
+    let (table_info, start) = match ready.admit() {
+        Admission::Start { table, start } => (table, start),
+        Admission::SlotLost { table, problem }
+            if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
+        {
+            tracing::error!(slot = %slot, problem = %problem.describe(&names), "replication slot lost; recreating it (lifecycle.recreate_slot)");
+            // Creating a slot waits for every running transaction, perhaps
+            // for minutes: on a session without the silence bound.
+            let creating = conn.without_silence_bound().connect().await?;
+            let (start, before) =
+                recreate_slot(&creating, slot, config.postgres.failover_slot).await?;
+            protocol = Protocol::V1; // created without two_phase
+            tracing::error!(
+                slot = %slot,
+                start_lsn = %format_lsn(start),
+                "replication slot recreated: events written while it was missing are published by the poller \
+                 (rows still PENDING created up to {before}); see docs/recovery.md"
+            );
+            sweep.send_replace(Some(before));
+            (table, start)
+        }
+        Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
+            return Err(refusal(problem, &names))
+        }
+    };
+    let sender_timeout = postgres::wal_sender_timeout(&sql_client)
+        .await
+        .map_err(sql("reading wal_sender_timeout"))?;
+    let interval = postgres::status_interval(sender_timeout);
+    let receive_timeout = config.postgres.receive_timeout;
+    if !receive_timeout.is_zero() && receive_timeout < sender_timeout {
+        // While it decodes a large transaction of other tables, a walsender
+        // reads its client only every wal_sender_timeout / 2.
+        tracing::warn!(
+            receive_timeout_s = receive_timeout.as_secs(),
+            wal_sender_timeout_s = sender_timeout.as_secs(),
+            "postgres.receive_timeout is below the server's wal_sender_timeout: a walsender busy decoding \
+             a large transaction may answer too late, and the session would end and start over; keep \
+             receive_timeout at least wal_sender_timeout"
+        );
+    }
+    let table = config.table();
+    let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
+    // Marking has a connection of its own: a statement of its that waits or
+    // fails ends only its connection, never the session's.
+    let marking_client = match table_info.published_sql(config.lifecycle.on_published) {
+        Some(_) => Arc::new(conn.connect().await?),
+        None => Arc::clone(&sql_client),
+    };
+    let marking = marking::spawn(
+        marking_client,
+        conn.clone(),
+        &table_info,
+        config.lifecycle.on_published,
+        Backoff::new(&config.retry),
+        config.lifecycle.max_unmarked,
+    );
+    let (marker, marking_task) = match marking {
+        Some((marker, task)) => (Some(marker), Some(task)),
+        None => (None, None),
+    };
+    // Bursts, not events: `max_in_flight` bounds the events (the read condition below).
+    let (to_publisher, from_stream) = mpsc::channel(64);
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let sink_name = sink.name();
+    let told = Arc::clone(&sink);
+    let mut publisher = AbortOnDrop(tokio::spawn(publish::run(
+        sink,
+        Some(Arc::new(recorder)),
+        marker.clone(),
+        from_stream,
+        done_tx,
+        Backoff::new(&config.retry),
+    )));
+    // The position the relay kept (crate::postgres::position): the start when the
+    // slot is behind it and its provenance is certain.
+    let name = config.table();
+    let position_table =
+        crate::postgres::sql::qualified(&name.schema, &position::table_name(&name.name));
+    let kept = position::load(&sql_client, &position_table, slot)
+        .await
+        .map_err(sql("reading the kept position"))?;
+    // Opened once everything else is ready: from here on the loop answers the
+    // walsender (status updates), which nothing before it would.
+    let opening = conn.replicate_with(
+        slot,
+        &config.postgres.publication,
+        start,
+        kept.as_ref(),
+        protocol,
+    );
+    let mut wal = tokio::select! {
+        opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
+            Ok(opened) => opened.map_err(RelayError::from)?,
+            Err(_) => return Err(RelayError::Replication(WireError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
+            )))),
+        },
+        _ = stop.cancelled() => return Ok(()),
+    };
+    summary.sessions += 1;
+    told.source(&crate::pipeline::sink::Source {
+        system: wal.system().id.clone(),
+        database: conn.dbname.clone(),
+        table: config.table().to_string(),
+    });
+    let choice = wal.choice().clone();
+    match &choice.why {
+        Some(why) if choice.doubt => tracing::warn!(slot = %slot, "{why}"),
+        Some(why) => tracing::info!(slot = %slot, "{why}"),
+        None => {}
+    }
+    let start = choice.lsn;
+    let mut keeper = keep.then(|| {
+        position::Keeper::new(
+            Arc::clone(&sql_client),
+            &position_table,
+            slot,
+            wal.system().clone(),
+            start,
+            summary.delivered + summary.rejected,
+        )
+    });
+    let metrics = crate::metrics::get();
+    metrics.set_streaming(true);
+    metrics.status_updates_total(0); // this stream counts from zero
+    let _streaming = OnDrop(|| {
+        let metrics = crate::metrics::get();
+        metrics.set_streaming(false);
+        metrics
+            .health
+            .stream_silent_ms
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+    });
+    tracing::info!(
+        database = %conn.display(),
+        slot = %slot,
+        publication = %config.postgres.publication,
+        start_lsn = %format_lsn(start),
+        protocol = ?protocol,
+        status_interval_ms = interval.as_millis() as u64,
+        sink = sink_name,
+        "streaming"
+    );
+
+    let mut stream = Stream {
+        config,
+        table,
+        table_oid: table_info.oid,
+        outgoing: Outgoing::new(config, &conn.dbname),
+        tracker: AckTracker::new(start),
+        relations: HashMap::default(),
+        commit_time: 0,
+        prepared: PreparedTxs::default(),
+        to_publisher,
+        burst: Vec::new(),
+        received_in_burst: 0,
+        marker,
+        summary,
+    };
+
+    let max_in_flight = config.stream.max_in_flight;
+    let max_bytes = config.stream.max_in_flight_bytes;
+    // For the read condition and to wake when marking makes room.
+    let marking = stream.marker.clone();
+    let mut deadline: Option<tokio::time::Instant> = None;
+    let heartbeat = config.stream.heartbeat_interval;
+    metrics.health.heartbeat_timeout_ms.store(
+        if heartbeat.is_zero() {
+            0
+        } else {
+            config.stream.heartbeat_timeout.as_millis() as u64
+        },
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let mut beat = tokio::time::interval(if heartbeat.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        heartbeat
+    });
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Status updates go out on this clock whether or not the loop reads.
+    let status = tokio::time::sleep(interval);
+    // What the last status update said, and when (prompt acknowledgements).
+    let mut acknowledged = start;
+    let mut last_ack = tokio::time::Instant::now();
+    tokio::pin!(status);
+    // Draining: read on only to the end of the open transaction.
+    let marking_full = || marking.as_ref().is_some_and(Marker::full);
+    let may_read = |tracker: &AckTracker, draining: bool| {
+        (!draining || tracker.in_transaction())
+            && under_budget(tracker.unfinished(), tracker.parked(), max_in_flight)
+            && under_budget(tracker.held_bytes(), tracker.parked_bytes(), max_bytes)
+            && !marking_full()
+    };
+    loop {
+        let draining = deadline.is_some();
+        let tracker = &stream.tracker;
+        // Parked events wait for a COMMIT PREPARED further on: the position
+        // stays before them, and the next session gets them again.
+        if draining && !tracker.in_transaction() && tracker.unfinished() == tracker.parked() {
+            break;
+        }
+        let read = may_read(tracker, draining);
+        let wait_for_marking = !read && marking_full();
+        tokio::select! {
+            biased;
+            () = &mut status => {
+                if !read {
+                    wal.heard_now();
+                }
+                // A quiet stream is asked for a reply after two status
+                // intervals, reported not ready at half the receive timeout,
+                // and taken for dead at all of it (crate::postgres::silence).
+                let bounded = !receive_timeout.is_zero();
+                let quiet = wal.quiet();
+                let silent = bounded && quiet >= receive_timeout / 2;
+                metrics.health.stream_silent_ms.store(
+                    if silent { quiet.as_millis() as u64 } else { 0 },
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                if silent && quiet >= receive_timeout {
+                    return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
+                }
+                let ask = bounded && quiet >= 2 * interval;
+                let confirmed = stream.tracker.confirmed();
+                wal.send_status(confirmed, ask).await?;
+                acknowledged = confirmed;
+                last_ack = tokio::time::Instant::now();
+                if let Some(keeper) = &mut keeper {
+                    keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
+                }
+                status.as_mut().reset(tokio::time::Instant::now() + interval);
+            }
+            completions = done.recv() => match completions {
+                Some(batch) => {
+                    batch.into_iter().for_each(|c| stream.completed(c));
+                    // Acknowledged promptly while events finish, not only on
+                    // the status timer: what a crash of the relay (the slot's
+                    // position) or of PostgreSQL (the kept one) sends again
+                    // is then at most PROMPT_ACK of output.
+                    let confirmed = stream.tracker.confirmed();
+                    if confirmed > acknowledged && last_ack.elapsed() >= PROMPT_ACK {
+                        wal.send_status(confirmed, false).await?;
+                        acknowledged = confirmed;
+                        last_ack = tokio::time::Instant::now();
+                        if let Some(keeper) = &mut keeper {
+                            keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
+                        }
+                    }
+                }
+                None => return Err(publisher.stopped().await),
+            },
+            () = room(marking.as_ref()), if wait_for_marking => {}
+            _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
+                // Non-transactional: it comes back through the stream at once.
+                let client = Arc::clone(&sql_client);
+                tokio::spawn(async move {
+                    let sent = crate::time::unix_ms();
+                    match client
+                        .execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&HEARTBEAT_PREFIX, &sent.to_string()])
+                        .await
+                    {
+                        Ok(_) => crate::metrics::get().heartbeat_sent(sent),
+                        Err(e) => tracing::warn!(error = %crate::report::Chain(&e), "cannot emit a heartbeat"),
+                    }
+                });
+            }
+            _ = stop.cancelled(), if !draining => {
+                tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
+                deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
+            }
+            first = wal.next(), if read => {
+                // Then what is already buffered or readable now, without a
+                // round through select.
+                let mut next = Some(first);
+                let mut taken = 0;
+                // Whether the burst ended because nothing more had come in
+                // (not at the in-flight ceiling, the burst limit, or the end
+                // of the task's budget): only then has the relay caught up.
+                let mut caught_up = false;
+                while let Some(message) = next.take() {
+                    stream.received(message?)?;
+                    taken += 1;
+                    // One unit of tokio's task budget a message: a spent
+                    // budget ends the burst (see `now_or_never`).
+                    if taken < BURST_MAX
+                        && may_read(&stream.tracker, draining)
+                        && now_or_never(tokio::task::coop::consume_budget()).is_some()
+                    {
+                        next = match wal.buffered()? {
+                            Some(message) => Some(Ok(message)),
+                            None => now_or_never(wal.next()),
+                        };
+                        caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
+                    }
+                }
+                match stream.flush().await {
+                    Err(RelayError::PublisherStopped) => return Err(publisher.stopped().await),
+                    other => other?,
+                }
+                if wal.reply_wanted() {
+                    wal.send_status(stream.tracker.confirmed(), false).await?;
+                    status.as_mut().reset(tokio::time::Instant::now() + interval);
+                }
+                if caught_up && !draining {
+                    coalesce(taken, config.stream.coalesce);
+                }
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                tracing::warn!(
+                    unfinished = stream.tracker.unfinished() - stream.tracker.parked(),
+                    "shutdown timeout: stopping with events unfinished; they will be sent again after a restart"
+                );
+                break;
+            }
+        }
+        if sql_client.is_closed() {
+            // Recording and marking need it: start over on a fresh connection.
+            return Err(RelayError::SqlSessionClosed);
+        }
+        metrics.in_flight.set(stream.tracker.unfinished() as i64);
+        metrics
+            .in_flight_bytes
+            .set(stream.tracker.held_bytes() as i64);
+        if let Some(marker) = &marking {
+            metrics.unmarked.set(marker.unmarked() as i64);
+        }
+        metrics.status_updates_total(wal.status_updates());
+    }
+
+    let confirmed = stream.tracker.confirmed();
+    // Every marker goes, so that marking writes what it holds and ends.
+    drop(marking);
+    drop(stream);
+    drop(publisher);
+    // Reported before waiting for marking, which does not hold the position
+    // back, so the walsender has it even if it times the session out then.
+    let reported = match tokio::time::timeout(
+        Duration::from_secs(5),
+        wal.send_status(confirmed, false),
+    )
+    .await
+    {
+        Ok(Ok(())) => {
+            metrics.status_updates_total(wal.status_updates());
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot send the final position; the last events may be sent again");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the final position could not be sent in 5 s; the last events may be sent again"
+            );
+            false
+        }
+    };
+    if let Some(keeper) = keeper {
+        // Kept whether or not the server took it: every event before it is
+        // published or recorded.
+        keeper.finish(confirmed, Duration::from_secs(5)).await;
+    }
+    if let Some(task) = marking_task {
+        // Every marker is gone now: the task writes what it holds, then ends.
+        if tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
+        }
+    }
+    if reported {
+        confirm_final(&sql_client, slot, confirmed).await;
+    }
+    // CopyDone, Terminate: the server ends the session at once.
+    let _ = tokio::time::timeout(Duration::from_secs(2), wal.close()).await;
+    summary.confirmed_lsn = confirmed;
+    Ok(())
+}
+
+/// Wait until the slot shows `lsn` (reported already), up to [`FINAL_ACK_TIMEOUT`].
+async fn confirm_final(sql_client: &tokio_postgres::Client, slot: &str, lsn: u64) {
+    let started = Instant::now();
+    let mut shown = None;
+    while started.elapsed() < FINAL_ACK_TIMEOUT {
+        let state = tokio::time::timeout(
+            Duration::from_secs(2),
+            postgres::slot_state(sql_client, slot),
+        );
+        match state.await.unwrap_or(Ok(None)) {
+            Ok(Some(state)) if state.confirmed_flush >= Some(lsn) => {
+                shown = state.confirmed_flush;
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::report::Chain(&e), "cannot read the slot to check the final acknowledgement");
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    match shown {
+        Some(at) => tracing::info!(confirmed_lsn = %format_lsn(at), "final position acknowledged"),
+        None => tracing::warn!(
+            lsn = %format_lsn(lsn),
+            "the server did not show the final acknowledgement in time; the last events may be sent again"
+        ),
+    }
+}
+
+/// Per-session state of the loop.
+struct Stream<'a> {
+    config: &'a Config,
+    table: TableName,
+    /// Filter, routing and envelope.
+    outgoing: Outgoing,
+    tracker: AckTracker,
+    /// Relation oid → mapping for the outbox table, `None` for other tables.
+    /// By relation oid; looked up for every row, so not with SipHash.
+    relations: HashMap<u32, Option<RowMapping>, foldhash::fast::FixedState>,
+    /// The outbox table's oid (Relation messages carry it).
+    table_oid: u32,
+    /// Commit time of the open transaction.
+    commit_time: i64,
+    /// Prepared transactions' events, until their COMMIT PREPARED.
+    prepared: PreparedTxs,
+    to_publisher: mpsc::Sender<Vec<Dispatch>>,
+    /// Dispatches of the burst being read, handed over by [`Stream::flush`].
+    burst: Vec<Dispatch>,
+    /// Outbox events read in this burst (for the metric).
+    received_in_burst: u64,
+    marker: Option<Marker>,
+    summary: &'a mut Summary,
+}
+
+impl Stream<'_> {
+    /// An event `[filter]` left out: marked SKIPPED, never published.
+    fn skipped(&mut self, id: String, ticket: Ticket) {
+        tracing::debug!(id = %id, "filtered out; not published");
+        self.summary.skipped += 1;
+        crate::metrics::get().published("skipped", 1);
+        if let Some(marker) = &self.marker {
+            marker.send(Mark::Skipped(id));
+        }
+        self.tracker.finish(ticket);
+    }
+
+    fn completed(&mut self, completion: Completion) {
+        let ticket = match completion {
+            Completion::Delivered(ticket) => {
+                self.summary.delivered += 1;
+                ticket
+            }
+            Completion::Rejected { ticket, id, reason } => {
+                self.summary.rejected += 1;
+                crate::metrics::get().published("rejected", 1);
+                tracing::error!(id = %id, error = %reason, "event rejected and recorded as failed; the stream moves on");
+                ticket
+            }
+        };
+        self.tracker.finish(ticket);
+    }
+
+    /// Hand the burst's dispatches to the publisher in one piece.
+    async fn flush(&mut self) -> Result<(), RelayError> {
+        // Counted per burst: a labelled counter's lookup per event showed in profiles.
+        crate::metrics::get().received("replication", std::mem::take(&mut self.received_in_burst));
+        if self.burst.is_empty() {
+            return Ok(());
+        }
+        // The next burst is likely about as long: sized once, not grown.
+        let next = Vec::with_capacity(self.burst.len());
+        self.to_publisher
+            .send(std::mem::replace(&mut self.burst, next))
+            .await
+            .map_err(|_| RelayError::PublisherStopped)
+    }
+
+    fn received(&mut self, message: WalMessage) -> Result<(), RelayError> {
+        match message {
+            WalMessage::KeepAlive { wal_end } => {
+                self.tracker.keepalive(wal_end);
+            }
+            WalMessage::Data { start, data } => self.data(start, data)?,
+        }
+        Ok(())
+    }
+
+    fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
+        let row = data.len();
+        let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
+            lsn: format_lsn(at),
+            source,
+        })?;
+        match message {
+            Pgoutput::Relation(relation) => {
+                // By oid or by name. By oid: a row written before a rename is
+                // announced under the old name, one written after under the
+                // new. By name: a table dropped and created again under a
+                // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
+                // new oid, and its rows are the outbox's; skipping them would
+                // confirm them unpublished. Its columns are checked like any
+                // Relation's (a mismatch stops the relay before its rows).
+                let named =
+                    relation.namespace == self.table.schema && relation.name == self.table.name;
+                let ours = relation.oid == self.table_oid || named;
+                if named && relation.oid != self.table_oid {
+                    tracing::warn!(
+                        table = %self.table, oid = relation.oid, was = self.table_oid,
+                        "the outbox table was created again (a new oid); its rows are published as the outbox's"
+                    );
+                }
+                if ours && !named {
+                    tracing::warn!(
+                        table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
+                        "the outbox table was renamed; its rows are still published, but marking, the poller \
+                         and retention use postgres.table: set it to the new name (the relay will not start \
+                         with the old one)"
+                    );
+                }
+                let mapping = if ours {
+                    let mapping = RowMapping::new(&relation, &self.config.columns)?;
+                    for (key, column) in &mapping.absent_optional {
+                        tracing::warn!(
+                            table = %self.table, column = %column, key = %format!("columns.{key}"),
+                            "optional column not in the table; set the key to \"\" to silence this"
+                        );
+                    }
+                    Some(mapping)
+                } else {
+                    tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
+                    None
+                };
+                self.relations.insert(relation.oid, mapping);
+            }
+            Pgoutput::Insert(insert) => {
+                let mapping = self
+                    .relations
+                    .get(&insert.relation_oid)
+                    .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
+                let Some(mapping) = mapping else {
+                    return Ok(());
+                };
+                let ticket = self.tracker.event()?;
+                self.received_in_burst += 1;
+                let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
+                    Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
+                        Prepared::Publish(mut message) => {
+                            let held = held_bytes(row, &message);
+                            message.ticket = self.tracker.hold(message.ticket, held);
+                            Dispatch::Publish(message)
+                        }
+                        Prepared::Skip(id) => {
+                            if self.prepared.is_open() {
+                                self.prepared.hold(Held::Skipped { id, ticket });
+                            } else {
+                                self.skipped(id, ticket);
+                            }
+                            return Ok(());
+                        }
+                        Prepared::Fail(id, reason) => Dispatch::Reject {
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                            id,
+                            reason,
+                        },
+                    },
+                    Err(e) => {
+                        let id = mapping.id_of(&insert.tuple).unwrap_or_default();
+                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
+                        Dispatch::Reject {
+                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                            id,
+                            reason: e.to_string(),
+                        }
+                    }
+                };
+                if self.prepared.is_open() {
+                    self.prepared.hold(Held::Dispatch(dispatch));
+                } else {
+                    self.burst.push(dispatch);
+                }
+            }
+            Pgoutput::Begin(begin) => {
+                self.tracker.begin()?;
+                self.commit_time = begin.commit_time;
+            }
+            Pgoutput::Commit(commit) => {
+                self.tracker.commit(commit.end_lsn)?;
+            }
+            Pgoutput::Message(message) if message.prefix == HEARTBEAT_PREFIX => {
+                if let Some(sent) = std::str::from_utf8(&message.content)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    crate::metrics::get().heartbeat_seen(sent);
+                }
+            }
+            Pgoutput::Message(message) => {
+                tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
+            }
+            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
+                tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
+            }
+            Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
+            Pgoutput::BeginPrepare(begin) => {
+                self.tracker.begin_prepared()?;
+                self.prepared.begin();
+                // Not committed yet: an event without created_at takes the
+                // prepare time as its time.
+                self.commit_time = begin.prepare_time;
+            }
+            Pgoutput::Prepare(prepare) => {
+                let tracked = self.tracker.prepare(prepare.end_lsn)?;
+                if tracked.is_some() {
+                    tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
+                }
+                self.prepared.prepared(prepare.xid, prepare.gid, tracked);
+            }
+            Pgoutput::CommitPrepared(commit) => {
+                let Some(waiting) = self.prepared.resolve(commit.xid) else {
+                    return Ok(()); // nothing held: no outbox events, or confirmed before this session
+                };
+                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
+                self.tracker.resolve(waiting.tracked);
+                for event in waiting.events {
+                    match event {
+                        Held::Dispatch(mut dispatch) => {
+                            if let Dispatch::Publish(message) = &mut dispatch {
+                                message.commit_time = commit.commit_time;
+                            }
+                            self.burst.push(dispatch);
+                        }
+                        Held::Skipped { id, ticket } => self.skipped(id, ticket),
+                    }
+                }
+            }
+            Pgoutput::RollbackPrepared(rollback) => {
+                let Some(waiting) = self.prepared.resolve(rollback.xid) else {
+                    return Ok(());
+                };
+                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
+                self.tracker.resolve(waiting.tracked);
+                for event in &waiting.events {
+                    self.tracker.finish(event.ticket());
+                }
+            }
+            // Sent only to a client that asked for streaming; the relay does not.
+            Pgoutput::StreamPrepare(_) => {
+                return Err(FramingError::Unexpected("Stream Prepare").into())
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a budget of `max` (events or bytes) has room with `used` taken,
+/// `parked` of it by prepared transactions waiting for their COMMIT PREPARED.
+/// Those count up to half of the budget, no more: nothing in flight can make
+/// room for them (only their outcome, further on in the stream, can), so
+/// counting them whole could stop the stream for good, while up to half
+/// leaves the other half to the events that flow.
+fn under_budget(used: usize, parked: usize, max: usize) -> bool {
+    used - parked + parked.min(max / 2) < max
+}
+
+/// Resolves when marking has made room ([`Marker::room`]); never without marking.
+async fn room(marker: Option<&Marker>) {
+    match marker {
+        Some(marker) => marker.room().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs a closure when dropped (however the scope ends).
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// Aborts the task when dropped (a session that ends with an error leaves
+/// nothing running; what was in flight is sent again by the next session).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl AbortOnDrop<Result<(), crate::postgres::outbox::record::RecordError>> {
+    /// Why the publisher ended, once it has: a rejection it could not record,
+    /// or (having ended without a reason) [`RelayError::PublisherStopped`].
+    async fn stopped(&mut self) -> RelayError {
+        match (&mut self.0).await {
+            Ok(Err(e)) => RelayError::Record(e),
+            Ok(Ok(())) | Err(_) => RelayError::PublisherStopped,
+        }
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::under_budget;
+
+    #[test]
+    fn parked_events_take_at_most_half_of_a_budget() {
+        assert!(under_budget(9, 0, 10));
+        assert!(!under_budget(10, 0, 10));
+        // Parked alone never stop the stream, however many.
+        assert!(under_budget(1_000, 1_000, 10));
+        // Beyond half, they count as half: five in flight fill the rest.
+        assert!(under_budget(104, 100, 10));
+        assert!(!under_budget(105, 100, 10));
+        // Under half, they count whole.
+        assert!(!under_budget(10, 3, 10));
+    }
+}

@@ -1,0 +1,1233 @@
+//! Whether the database is ready for the relay: the server, the slot, the
+//! outbox table and the publication, inspected in one place and judged once.
+//!
+//! [`inspect`] reads what the relay needs and returns every [`Problem`] it
+//! finds. Each problem has one text ([`Problem::message`], [`Problem::fix`])
+//! and one [`Effect`]: what `run` does about it at start-up. Both commands
+//! read the same findings:
+//!
+//! * `run` ([`Readiness::admit`], used by `replication::session`) stops on
+//!   the first problem that stops it, stands by while the slot is in use,
+//!   and recreates a missing or invalidated slot only when
+//!   `lifecycle.recreate_slot` may;
+//! * `check` prints them as errors and warnings ([`Effect::severity`]), in
+//!   the same words ([`Problem::describe`]).
+//!
+//! So `check` never passes what `run` refuses, and never fails what `run`
+//! accepts. Columns of older majors are read through `to_jsonb(row) ->> …`,
+//! which is NULL where the column does not exist (the relay supports
+//! PostgreSQL 14–18).
+
+use crate::config::{Config, OnPublished, TableName};
+use crate::event::{MappingError, RowMapping};
+use crate::postgres::lsn::{format_lsn, parse_lsn};
+use crate::postgres::outbox::record::RecordError;
+use crate::postgres::outbox::table::{dead_letter_table, Table, MANAGED};
+use crate::postgres::platform::Platform;
+use crate::postgres::sql::{qualified, quote_literal};
+use crate::postgres::walstream::Protocol;
+
+/// How bad a finding is, for `check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Fine.
+    Ok,
+    /// Works, but probably not what was meant, or not yet.
+    Warning,
+    /// The relay cannot run like this.
+    Error,
+}
+
+/// What `run` does about a [`Problem`] at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// It stops: a person must change something first.
+    Stops,
+    /// It stops, unless `lifecycle.recreate_slot` is set and a poller can
+    /// publish what the slot held (the slot is missing or invalidated).
+    StopsUnlessRecreated,
+    /// It waits and tries again every few seconds (the slot is in use).
+    StandsBy,
+    /// It runs, and logs a warning.
+    Warns,
+}
+
+impl Effect {
+    /// How `check` reports it; `recreates`: whether `run` would recreate a
+    /// lost slot (see [`Readiness::recreates`]).
+    pub fn severity(self, recreates: bool) -> Severity {
+        match self {
+            Effect::Stops => Severity::Error,
+            Effect::StopsUnlessRecreated if recreates => Severity::Warning,
+            Effect::StopsUnlessRecreated => Severity::Error,
+            Effect::StandsBy | Effect::Warns => Severity::Warning,
+        }
+    }
+
+    /// Whether waiting may mend it (`RelayError::Unusable::transient`).
+    pub fn transient(self) -> bool {
+        self == Effect::StandsBy
+    }
+
+    /// Whether `lifecycle.recreate_slot` mends it (`RelayError::Unusable::lost`).
+    pub fn lost(self) -> bool {
+        self == Effect::StopsUnlessRecreated
+    }
+}
+
+/// What a finding is about, for `check`'s ok lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Area {
+    /// Server settings.
+    Server,
+    /// The replication slot.
+    Slot,
+    /// The outbox table.
+    Table,
+    /// The publication.
+    Publication,
+}
+
+/// Something about the database that keeps the relay from running as configured.
+#[derive(Debug)]
+pub enum Problem {
+    /// The server is a standby (in recovery): the relay writes (marking,
+    /// recording, its position) and needs the primary.
+    Standby,
+    /// `wal_level` is not `logical`.
+    WalLevel {
+        /// Its value.
+        level: String,
+        /// Where the server runs: the fix is its setting.
+        platform: Platform,
+    },
+    /// `postgres.slot` does not exist.
+    SlotMissing,
+    /// The slot is physical, or uses another output plugin.
+    WrongPlugin {
+        /// Its plugin; `None` for a physical slot.
+        plugin: Option<String>,
+    },
+    /// The slot belongs to another database.
+    OtherDatabase {
+        /// The slot's database.
+        database: String,
+    },
+    /// The slot is invalidated (`wal_status = lost`).
+    Invalidated {
+        /// `invalidation_reason` (PostgreSQL 17+), or `conflicting` on a 16 standby (on a 16
+        /// primary `conflicting` is set for WAL removal too: no reason then);
+        /// `None` where the server does not say (14–16: the WAL was removed).
+        reason: Option<String>,
+    },
+    /// The slot would not survive a database failover
+    /// ([`crate::postgres::failover`]).
+    Failover(crate::postgres::failover::Problem),
+    /// Another backend streams from the slot.
+    Busy {
+        /// Its process id.
+        pid: i32,
+    },
+    /// The slot has no confirmed position to start from.
+    NoConfirmedPosition,
+    /// The table does not exist.
+    TableMissing,
+    /// The table does not fit `[columns]`.
+    Mapping(MappingError),
+    /// An optional mapped column is not in the table.
+    OptionalColumnMissing {
+        /// The `columns.*` key.
+        key: &'static str,
+        /// The configured column.
+        column: String,
+    },
+    /// Mark mode without the relay-managed columns.
+    ManagedColumnsMissing,
+    /// Neither the relay-managed columns nor a dead-letter table: a rejected
+    /// event would have nowhere to be recorded.
+    NowhereToRecord {
+        /// The dead-letter table looked for, quoted.
+        dead_letter: String,
+    },
+    /// The table has the relay-managed columns but there is no dead-letter
+    /// table: a rejected event whose row is gone would stop the relay.
+    NoDeadLetterTable {
+        /// The dead-letter table looked for, quoted.
+        dead_letter: String,
+    },
+    /// There is no position table the relay may write
+    /// ([`crate::postgres::position`]): after a PostgreSQL crash or fast restart the
+    /// relay may publish again what it had published.
+    NoPositionTable {
+        /// The position table looked for, quoted.
+        position: String,
+    },
+    /// `postgres.publication` does not exist.
+    PublicationMissing,
+    /// The table is partitioned and the publication sends its partitions
+    /// under their own names.
+    NotViaRoot,
+    /// The publication does not carry the table.
+    TableNotPublished,
+    /// The publication does not publish inserts.
+    NoInserts,
+    /// The publication filters the table's rows.
+    RowFilter {
+        /// The filter.
+        filter: String,
+    },
+    /// The publication's column list leaves out mapped columns.
+    ColumnList {
+        /// The mapped columns it leaves out.
+        columns: Vec<String>,
+        /// Whether one of them is required (`run` stops) or all are optional
+        /// (`run` warns).
+        required: bool,
+    },
+}
+
+/// The names the texts use.
+#[derive(Debug, Clone)]
+pub struct Names {
+    /// `postgres.slot`.
+    pub slot: String,
+    /// `postgres.publication`.
+    pub publication: String,
+    /// `postgres.table`.
+    pub table: TableName,
+    /// The database connected to.
+    pub database: String,
+}
+
+impl Problem {
+    /// What `run` does about it.
+    pub fn effect(&self) -> Effect {
+        match self {
+            Problem::SlotMissing | Problem::Invalidated { .. } => Effect::StopsUnlessRecreated,
+            Problem::Busy { .. } => Effect::StandsBy,
+            Problem::OptionalColumnMissing { .. }
+            | Problem::NoDeadLetterTable { .. }
+            | Problem::NoPositionTable { .. }
+            | Problem::Failover(_) => Effect::Warns,
+            Problem::ColumnList { required, .. } => {
+                if *required {
+                    Effect::Stops
+                } else {
+                    Effect::Warns
+                }
+            }
+            Problem::WalLevel { .. }
+            | Problem::Standby
+            | Problem::WrongPlugin { .. }
+            | Problem::OtherDatabase { .. }
+            | Problem::NoConfirmedPosition
+            | Problem::TableMissing
+            | Problem::Mapping(_)
+            | Problem::ManagedColumnsMissing
+            | Problem::NowhereToRecord { .. }
+            | Problem::PublicationMissing
+            | Problem::NotViaRoot
+            | Problem::TableNotPublished
+            | Problem::NoInserts
+            | Problem::RowFilter { .. } => Effect::Stops,
+        }
+    }
+
+    /// What it is about.
+    pub fn area(&self) -> Area {
+        match self {
+            Problem::WalLevel { .. } | Problem::Standby => Area::Server,
+            Problem::SlotMissing
+            | Problem::WrongPlugin { .. }
+            | Problem::OtherDatabase { .. }
+            | Problem::Invalidated { .. }
+            | Problem::Failover(_)
+            | Problem::Busy { .. }
+            | Problem::NoConfirmedPosition => Area::Slot,
+            Problem::TableMissing
+            | Problem::Mapping(_)
+            | Problem::OptionalColumnMissing { .. }
+            | Problem::ManagedColumnsMissing
+            | Problem::NowhereToRecord { .. }
+            | Problem::NoDeadLetterTable { .. }
+            | Problem::NoPositionTable { .. } => Area::Table,
+            Problem::PublicationMissing
+            | Problem::NotViaRoot
+            | Problem::TableNotPublished
+            | Problem::NoInserts
+            | Problem::RowFilter { .. }
+            | Problem::ColumnList { .. } => Area::Publication,
+        }
+    }
+
+    /// What is wrong.
+    pub fn message(&self, at: &Names) -> String {
+        let Names {
+            slot,
+            publication,
+            table,
+            database,
+        } = at;
+        match self {
+            Problem::WalLevel { level, .. } => format!(
+                "wal_level = {level}; logical replication needs wal_level = logical"
+            ),
+            Problem::Standby => "the server is a standby (in recovery); the relay writes to the \
+                 database (marking, recording rejected events, its position) and streams from the \
+                 primary"
+                .to_owned(),
+            Problem::SlotMissing => format!("replication slot {slot:?} does not exist"),
+            Problem::WrongPlugin { plugin } => format!(
+                "replication slot {slot:?} uses plugin {:?}; the relay needs a logical slot with plugin pgoutput",
+                plugin.as_deref().unwrap_or("none (a physical slot)")
+            ),
+            Problem::OtherDatabase { database: other } => format!(
+                "replication slot {slot:?} belongs to database {other:?}, not {database:?}"
+            ),
+            Problem::Invalidated { reason } => format!(
+                "replication slot {slot:?} is invalidated (wal_status = lost): {}",
+                invalidation(reason.as_deref())
+            ),
+            Problem::Busy { pid } => format!(
+                "replication slot {slot:?} is in use by backend PID {pid} (another relay?)"
+            ),
+            Problem::NoConfirmedPosition => {
+                format!("replication slot {slot:?} has no confirmed_flush_lsn")
+            }
+            Problem::TableMissing => format!("table {table} does not exist (postgres.table)"),
+            // The mapping's own words, as the stream gives them.
+            Problem::Mapping(e) => e.to_string(),
+            Problem::OptionalColumnMissing { key, column } => {
+                format!("table {table} has no column {column:?} (columns.{key})")
+            }
+            Problem::ManagedColumnsMissing => format!(
+                "lifecycle.on_published = \"mark\" needs the relay-managed columns ({}) in table {table}",
+                MANAGED.join(", ")
+            ),
+            // The recorder's own words.
+            Problem::NowhereToRecord { dead_letter } => RecordError::Nowhere {
+                table: table.to_string(),
+                dead_letter: dead_letter.clone(),
+            }
+            .to_string(),
+            Problem::NoDeadLetterTable { dead_letter } => format!(
+                "there is no {dead_letter} table: a rejected event whose row is gone (deleted in its \
+                 own transaction) could not be recorded, and the relay would stop at it"
+            ),
+            Problem::Failover(crate::postgres::failover::Problem::Unsupported) => {
+                "postgres.failover_slot is set, but failover slots came with PostgreSQL 17: a promoted \
+                 standby of this server will not have the slot"
+                    .to_owned()
+            }
+            Problem::Failover(crate::postgres::failover::Problem::NotFailover) => format!(
+                "postgres.failover_slot is set, but replication slot {slot:?} was created without \
+                 failover: a promoted standby will not have it"
+            ),
+            Problem::Failover(crate::postgres::failover::Problem::NoStandbyWaited) => format!(
+                "replication slot {slot:?} is a failover slot, but synchronized_standby_slots is empty: \
+                 the relay may publish a transaction a standby does not have yet, and a promoted \
+                 standby's copy of the slot may be behind what the relay confirmed"
+            ),
+            Problem::Failover(crate::postgres::failover::Problem::StandbySlotMissing(missing)) => format!(
+                "synchronized_standby_slots names {} that this server does not have as physical \
+                 slots: its logical walsenders wait for them, and the relay receives nothing",
+                missing.join(", ")
+            ),
+            Problem::NoPositionTable { position } => format!(
+                "there is no {position} table the relay may write: after a crash or a fast restart \
+                 of PostgreSQL the slot can come back behind what the relay confirmed, and those \
+                 events would be published again"
+            ),
+            Problem::PublicationMissing => format!("publication {publication:?} does not exist"),
+            Problem::NotViaRoot => format!(
+                "table {table} is partitioned but publication {publication:?} publishes its partitions \
+                 under their own names"
+            ),
+            Problem::TableNotPublished => format!(
+                "publication {publication:?} does not carry table {table} (postgres.table)"
+            ),
+            Problem::NoInserts => format!("publication {publication:?} does not publish inserts"),
+            Problem::RowFilter { filter } => format!(
+                "publication {publication:?} has a row filter on {table} (WHERE {filter}): rows it \
+                 filters out would never be published"
+            ),
+            Problem::ColumnList { columns, .. } => format!(
+                "publication {publication:?} has a column list on {table} that leaves out the mapped \
+                 column(s) {}",
+                columns.join(", ")
+            ),
+        }
+    }
+
+    /// How to fix it; `None` when [`message`](Self::message) says it already.
+    pub fn fix(&self, at: &Names) -> Option<String> {
+        let Names {
+            slot,
+            publication,
+            table,
+            ..
+        } = at;
+        let recreate = format!(
+            "SELECT pg_drop_replication_slot('{slot}'), then SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+        );
+        Some(match self {
+            Problem::WalLevel { platform, .. } => platform.logical_decoding_fix(),
+            Problem::Standby => "point postgres.url at the primary, or list every host with \
+                 target_session_attrs=read-write so the relay finds the primary among them"
+                .to_owned(),
+            Problem::SlotMissing => format!(
+                "create it with `outbox-relay setup --config FILE --apply`, or run \
+                 SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput'), or set \
+                 lifecycle.recreate_slot = true; rows written meanwhile are in the table for the poller"
+            ),
+            Problem::WrongPlugin { .. } => format!("drop it and create it with pgoutput: {recreate}"),
+            Problem::OtherDatabase { .. } => {
+                "point postgres.url at that database or set postgres.slot to a slot of this one".into()
+            }
+            Problem::Invalidated { .. } => "drop and recreate it (or set lifecycle.recreate_slot = true); \
+                 rows written meanwhile are still in the table for the poller"
+                .into(),
+            Problem::Busy { .. } => "a relay stands by and takes over when it is free".into(),
+            Problem::NoConfirmedPosition => format!("drop it and recreate it: {recreate}"),
+            Problem::TableMissing => {
+                "create it with `outbox-relay setup --config FILE --apply`".into()
+            }
+            Problem::Mapping(_) | Problem::NowhereToRecord { .. } => return None,
+            Problem::NoDeadLetterTable { .. } => {
+                "create it with `outbox-relay setup --config FILE --apply` (sql/005_dead_letter.sql)".into()
+            }
+            Problem::Failover(crate::postgres::failover::Problem::Unsupported) => {
+                "upgrade to PostgreSQL 17 or later, or set postgres.failover_slot = false and \
+                 recreate the slot after a failover (docs/recovery.md)"
+                    .into()
+            }
+            Problem::Failover(crate::postgres::failover::Problem::NotFailover) => format!(
+                "make it one on a replication connection: psql \"dbname=… replication=database\" -c \
+                 'ALTER_REPLICATION_SLOT {slot} (FAILOVER true)' (docs/recovery.md)"
+            ),
+            Problem::Failover(crate::postgres::failover::Problem::NoStandbyWaited) => {
+                "set synchronized_standby_slots on the primary to the standbys' physical slots \
+                 (docs/recovery.md, database failover)"
+                    .into()
+            }
+            Problem::Failover(crate::postgres::failover::Problem::StandbySlotMissing(_)) => {
+                "set synchronized_standby_slots to this server's standbys' physical slots, or empty \
+                 it (a promoted standby keeps its old primary's setting)"
+                    .into()
+            }
+            Problem::NoPositionTable { .. } => {
+                "create it with `outbox-relay setup --config FILE --apply` (sql/006_position.sql), \
+                 which also grants the relay's role INSERT and UPDATE on it"
+                    .into()
+            }
+            Problem::OptionalColumnMissing { key, .. } => {
+                format!("set columns.{key} = \"\" if that is intended")
+            }
+            Problem::ManagedColumnsMissing => {
+                "add them (see sql/001_outbox_table.sql), or set lifecycle.on_published = \"none\" \
+                 (application-managed table) or \"delete\""
+                    .into()
+            }
+            Problem::PublicationMissing => format!(
+                "run `outbox-relay setup --config FILE --apply` or CREATE PUBLICATION {publication} \
+                 FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)"
+            ),
+            Problem::NotViaRoot => format!(
+                "ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)"
+            ),
+            Problem::TableNotPublished => format!("ALTER PUBLICATION {publication} ADD TABLE {table}"),
+            Problem::NoInserts => format!("ALTER PUBLICATION {publication} SET (publish = 'insert')"),
+            Problem::RowFilter { .. } => format!(
+                "drop the filter (ALTER PUBLICATION {publication} SET TABLE {table}); the relay's \
+                 [filter] can skip events instead, and marks them SKIPPED"
+            ),
+            Problem::ColumnList { .. } => format!(
+                "drop the column list (ALTER PUBLICATION {publication} SET TABLE {table})"
+            ),
+        })
+    }
+
+    /// The message and the fix: what `run` stops with and `check` prints.
+    pub fn describe(&self, at: &Names) -> String {
+        match self.fix(at) {
+            Some(fix) => format!("{}: {fix}", self.message(at)),
+            None => self.message(at),
+        }
+    }
+}
+
+/// Why a slot was invalidated, from `invalidation_reason`.
+fn invalidation(reason: Option<&str>) -> String {
+    match reason {
+        None | Some("wal_removed") => "the WAL it needed was removed (it fell further behind than \
+             max_slot_wal_keep_size allows)"
+            .into(),
+        Some("rows_removed") => {
+            "the catalog rows it needed were removed by VACUUM (rows_removed; on a \
+             standby, hot_standby_feedback keeps them)"
+                .into()
+        }
+        Some("wal_level_insufficient") => {
+            "wal_level on the primary was lowered below logical (wal_level_insufficient)".into()
+        }
+        Some("idle_timeout") => {
+            "it was unused for longer than idle_replication_slot_timeout (idle_timeout)".into()
+        }
+        Some(CONFLICTING) => "it conflicted with recovery on this standby (rows_removed or \
+             wal_level_insufficient)"
+            .into(),
+        Some(other) => format!("invalidation_reason = {other}"),
+    }
+}
+
+/// The first `server_version_num` whose pgoutput decodes prepared
+/// transactions (`two_phase`, protocol version 3).
+pub const TWO_PHASE_PGOUTPUT: i32 = 150_000;
+
+/// What PostgreSQL 16 says of an invalidated slot in place of a reason.
+const CONFLICTING: &str = "conflicting";
+
+/// What the slot looks like, as far as the relay cares.
+#[derive(Debug, Clone)]
+pub struct SlotView {
+    /// Position confirmed by the consumer.
+    pub confirmed_flush: Option<u64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// Created with `two_phase` (prepared transactions are decoded at
+    /// PREPARE TRANSACTION, from PostgreSQL 15 on).
+    pub two_phase: bool,
+}
+
+/// Everything [`inspect`] found.
+#[derive(Debug)]
+pub struct Readiness {
+    /// The names the texts use.
+    pub names: Names,
+    /// `wal_level`.
+    pub wal_level: String,
+    /// `server_version_num`, e.g. 150004.
+    pub server_version_num: i32,
+    /// The slot, when it exists.
+    pub slot: Option<SlotView>,
+    /// The table, when it exists.
+    pub table: Option<Table>,
+    /// `lifecycle.recreate_slot`.
+    recreate_slot: bool,
+    /// Every problem, in the order `run` meets them: server, slot, table,
+    /// publication.
+    pub problems: Vec<Problem>,
+}
+
+/// What `run` may do, by [`Readiness::admit`].
+#[derive(Debug)]
+pub enum Admission {
+    /// Stream from `start`.
+    Start {
+        /// The outbox table.
+        table: Table,
+        /// The slot's confirmed position.
+        start: u64,
+    },
+    /// Nothing stops the relay but a missing or invalidated slot.
+    SlotLost {
+        /// The outbox table.
+        table: Table,
+        /// The slot's problem.
+        problem: Problem,
+    },
+    /// Stop (or stand by, for [`Effect::StandsBy`]) with this problem.
+    Refused(Problem),
+}
+
+impl Readiness {
+    /// Whether a poller can publish what a lost slot held: the table has the
+    /// relay-managed columns and created_at. Without them, recreating the
+    /// slot would silently skip what was written meanwhile.
+    pub fn sweepable(&self) -> bool {
+        self.table
+            .as_ref()
+            .is_some_and(|t| t.managed && t.created_at.is_some())
+    }
+
+    /// Whether `run` recreates a missing or invalidated slot.
+    pub fn recreates(&self) -> bool {
+        self.recreate_slot && self.sweepable()
+    }
+
+    /// The pgoutput protocol to stream the slot with: two-phase decoding
+    /// for a slot created with `two_phase` on PostgreSQL 15 and later.
+    /// PostgreSQL 14's pgoutput cannot decode prepared transactions; on such
+    /// a slot it sends them at COMMIT PREPARED as ordinary transactions
+    /// (Begin … Commit), which protocol version 1 reads as it is.
+    pub fn protocol(&self) -> Protocol {
+        match &self.slot {
+            Some(slot) if slot.two_phase && self.server_version_num >= TWO_PHASE_PGOUTPUT => {
+                Protocol::TwoPhase
+            }
+            _ => Protocol::V1,
+        }
+    }
+
+    /// How `check` reports `problem`.
+    pub fn severity(&self, problem: &Problem) -> Severity {
+        problem.effect().severity(self.recreates())
+    }
+
+    /// What `run` does: the first problem that stops it, else the first that
+    /// makes it stand by, else a lost slot; otherwise start. A lost slot
+    /// comes last so that it is never recreated for a relay that cannot run.
+    pub fn admit(self) -> Admission {
+        let mut problems = self.problems;
+        let first = |problems: &mut Vec<Problem>, effect: Effect| {
+            let at = problems.iter().position(|p| p.effect() == effect)?;
+            Some(problems.swap_remove(at))
+        };
+        if let Some(problem) = first(&mut problems, Effect::Stops) {
+            return Admission::Refused(problem);
+        }
+        if let Some(problem) = first(&mut problems, Effect::StandsBy) {
+            return Admission::Refused(problem);
+        }
+        // Each case below also stops the relay with a problem of its own
+        // (inspect reports it); the fallbacks only keep this total.
+        let Some(table) = self.table else {
+            return Admission::Refused(Problem::TableMissing);
+        };
+        if let Some(problem) = first(&mut problems, Effect::StopsUnlessRecreated) {
+            return Admission::SlotLost { table, problem };
+        }
+        match self.slot.and_then(|s| s.confirmed_flush) {
+            Some(start) => Admission::Start { table, start },
+            None => Admission::Refused(Problem::NoConfirmedPosition),
+        }
+    }
+}
+
+/// Inspect the server, `postgres.slot`, `postgres.table` and
+/// `postgres.publication` as `config` names them.
+pub async fn inspect(
+    client: &tokio_postgres::Client,
+    config: &Config,
+) -> Result<Readiness, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('wal_level'), current_database()::text, \
+               current_setting('server_version_num')::int, pg_is_in_recovery()",
+            &[],
+        )
+        .await?;
+    let names = Names {
+        slot: config.postgres.slot.clone(),
+        publication: config.postgres.publication.clone(),
+        table: config.table(),
+        database: row.get(1),
+    };
+    let wal_level: String = row.get(0);
+    let server_version_num: i32 = row.get(2);
+    let mut problems = Vec::new();
+    if row.get::<_, bool>(3) {
+        problems.push(Problem::Standby);
+    }
+    if wal_level != "logical" {
+        problems.push(Problem::WalLevel {
+            level: wal_level.clone(),
+            platform: crate::postgres::platform::detect_or_self_managed(client).await,
+        });
+    }
+    let slot = inspect_slot(client, &names, &mut problems).await?;
+    if slot.is_some() {
+        let failover = crate::postgres::failover::State::read(client, &names.slot).await?;
+        problems.extend(
+            failover
+                .problem(config.postgres.failover_slot)
+                .map(Problem::Failover),
+        );
+    }
+    let table = Table::inspect(client, config).await?;
+    let mut publication = Vec::new();
+    let published = inspect_publication(client, &names, table.as_ref(), &mut publication).await?;
+    // The table's problems before the publication's: a table that does not
+    // fit is the first thing to fix.
+    match &table {
+        None => problems.push(Problem::TableMissing),
+        Some(table) => {
+            inspect_table(client, config, table, published.as_deref(), &mut problems).await?;
+        }
+    }
+    problems.extend(publication);
+    Ok(Readiness {
+        names,
+        wal_level,
+        server_version_num,
+        slot,
+        table,
+        recreate_slot: config.lifecycle.recreate_slot,
+        problems,
+    })
+}
+
+async fn inspect_slot(
+    client: &tokio_postgres::Client,
+    names: &Names,
+    problems: &mut Vec<Problem>,
+) -> Result<Option<SlotView>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT s.plugin::text, s.database::text, s.confirmed_flush_lsn::text, s.active_pid, s.wal_status, \
+               coalesce((to_jsonb(s) ->> 'two_phase')::bool, false), \
+               coalesce(to_jsonb(s) ->> 'invalidation_reason', \
+                 CASE WHEN (to_jsonb(s) ->> 'conflicting')::bool AND pg_is_in_recovery() THEN $2 END) \
+             FROM pg_replication_slots s WHERE s.slot_name = $1",
+            &[&names.slot, &CONFLICTING],
+        )
+        .await?;
+    let Some(row) = row else {
+        problems.push(Problem::SlotMissing);
+        return Ok(None);
+    };
+    let plugin: Option<String> = row.get(0);
+    let database: Option<String> = row.get(1);
+    let view = SlotView {
+        confirmed_flush: row.get::<_, Option<&str>>(2).and_then(parse_lsn),
+        wal_status: row.get(4),
+        two_phase: row.get(5),
+    };
+    if plugin.as_deref() != Some("pgoutput") {
+        let physical = plugin.is_none();
+        problems.push(Problem::WrongPlugin { plugin });
+        if physical {
+            return Ok(Some(view));
+        }
+    }
+    if database.as_deref() != Some(names.database.as_str()) {
+        problems.push(Problem::OtherDatabase {
+            database: database.unwrap_or_default(),
+        });
+    }
+    let invalidated = view.wal_status.as_deref() == Some("lost");
+    if invalidated {
+        problems.push(Problem::Invalidated { reason: row.get(6) });
+    }
+    let busy = row.get::<_, Option<i32>>(3);
+    if let Some(pid) = busy {
+        problems.push(Problem::Busy { pid });
+    }
+    // A slot being created (pg_create_logical_replication_slot waits for
+    // running transactions) is active and has no confirmed position yet:
+    // busy, not broken. Whoever creates it will soon stream from it.
+    if view.confirmed_flush.is_none() && !invalidated && busy.is_none() {
+        problems.push(Problem::NoConfirmedPosition);
+    }
+    Ok(Some(view))
+}
+
+/// The publication's problems; the table's columns it sends, when it carries
+/// the table with a column list (PostgreSQL 15+ lists them always).
+async fn inspect_publication(
+    client: &tokio_postgres::Client,
+    names: &Names,
+    table: Option<&Table>,
+    problems: &mut Vec<Problem>,
+) -> Result<Option<Vec<String>>, tokio_postgres::Error> {
+    let Names {
+        publication,
+        table: name,
+        ..
+    } = names;
+    let row = client
+        .query_opt(
+            "SELECT p.pubinsert, p.pubviaroot, t.tablename IS NOT NULL, to_jsonb(t) ->> 'rowfilter', \
+               CASE WHEN jsonb_typeof(to_jsonb(t) -> 'attnames') = 'array' \
+                 THEN ARRAY(SELECT jsonb_array_elements_text(to_jsonb(t) -> 'attnames')) END \
+             FROM pg_publication p LEFT JOIN pg_publication_tables t \
+               ON t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3 \
+             WHERE p.pubname = $1",
+            &[publication, &name.schema, &name.name],
+        )
+        .await?;
+    let Some(row) = row else {
+        problems.push(Problem::PublicationMissing);
+        return Ok(None);
+    };
+    let (inserts, via_root, carried): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+    match table {
+        // Its partitions are listed, not the table: the root's own
+        // settings cannot be read until it is published via the root.
+        Some(t) if t.partitioned && !via_root => problems.push(Problem::NotViaRoot),
+        // A missing table is the table's problem, not the publication's.
+        Some(_) if !carried => problems.push(Problem::TableNotPublished),
+        Some(_) => {
+            if let Some(filter) = row.get::<_, Option<String>>(3) {
+                problems.push(Problem::RowFilter { filter });
+            }
+        }
+        None => {}
+    }
+    if !inserts {
+        problems.push(Problem::NoInserts);
+    }
+    Ok(if carried { row.get(4) } else { None })
+}
+
+/// The table against `[columns]`, as the publication sends it, and against
+/// the lifecycle and recording the configuration needs.
+async fn inspect_table(
+    client: &tokio_postgres::Client,
+    config: &Config,
+    table: &Table,
+    published: Option<&[String]>,
+    problems: &mut Vec<Problem>,
+) -> Result<(), tokio_postgres::Error> {
+    let name = config.table().to_string();
+    let all: Vec<(&str, u32)> = table
+        .columns
+        .iter()
+        .map(|(n, t)| (n.as_str(), *t))
+        .collect();
+    match RowMapping::from_columns(&name, &all, &config.columns) {
+        Err(e) => problems.push(Problem::Mapping(e)),
+        Ok(mapping) => {
+            for (key, column) in mapping.absent_optional {
+                problems.push(Problem::OptionalColumnMissing { key, column });
+            }
+            // What the stream's Relation message will hold.
+            let sent: Vec<(&str, u32)> = all
+                .iter()
+                .copied()
+                .filter(|(n, _)| published.is_none_or(|p| p.iter().any(|c| c == n)))
+                .collect();
+            let left_out = |mapped: &mut dyn Iterator<Item = &str>| -> Vec<String> {
+                mapped
+                    .filter(|c| !c.is_empty())
+                    .filter(|c| all.iter().any(|(n, _)| n == c))
+                    .filter(|c| !sent.iter().any(|(n, _)| n == c))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            let required = left_out(&mut config.columns.required().into_iter().map(|(_, c)| c));
+            let optional = left_out(&mut config.columns.optional().into_iter().map(|(_, c)| c));
+            if !required.is_empty() || !optional.is_empty() {
+                problems.push(Problem::ColumnList {
+                    required: !required.is_empty(),
+                    columns: required.into_iter().chain(optional).collect(),
+                });
+            }
+        }
+    }
+    if config.lifecycle.on_published == OnPublished::Mark && !table.managed {
+        problems.push(Problem::ManagedColumnsMissing);
+    }
+    let table_name = config.table();
+    let dead_letter = dead_letter_table(&table_name.name);
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &[&qualified(&table_name.schema, &dead_letter)],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        let dead_letter = quote_literal(&dead_letter);
+        problems.push(if table.managed {
+            Problem::NoDeadLetterTable { dead_letter }
+        } else {
+            Problem::NowhereToRecord { dead_letter }
+        });
+    }
+    let position = qualified(
+        &table_name.schema,
+        &crate::postgres::position::table_name(&table_name.name),
+    );
+    if !crate::postgres::position::writable(client, &position).await? {
+        problems.push(Problem::NoPositionTable {
+            position: quote_literal(&crate::postgres::position::table_name(&table_name.name)),
+        });
+    }
+    Ok(())
+}
+
+/// `check`'s ok line for the slot.
+pub fn slot_summary(ready: &Readiness, view: &SlotView) -> String {
+    let two_phase = match (view.two_phase, ready.protocol()) {
+        (false, _) => "",
+        (true, Protocol::TwoPhase) => {
+            ", two_phase: prepared transactions are published at COMMIT PREPARED and hold the \
+             confirmed position until then"
+        }
+        (true, Protocol::V1) => {
+            ", two_phase: this server's pgoutput sends prepared transactions at COMMIT PREPARED, \
+             as ordinary ones"
+        }
+    };
+    format!(
+        "replication slot {:?} (pgoutput{two_phase}, confirmed at {}, wal_status {})",
+        ready.names.slot,
+        view.confirmed_flush.map(format_lsn).unwrap_or_default(),
+        view.wal_status.as_deref().unwrap_or_default()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Names {
+        Names {
+            slot: "s".into(),
+            publication: "p".into(),
+            table: TableName {
+                schema: "public".into(),
+                name: "outbox".into(),
+            },
+            database: "app".into(),
+        }
+    }
+
+    fn mapping_error() -> MappingError {
+        match RowMapping::from_columns("public.outbox", &[("id", 25)], &Default::default()) {
+            Err(e) => e,
+            Ok(_) => panic!("a table of one column does not fit"),
+        }
+    }
+
+    /// Every problem, with what `run` does and how `check` reports it
+    /// without and with a recreatable slot.
+    fn every_problem() -> Vec<(Problem, Effect, Severity, Severity)> {
+        use Effect::*;
+        use Severity::*;
+        vec![
+            (
+                Problem::WalLevel {
+                    level: "replica".into(),
+                    platform: Platform::SelfManaged,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::WalLevel {
+                    level: "replica".into(),
+                    platform: Platform::Rds,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (Problem::SlotMissing, StopsUnlessRecreated, Error, Warning),
+            (
+                Problem::WrongPlugin {
+                    plugin: Some("test_decoding".into()),
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (Problem::WrongPlugin { plugin: None }, Stops, Error, Error),
+            (
+                Problem::OtherDatabase {
+                    database: "other".into(),
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::Invalidated { reason: None },
+                StopsUnlessRecreated,
+                Error,
+                Warning,
+            ),
+            (
+                Problem::Invalidated {
+                    reason: Some("idle_timeout".into()),
+                },
+                StopsUnlessRecreated,
+                Error,
+                Warning,
+            ),
+            (Problem::Standby, Stops, Error, Error),
+            (Problem::Busy { pid: 7 }, StandsBy, Warning, Warning),
+            (
+                Problem::Failover(crate::postgres::failover::Problem::NotFailover),
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::Failover(crate::postgres::failover::Problem::NoStandbyWaited),
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::NoPositionTable {
+                    position: "'outbox_position'".into(),
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (Problem::NoConfirmedPosition, Stops, Error, Error),
+            (Problem::TableMissing, Stops, Error, Error),
+            (Problem::Mapping(mapping_error()), Stops, Error, Error),
+            (
+                Problem::OptionalColumnMissing {
+                    key: "topic",
+                    column: "topic".into(),
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (Problem::ManagedColumnsMissing, Stops, Error, Error),
+            (
+                Problem::NowhereToRecord {
+                    dead_letter: "'outbox_dead_letter'".into(),
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (Problem::PublicationMissing, Stops, Error, Error),
+            (Problem::NotViaRoot, Stops, Error, Error),
+            (Problem::TableNotPublished, Stops, Error, Error),
+            (Problem::NoInserts, Stops, Error, Error),
+            (
+                Problem::RowFilter {
+                    filter: "(aggregate_id <> 'x'::text)".into(),
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::ColumnList {
+                    columns: vec!["event_type".into()],
+                    required: true,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::ColumnList {
+                    columns: vec!["topic".into()],
+                    required: false,
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+        ]
+    }
+
+    #[test]
+    fn each_problem_has_one_effect_and_check_reports_what_run_refuses_as_an_error() {
+        for (problem, effect, plain, recreating) in every_problem() {
+            assert_eq!(problem.effect(), effect, "{problem:?}");
+            assert_eq!(effect.severity(false), plain, "{problem:?}");
+            assert_eq!(effect.severity(true), recreating, "{problem:?}");
+            // `run` stops exactly on what `check` calls an error: a problem
+            // that neither waiting nor recreating the slot mends.
+            let refused = effect != Effect::Warns && !effect.transient();
+            assert_eq!(refused, plain == Severity::Error, "{problem:?}");
+            let refused_recreating = refused && !effect.lost();
+            assert_eq!(
+                refused_recreating,
+                recreating == Severity::Error,
+                "{problem:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_stands_by_only_for_a_busy_slot_and_recreates_only_a_lost_one() {
+        for (problem, effect, ..) in every_problem() {
+            let busy = matches!(problem, Problem::Busy { .. });
+            let lost = matches!(problem, Problem::SlotMissing | Problem::Invalidated { .. });
+            assert_eq!(effect.transient(), busy, "{problem:?}");
+            assert_eq!(effect.lost(), lost, "{problem:?}");
+        }
+    }
+
+    #[test]
+    fn every_problem_names_its_fix_and_run_and_check_say_it_alike() {
+        let at = names();
+        for (problem, ..) in every_problem() {
+            let text = problem.describe(&at);
+            match problem.fix(&at) {
+                Some(fix) => assert!(text.ends_with(&fix), "{text}"),
+                // These carry their fix in their own words.
+                None => assert!(
+                    text.contains("columns.") || text.contains("setup --config FILE --apply"),
+                    "{text}"
+                ),
+            }
+            assert!(!text.contains("{}") && !text.is_empty(), "{text}");
+        }
+    }
+
+    #[test]
+    fn wal_level_below_logical_is_fixed_with_the_platforms_own_setting() {
+        let text = |platform| {
+            Problem::WalLevel {
+                level: "replica".into(),
+                platform,
+            }
+            .describe(&names())
+        };
+        assert_eq!(
+            text(Platform::SelfManaged),
+            "wal_level = replica; logical replication needs wal_level = logical: \
+             ALTER SYSTEM SET wal_level = logical, then restart Postgres"
+        );
+        for (platform, setting) in [
+            (
+                Platform::Rds,
+                "rds.logical_replication = 1 in the instance's DB parameter group",
+            ),
+            (
+                Platform::Aurora,
+                "rds.logical_replication = 1 in the DB cluster parameter group",
+            ),
+            (Platform::CloudSql, "cloudsql.logical_decoding"),
+            (Platform::Azure, "server parameter wal_level to logical"),
+            (Platform::Neon, "Logical Replication, Enable"),
+        ] {
+            let text = text(platform);
+            assert!(
+                text.contains(setting)
+                    && text.contains(platform.name())
+                    && !text.contains("ALTER SYSTEM"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_invalidated_slot_names_the_servers_reason() {
+        for (reason, says) in [
+            (None, "max_slot_wal_keep_size"),
+            (Some("wal_removed"), "max_slot_wal_keep_size"),
+            (Some("rows_removed"), "rows_removed"),
+            (Some("wal_level_insufficient"), "wal_level"),
+            (Some("idle_timeout"), "idle_replication_slot_timeout"),
+            (Some(CONFLICTING), "conflicted with recovery"),
+            (Some("something_new"), "invalidation_reason = something_new"),
+        ] {
+            let problem = Problem::Invalidated {
+                reason: reason.map(str::to_owned),
+            };
+            let text = problem.message(&names());
+            assert!(
+                text.contains("wal_status = lost") && text.contains(says),
+                "{text}"
+            );
+        }
+    }
+
+    fn table() -> Table {
+        Table {
+            qualified: "\"public\".\"outbox\"".into(),
+            id: "\"id\"".into(),
+            id_type: "uuid".into(),
+            created_at: Some("\"created_at\"".into()),
+            columns: Vec::new(),
+            managed: true,
+            partitioned: false,
+            oid: 1,
+        }
+    }
+
+    fn readiness(problems: Vec<Problem>, recreate_slot: bool) -> Readiness {
+        Readiness {
+            names: names(),
+            wal_level: "logical".into(),
+            server_version_num: 150_004,
+            slot: Some(SlotView {
+                confirmed_flush: Some(42),
+                wal_status: Some("reserved".into()),
+                two_phase: false,
+            }),
+            table: Some(table()),
+            recreate_slot,
+            problems,
+        }
+    }
+
+    #[test]
+    fn run_meets_what_stops_it_before_a_busy_slot_and_a_lost_slot_last() {
+        let admitted = |problems| readiness(problems, true).admit();
+        assert!(matches!(
+            admitted(vec![]),
+            Admission::Start { start: 42, .. }
+        ));
+        assert!(matches!(
+            admitted(vec![Problem::OptionalColumnMissing {
+                key: "topic",
+                column: "topic".into()
+            }]),
+            Admission::Start { .. }
+        ));
+        assert!(matches!(
+            admitted(vec![Problem::SlotMissing, Problem::PublicationMissing]),
+            Admission::Refused(Problem::PublicationMissing)
+        ));
+        assert!(matches!(
+            admitted(vec![
+                Problem::Busy { pid: 1 },
+                Problem::RowFilter { filter: "x".into() }
+            ]),
+            Admission::Refused(Problem::RowFilter { .. })
+        ));
+        assert!(matches!(
+            admitted(vec![Problem::NoInserts, Problem::Busy { pid: 1 }]),
+            Admission::Refused(Problem::NoInserts)
+        ));
+        assert!(matches!(
+            admitted(vec![Problem::Busy { pid: 1 }]),
+            Admission::Refused(Problem::Busy { .. })
+        ));
+        assert!(matches!(
+            admitted(vec![Problem::Invalidated { reason: None }]),
+            Admission::SlotLost { .. }
+        ));
+    }
+
+    #[test]
+    fn a_two_phase_slot_is_streamed_with_two_phase_decoding_from_postgresql_15() {
+        let two_phase = |version, slot: bool| {
+            let mut ready = readiness(vec![], false);
+            ready.server_version_num = version;
+            ready.slot.as_mut().unwrap().two_phase = slot;
+            let summary = slot_summary(&ready, ready.slot.as_ref().unwrap());
+            (ready.protocol(), summary)
+        };
+        for version in [150_000, 160_002, 180_001] {
+            let (protocol, summary) = two_phase(version, true);
+            assert_eq!(protocol, Protocol::TwoPhase);
+            assert!(summary.contains("hold the confirmed position"), "{summary}");
+            assert_eq!(two_phase(version, false).0, Protocol::V1);
+        }
+        // 14's pgoutput has no two-phase decoding: version 1 reads what it sends.
+        let (protocol, summary) = two_phase(140_019, true);
+        assert_eq!(protocol, Protocol::V1);
+        assert!(summary.contains("as ordinary ones"), "{summary}");
+        assert!(!two_phase(140_019, false).1.contains("two_phase"));
+    }
+
+    #[test]
+    fn check_warns_of_a_lost_slot_only_when_run_would_recreate_it() {
+        let lost = || vec![Problem::SlotMissing];
+        let ready = readiness(lost(), true);
+        assert_eq!(ready.severity(&ready.problems[0]), Severity::Warning);
+        let ready = readiness(lost(), false);
+        assert_eq!(ready.severity(&ready.problems[0]), Severity::Error);
+        // Nothing could sweep what the slot held: run does not recreate it.
+        let mut ready = readiness(lost(), true);
+        ready.table.as_mut().unwrap().created_at = None;
+        assert_eq!(ready.severity(&ready.problems[0]), Severity::Error);
+    }
+}

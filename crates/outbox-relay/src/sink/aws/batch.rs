@@ -1,0 +1,625 @@
+//! Batches of entries to one AWS destination over a JSON protocol
+//! (SQS `SendMessageBatch`, EventBridge `PutEvents`, Kinesis `PutRecords`):
+//! what is the same for all of them, once. A destination's folder says only
+//! how an entry is written and counted and how an answer lists the entries
+//! ([`Protocol`]).
+//!
+//! * A batch (one destination) is split into requests of at most
+//!   [`Protocol::MAX_ENTRIES`] entries and [`Protocol::MAX_REQUEST_BYTES`],
+//!   counted as the service counts (and, where [`Protocol::one_per_group`]
+//!   says so, one entry of each ordering group); an entry over the
+//!   destination's limit alone is rejected before anything is sent.
+//! * Requests go one after the other; once one is to be retried, the later
+//!   ones are not sent (retried with it), so no entry overtakes an earlier one.
+//! * Every refusal is classified by its typed parts ([`crate::sink::aws::errors`]):
+//!   a missing destination rejects every entry; a request refused for a
+//!   reason one entry could cause is narrowed (each entry sent alone, in
+//!   order) so only the culprit is rejected; access errors are logged as
+//!   errors and retried; load (throttling, 5xx, timeouts) is retried with
+//!   its [`Cause`], so the publisher's concurrency limit backs off.
+//! * An entry that failed for a reason nobody classified is retried for the
+//!   sink's `retry_unknown_errors_for`, then recorded ([`UnknownSince`]).
+//! * Nothing that may have reached the service is sent again here: the
+//!   publisher retries, and keeps each group in order (after a partial
+//!   failure the failed entry and the later ones of its group go again).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_smithy_runtime_api::client::identity::Identity;
+use hyper::StatusCode;
+
+use super::errors::{self, Class, UnknownSince};
+use super::{json, CallError, Client};
+use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
+
+/// How a destination writes, counts and reads back the entries of a batch.
+pub trait Protocol: Send + Sync + 'static {
+    /// What a destination is, in messages: "queue", "event bus", "stream".
+    const WHAT: &'static str;
+    /// The operation, for `X-Amz-Target` (`AmazonSQS.SendMessageBatch`).
+    const TARGET: &'static str;
+    /// `Content-Type` ([`json::JSON_10`] or [`json::JSON_11`]).
+    const CONTENT_TYPE: &'static str;
+    /// Most entries in one request.
+    const MAX_ENTRIES: usize;
+    /// Most bytes of one request's entries, as the service counts them.
+    const MAX_REQUEST_BYTES: usize;
+
+    /// The size of `message`'s entry as the service counts it, or why the
+    /// service can never take it.
+    fn size(&self, message: &Message) -> Result<usize, String>;
+
+    /// The body of a request of `entries` to `destination`; an entry's id,
+    /// where the protocol has ids, is its position in `entries`.
+    fn body(&self, destination: &str, entries: &[&Message]) -> Vec<u8>;
+
+    /// Each entry's answer, by position, from a successful call's body
+    /// (`None`: the answer does not mention it).
+    fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String>;
+
+    /// Whether a request to `destination` holds at most one entry of each
+    /// ordering group. Where the service may take a later entry of a request
+    /// and fail an earlier one of the same group, and its consumers rely on
+    /// the order of a group (a Kinesis shard, an SQS FIFO queue), this is what
+    /// keeps each group in order: the later entry is then never sent before
+    /// the earlier one is taken. The price is one entry per group per round
+    /// trip. The sink tells the publisher to form batches of one message a
+    /// group ([`Sink::max_run`]) so that a batch is one request; a batch that
+    /// holds a group twice all the same is sent as several requests, one
+    /// after the other.
+    fn one_per_group(&self, destination: &str) -> bool {
+        let _ = destination;
+        false
+    }
+}
+
+/// Why a question to the service ([`Batches::ask`]) got no answer.
+#[derive(Debug)]
+pub enum Question {
+    /// The destination does not exist.
+    Missing(String),
+    /// The service refused to tell (a denied permission, a call the
+    /// endpoint lacks).
+    Refused(String),
+    /// No answer now (network, throttling, 5xx, expired or unknown
+    /// credentials, a bad signature).
+    Unanswered(String),
+}
+
+/// What the service said of one entry of a successful call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Taken.
+    Accepted,
+    /// Not taken.
+    Failed {
+        /// The entry's error code.
+        code: String,
+        /// Its message.
+        message: Option<String>,
+        /// Whether the service says the entry is at fault (SQS's `SenderFault`).
+        sender_fault: Option<bool>,
+    },
+}
+
+/// One entry's result in an answer that lists them in request order
+/// (EventBridge `Entries`, Kinesis `Records`): an error code, or the id the
+/// service gave the entry.
+#[derive(Debug, serde::Deserialize)]
+pub struct Positional {
+    /// The entry's error code, when it failed.
+    #[serde(rename = "ErrorCode")]
+    pub error_code: Option<String>,
+    /// Its error message.
+    #[serde(rename = "ErrorMessage")]
+    pub error_message: Option<String>,
+    /// The id the service gave it (`EventId`, `SequenceNumber`), when taken.
+    #[serde(alias = "EventId", alias = "SequenceNumber")]
+    pub id: Option<String>,
+}
+
+/// The answers of `results`, by position, for `entries` entries (those the
+/// answer does not list: `None`).
+pub fn positional(results: Vec<Positional>, entries: usize) -> Vec<Option<Answer>> {
+    let mut answers: Vec<Option<Answer>> = results
+        .into_iter()
+        .take(entries)
+        .map(|result| match (result.error_code, result.id) {
+            (Some(code), _) if !code.is_empty() => Some(Answer::Failed {
+                code,
+                message: result.error_message,
+                sender_fault: None,
+            }),
+            (_, Some(_)) => Some(Answer::Accepted),
+            _ => None,
+        })
+        .collect();
+    answers.resize(entries, None);
+    answers
+}
+
+/// What becomes of one message before it is an [`Outcome`]: the class of a
+/// failure is kept until the batch is settled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Taken by the destination.
+    Delivered,
+    /// Never acceptable.
+    Rejected(String),
+    /// To be sent again.
+    Retry(Class, String),
+}
+
+/// Sends batches to one service's destinations with `P`.
+pub struct Batches<P> {
+    client: Client,
+    protocol: P,
+    operation_timeout: Duration,
+    unknown: UnknownSince,
+}
+
+impl<P: Protocol> Batches<P> {
+    /// Batches through `client`; each call bounded by `operation_timeout`;
+    /// unknown failures retried for `retry_unknown_for`.
+    pub fn new(
+        client: Client,
+        protocol: P,
+        operation_timeout: Duration,
+        retry_unknown_for: Duration,
+    ) -> Self {
+        Self {
+            client,
+            protocol,
+            operation_timeout,
+            unknown: UnknownSince::new(retry_unknown_for),
+        }
+    }
+
+    /// Ask the service `operation` (a question about a destination, not a
+    /// batch) with the JSON `body`, within the operation timeout: the answer
+    /// when it came with a success, else why not ([`Question`]).
+    pub async fn ask(
+        &self,
+        operation: &'static str,
+        body: Vec<u8>,
+    ) -> Result<bytes::Bytes, Question> {
+        let identity = self
+            .client
+            .identity()
+            .await
+            .map_err(|e| Question::Unanswered(e.to_string()))?;
+        let (status, body) = self
+            .call(&identity, operation, body)
+            .await
+            .map_err(|e| Question::Unanswered(e.to_string()))?;
+        if status.is_success() {
+            return Ok(body);
+        }
+        let (class, code, reason) = self.refusal(status, &body);
+        let reason = format!(
+            "{}: {reason}",
+            operation.rsplit('.').next().unwrap_or(operation)
+        );
+        let code = code.as_deref();
+        Err(match class {
+            Class::Missing => Question::Missing(reason),
+            // Only a denied permission or a call the endpoint does not know
+            // is an answer worth keeping; expired or unknown credentials, a
+            // bad signature or a skewed clock are asked about again soon.
+            Class::Access if code.is_some_and(errors::permission_denied) => {
+                Question::Refused(reason)
+            }
+            Class::Invalid if code.is_some() => Question::Refused(reason),
+            Class::Access => {
+                if code.is_some_and(errors::stale_credentials) {
+                    self.client.forget_credentials().await;
+                }
+                Question::Unanswered(reason)
+            }
+            _ => Question::Unanswered(reason),
+        })
+    }
+
+    /// One call of `operation` with the JSON `body`, signed with `identity`,
+    /// within the operation timeout: the answer's status and body.
+    async fn call(
+        &self,
+        identity: &Identity,
+        operation: &'static str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, bytes::Bytes), CallError> {
+        let target = json::target(operation);
+        let call = self
+            .client
+            .send(identity, json::request(P::CONTENT_TYPE, &target, body));
+        match tokio::time::timeout(self.operation_timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CallError::Timeout {
+                endpoint: self.client.endpoint().to_owned(),
+                timeout: self.operation_timeout,
+            }),
+        }
+    }
+
+    /// What a refusal (an answer of `status` other than success, with
+    /// `body`) says: its class, the service's error code, and a reason.
+    fn refusal(&self, status: StatusCode, body: &[u8]) -> (Class, Option<String>, String) {
+        errors::refusal(
+            status,
+            self.client.endpoint(),
+            body,
+            json::parse_error(body),
+        )
+    }
+
+    /// Deliver `batch` (one destination) with entries of at most `limit`
+    /// bytes; one outcome per message, in order.
+    pub async fn publish(&self, batch: &[Message], limit: usize) -> Vec<Outcome> {
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        let destination = &*first.destination;
+        let mut verdicts = vec![None; batch.len()];
+        let mut requests: Vec<Vec<usize>> = Vec::new();
+        let mut request = Vec::new();
+        let mut bytes = 0;
+        let one_per_group = self.protocol.one_per_group(destination);
+        let mut groups = std::collections::HashSet::new();
+        for (i, message) in batch.iter().enumerate() {
+            debug_assert_eq!(
+                *message.destination, *destination,
+                "one destination per batch"
+            );
+            let size = match self.protocol.size(message) {
+                Ok(size) if size > limit => {
+                    verdicts[i] = Some(Verdict::Rejected(format!(
+                        "message too large: {size} bytes as the service counts them; the {} takes at most {limit}",
+                        P::WHAT
+                    )));
+                    continue;
+                }
+                Ok(size) => size,
+                Err(reason) => {
+                    verdicts[i] = Some(Verdict::Rejected(reason));
+                    continue;
+                }
+            };
+            let group_again = one_per_group && !groups.insert(message.event.group());
+            let full = request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES;
+            if !request.is_empty() && (full || group_again) {
+                requests.push(std::mem::take(&mut request));
+                bytes = 0;
+                groups.clear();
+                groups.insert(message.event.group());
+            }
+            request.push(i);
+            bytes += size;
+        }
+        if !request.is_empty() {
+            requests.push(request);
+        }
+        for request in requests {
+            // An earlier request is to be sent again: later ones wait unsent,
+            // so nothing overtakes it.
+            if !retrying(&verdicts) {
+                self.send(destination, batch, &request, &mut verdicts).await;
+            }
+        }
+        settle(&self.unknown, batch, verdicts)
+    }
+
+    /// Send one request of the messages of `batch` at `indices`; fill their
+    /// verdicts.
+    async fn send(
+        &self,
+        destination: &str,
+        batch: &[Message],
+        indices: &[usize],
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        // Outside the call's timeout: a credential fetch is bounded by the
+        // providers' own timeouts and must not be cut off halfway.
+        let identity = match self.client.identity().await {
+            Ok(identity) => identity,
+            Err(error) => {
+                let reason = error.to_string();
+                tracing::error!(destination, error = %reason, "the AWS credential chain gave no credentials; retrying");
+                retry_all(indices, verdicts, Class::Access, &reason);
+                return;
+            }
+        };
+        let entries: Vec<&Message> = indices.iter().map(|&i| &batch[i]).collect();
+        let body = self.protocol.body(destination, &entries);
+        let (status, body) = match self.call(&identity, P::TARGET, body).await {
+            Ok(answer) => answer,
+            Err(error) => {
+                let reason = error.to_string();
+                if let CallError::Signing(_) = error {
+                    tracing::error!(destination, error = %reason, "cannot sign the requests; retrying");
+                }
+                retry_all(indices, verdicts, Class::of(&error), &reason);
+                return;
+            }
+        };
+        if status.is_success() {
+            self.read_answers(destination, &body, indices, verdicts);
+            return;
+        }
+        let (class, code, reason) = self.refusal(status, &body);
+        match class {
+            Class::Missing => {
+                let reason = missing::<P>(destination, &reason);
+                for &i in indices {
+                    verdicts[i] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            _ if class.narrows() && indices.len() > 1 => {
+                // Find the culprit: each entry alone, in order; after a
+                // failure that is retried the rest wait unsent, so nothing
+                // overtakes it.
+                for &i in indices {
+                    if retrying(verdicts) {
+                        break;
+                    }
+                    Box::pin(self.send(destination, batch, &[i], verdicts)).await;
+                }
+            }
+            Class::Invalid => {
+                for &i in indices {
+                    verdicts[i] = Some(Verdict::Rejected(reason.clone()));
+                }
+            }
+            Class::Access => {
+                tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                if code.as_deref().is_some_and(errors::stale_credentials) {
+                    self.client.forget_credentials().await;
+                }
+                retry_all(indices, verdicts, class, &reason);
+            }
+            _ => retry_all(indices, verdicts, class, &reason),
+        }
+    }
+
+    /// The verdicts a successful call's answer gives the entries at `indices`.
+    fn read_answers(
+        &self,
+        destination: &str,
+        body: &[u8],
+        indices: &[usize],
+        verdicts: &mut [Option<Verdict>],
+    ) {
+        let answers = match self.protocol.answers(body, indices.len()) {
+            Ok(answers) => answers,
+            Err(error) => {
+                // A success the relay cannot read (a proxy's page, a service
+                // that is not the one configured): the entries may have been
+                // taken, and nothing says a retry will do better, so they are
+                // retried for `retry_unknown_errors_for`, then recorded.
+                let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
+                retry_all(indices, verdicts, Class::Unknown, &reason);
+                return;
+            }
+        };
+        for (n, &i) in indices.iter().enumerate() {
+            verdicts[i] = Some(match answers.get(n).cloned().flatten() {
+                Some(Answer::Accepted) => Verdict::Delivered,
+                Some(Answer::Failed {
+                    code,
+                    message,
+                    sender_fault,
+                }) => {
+                    let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
+                    match errors::classify(None, Some(&code), sender_fault) {
+                        Class::Missing => Verdict::Rejected(missing::<P>(destination, &reason)),
+                        Class::Invalid => Verdict::Rejected(reason),
+                        Class::Access => {
+                            tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                            Verdict::Retry(Class::Access, reason)
+                        }
+                        class => Verdict::Retry(class, reason),
+                    }
+                }
+                None => Verdict::Retry(
+                    Class::Unknown,
+                    "the answer does not mention the entry".into(),
+                ),
+            });
+        }
+    }
+}
+
+/// What a sink learns of a destination before a batch goes to it: the
+/// largest entry the destination takes, or the outcome of every event for it
+/// without a call: recorded FAILED (it does not exist) or retried (it could
+/// not be verified now). The answer is usually kept a while
+/// ([`crate::sink::aws::known::Known`]).
+pub trait Gate<P>: Send + Sync + 'static {
+    /// `Ok(limit)`: send, entries of at most `limit` bytes; `Err(outcome)`:
+    /// every event for `destination` has it, and nothing is sent.
+    fn admit(
+        &self,
+        batches: &Batches<P>,
+        destination: &Arc<str>,
+    ) -> impl Future<Output = Result<usize, Outcome>> + Send;
+}
+
+/// A fixed entry limit, asked of nobody (Kinesis).
+pub struct Fixed(pub usize);
+
+impl<P: Sync> Gate<P> for Fixed {
+    async fn admit(&self, _: &Batches<P>, _: &Arc<str>) -> Result<usize, Outcome> {
+        Ok(self.0)
+    }
+}
+
+/// A sink that is a batch protocol and a gate: the publisher's concurrency
+/// and linger, at most `max_run` messages of a group a batch (SQS,
+/// EventBridge, Kinesis).
+pub struct BatchSink<P, G> {
+    name: &'static str,
+    batches: Batches<P>,
+    concurrency: Concurrency,
+    linger: Duration,
+    gate: G,
+    max_run: usize,
+}
+
+impl<P: Protocol, G: Gate<P>> BatchSink<P, G> {
+    /// The gate, to change in tests.
+    #[cfg(test)]
+    pub fn gate_mut(&mut self) -> &mut G {
+        &mut self.gate
+    }
+
+    /// The sink `name` sending with `batches` what `gate` admits, at most
+    /// `max_run` messages of a group a batch ([`Sink::max_run`]).
+    pub fn assemble(
+        name: &'static str,
+        batches: Batches<P>,
+        (concurrency, linger): (Concurrency, Duration),
+        gate: G,
+        max_run: usize,
+    ) -> Self {
+        Self {
+            name,
+            batches,
+            concurrency,
+            linger,
+            gate,
+            max_run,
+        }
+    }
+}
+
+impl<P: Protocol, G: Gate<P>> Sink for BatchSink<P, G> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn max_batch(&self) -> usize {
+        P::MAX_ENTRIES
+    }
+
+    fn max_run(&self) -> usize {
+        self.max_run
+    }
+
+    fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
+
+    fn linger(&self) -> Duration {
+        self.linger
+    }
+
+    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
+        let Some(first) = batch.first() else {
+            return Vec::new();
+        };
+        match self.gate.admit(&self.batches, &first.destination).await {
+            Ok(limit) => self.batches.publish(batch, limit).await,
+            Err(outcome) => vec![outcome; batch.len()],
+        }
+    }
+}
+
+/// Why entries for a destination that does not exist are rejected.
+pub(crate) fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
+    format!(
+        "{} {destination} does not exist ({reason}): create it or fix the routing",
+        P::WHAT
+    )
+}
+
+/// Whether an entry of `verdicts` is to be sent again: the entries after it
+/// then wait unsent, without a verdict (a failure of their own would start
+/// [`UnknownSince`]'s clock for entries that never reached the service).
+pub fn retrying(verdicts: &[Option<Verdict>]) -> bool {
+    verdicts
+        .iter()
+        .any(|v| matches!(v, Some(Verdict::Retry(..))))
+}
+
+/// The messages at `indices` are to be sent again, for `reason`.
+pub fn retry_all(indices: &[usize], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
+    for &i in indices {
+        verdicts[i] = Some(Verdict::Retry(class, reason.to_owned()));
+    }
+}
+
+/// The outcomes of `verdicts`: a failure of unknown class is retried until
+/// the same event has failed so for `unknown`'s limit, then recorded.
+pub fn settle(
+    unknown: &UnknownSince,
+    batch: &[Message],
+    verdicts: Vec<Option<Verdict>>,
+) -> Vec<Outcome> {
+    let is_unknown = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, _)));
+    let (unknown_ids, other_ids): (Vec<_>, Vec<_>) = batch
+        .iter()
+        .zip(&verdicts)
+        .partition(|(_, v)| is_unknown(v));
+    let given_up = unknown.settle(
+        std::time::Instant::now(),
+        unknown_ids.iter().map(|(m, _)| m.event.id()),
+        other_ids.iter().map(|(m, _)| m.event.id()),
+    );
+    batch
+        .iter()
+        .zip(verdicts)
+        .map(|(message, verdict)| match verdict {
+            Some(Verdict::Delivered) => Outcome::Delivered,
+            Some(Verdict::Rejected(reason)) => Outcome::Rejected(reason),
+            Some(Verdict::Retry(Class::Unknown, reason))
+                if given_up.contains(&message.event.id()) =>
+            {
+                Outcome::Rejected(format!(
+                    "{reason} (failing for {:?} for a reason not known to pass)",
+                    unknown.limit()
+                ))
+            }
+            Some(Verdict::Retry(class, reason)) => Outcome::retry(class.cause(), reason),
+            None => Outcome::retry(
+                Cause::Other,
+                "not sent: an earlier entry of its batch is sent again first",
+            ),
+        })
+        .collect()
+}
+
+/// Whether `value` is 64 lower-case hex digits: what [`fifo_id`] and the
+/// claim-check keys replace a value by.
+pub fn looks_hashed(value: &str) -> bool {
+    value.len() == 64
+        && value
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A FIFO `MessageGroupId` / `MessageDeduplicationId` (SNS and SQS take at
+/// most 128 characters of ASCII letters, digits and punctuation). A value
+/// that does not fit is replaced by the hex SHA-256 of it: stable (the same
+/// aggregate keeps its group, a repeat keeps its dedup id) and distinct in
+/// practice. So is a value that looks like such a hash, so no row's id can
+/// be the hash another row's id was replaced by (and a destination that
+/// deduplicates by it drop the other).
+pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
+    use sha2::Digest as _;
+    let fits = !value.is_empty()
+        && value.len() <= 128
+        && !looks_hashed(value)
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b.is_ascii_punctuation());
+    if fits {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let digest = sha2::Sha256::digest(value.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for byte in digest {
+        hex.push_str(&format!("{byte:02x}"));
+    }
+    std::borrow::Cow::Owned(hex)
+}
