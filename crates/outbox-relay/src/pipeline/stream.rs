@@ -876,16 +876,15 @@ impl Stream<'_> {
             .map_err(|_| RelayError::PublisherStopped)
     }
 
+    /// One message of the stream: a keepalive, or pgoutput data.
     fn received(&mut self, message: WalMessage) -> Result<(), RelayError> {
         match message {
-            WalMessage::KeepAlive { wal_end } => {
-                self.tracker.keepalive(wal_end);
-            }
-            WalMessage::Data { start, data } => self.data(start, data)?,
+            WalMessage::KeepAlive { wal_end } => self.handle_keepalive(wal_end),
+            WalMessage::Data { start, data } => self.data(start, data),
         }
-        Ok(())
     }
 
+    /// Decode a pgoutput message at `at` and hand it to its `handle_*`.
     fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
         let row = data.len();
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
@@ -893,161 +892,231 @@ impl Stream<'_> {
             source,
         })?;
         match message {
-            Pgoutput::Relation(relation) => {
-                // By oid or by name. By oid: a row written before a rename is
-                // announced under the old name, one written after under the
-                // new. By name: a table dropped and created again under a
-                // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
-                // new oid, and its rows are the outbox's; skipping them would
-                // confirm them unpublished. Its columns are checked like any
-                // Relation's (a mismatch stops the relay before its rows).
-                let named =
-                    relation.namespace == self.table.schema && relation.name == self.table.name;
-                let ours = relation.oid == self.table_oid || named;
-                if named && relation.oid != self.table_oid {
-                    tracing::warn!(
-                        table = %self.table, oid = relation.oid, was = self.table_oid,
-                        "the outbox table was created again (a new oid); its rows are published as the outbox's"
-                    );
-                }
-                if ours && !named {
-                    tracing::warn!(
-                        table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
-                        "the outbox table was renamed; its rows are still published, but marking, the poller \
-                         and retention use postgres.table: set it to the new name (the relay will not start \
-                         with the old one)"
-                    );
-                }
-                let mapping = if ours {
-                    let mapping = RowMapping::new(&relation, &self.config.columns)?;
-                    for (key, column) in &mapping.absent_optional {
-                        tracing::warn!(
-                            table = %self.table, column = %column, key = %format!("columns.{key}"),
-                            "optional column not in the table; set the key to \"\" to silence this"
-                        );
-                    }
-                    Some(mapping)
-                } else {
-                    tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
-                    None
-                };
-                self.relations.insert(relation.oid, mapping);
+            Pgoutput::Begin(begin) => self.handle_begin(&begin),
+            Pgoutput::Relation(relation) => self.handle_relation(&relation),
+            Pgoutput::Insert(insert) => self.handle_insert(at, row, &insert),
+            Pgoutput::Commit(commit) => self.handle_commit(&commit),
+            Pgoutput::Message(message) => self.handle_message(&message),
+            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
+                self.handle_update_delete_truncate(at)
             }
-            Pgoutput::Insert(insert) => {
-                let mapping = self
-                    .relations
-                    .get(&insert.relation_oid)
-                    .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
-                let Some(mapping) = mapping else {
-                    return Ok(());
-                };
-                let ticket = self.tracker.event()?;
-                self.received_in_burst += 1;
-                let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
-                    Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
-                        Prepared::Publish(mut message) => {
-                            let held = held_bytes(row, &message);
-                            message.ticket = self.tracker.hold(message.ticket, held);
-                            Dispatch::Publish(message)
-                        }
-                        Prepared::Skip(id) => {
-                            if self.prepared.is_open() {
-                                self.prepared.hold(Held::Skipped { id, ticket });
-                            } else {
-                                self.skipped(id, ticket);
-                            }
-                            return Ok(());
-                        }
-                        Prepared::Fail(id, reason) => Dispatch::Reject {
-                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
-                            id,
-                            reason,
-                        },
-                    },
-                    Err(e) => {
-                        let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
-                        Dispatch::Reject {
-                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
-                            id,
-                            reason: e.to_string(),
-                        }
+            // Origin and Type describe what follows; nothing of theirs is published.
+            Pgoutput::Origin(_) | Pgoutput::Type(_) => Ok(()),
+            Pgoutput::BeginPrepare(begin) => self.handle_begin_prepare(&begin),
+            Pgoutput::Prepare(prepare) => self.handle_prepare(at, prepare),
+            Pgoutput::CommitPrepared(commit) => self.handle_commit_prepared(&commit),
+            Pgoutput::RollbackPrepared(rollback) => self.handle_rollback_prepared(&rollback),
+            // Sent only to a client that asked for streaming; the relay does not.
+            Pgoutput::StreamPrepare(_) => Err(FramingError::Unexpected("Stream Prepare").into()),
+        }
+    }
+
+    /// A keepalive: its `wal_end` is the confirmed position when nothing is
+    /// open or unfinished (invariant 3, kept by [`AckTracker::keepalive`]).
+    fn handle_keepalive(&mut self, wal_end: u64) -> Result<(), RelayError> {
+        self.tracker.keepalive(wal_end);
+        Ok(())
+    }
+
+    /// Begin: a transaction opens; its commit time dates the events without
+    /// `created_at`.
+    fn handle_begin(&mut self, begin: &pgoutput::Begin) -> Result<(), RelayError> {
+        self.tracker.begin()?;
+        self.commit_time = begin.commit_time;
+        Ok(())
+    }
+
+    /// Commit: the transaction closes at its end position, which the
+    /// confirmed position may reach once its events finish.
+    fn handle_commit(&mut self, commit: &pgoutput::Commit) -> Result<(), RelayError> {
+        self.tracker.commit(commit.end_lsn)?;
+        Ok(())
+    }
+
+    /// Relation: whether the table announced is the outbox, and if so its
+    /// mapping (a mismatch with `[columns]` stops the relay before its rows).
+    fn handle_relation(&mut self, relation: &pgoutput::Relation) -> Result<(), RelayError> {
+        // By oid or by name. By oid: a row written before a rename is
+        // announced under the old name, one written after under the
+        // new. By name: a table dropped and created again under a
+        // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
+        // new oid, and its rows are the outbox's; skipping them would
+        // confirm them unpublished. Its columns are checked like any
+        // Relation's (a mismatch stops the relay before its rows).
+        let named = relation.namespace == self.table.schema && relation.name == self.table.name;
+        let ours = relation.oid == self.table_oid || named;
+        if named && relation.oid != self.table_oid {
+            tracing::warn!(
+                table = %self.table, oid = relation.oid, was = self.table_oid,
+                "the outbox table was created again (a new oid); its rows are published as the outbox's"
+            );
+        }
+        if ours && !named {
+            tracing::warn!(
+                table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
+                "the outbox table was renamed; its rows are still published, but marking, the poller \
+                 and retention use postgres.table: set it to the new name (the relay will not start \
+                 with the old one)"
+            );
+        }
+        let mapping = if ours {
+            let mapping = RowMapping::new(relation, &self.config.columns)?;
+            for (key, column) in &mapping.absent_optional {
+                tracing::warn!(
+                    table = %self.table, column = %column, key = %format!("columns.{key}"),
+                    "optional column not in the table; set the key to \"\" to silence this"
+                );
+            }
+            Some(mapping)
+        } else {
+            tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
+            None
+        };
+        self.relations.insert(relation.oid, mapping);
+        Ok(())
+    }
+
+    /// Insert: a row of the outbox becomes a dispatch for this burst, or is
+    /// held with its prepared transaction; rows of other tables are ignored.
+    /// Every outbox row takes a ticket before anything else, so the confirmed
+    /// position cannot pass it until its outcome (invariant 1).
+    fn handle_insert(
+        &mut self,
+        at: u64,
+        row: usize,
+        insert: &pgoutput::Insert,
+    ) -> Result<(), RelayError> {
+        let mapping = self
+            .relations
+            .get(&insert.relation_oid)
+            .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
+        let Some(mapping) = mapping else {
+            return Ok(());
+        };
+        let ticket = self.tracker.event()?;
+        self.received_in_burst += 1;
+        let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
+            Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
+                Prepared::Publish(mut message) => {
+                    let held = held_bytes(row, &message);
+                    message.ticket = self.tracker.hold(message.ticket, held);
+                    Dispatch::Publish(message)
+                }
+                Prepared::Skip(id) => {
+                    if self.prepared.is_open() {
+                        self.prepared.hold(Held::Skipped { id, ticket });
+                    } else {
+                        self.skipped(id, ticket);
                     }
-                };
-                if self.prepared.is_open() {
-                    self.prepared.hold(Held::Dispatch(dispatch));
-                } else {
+                    return Ok(());
+                }
+                Prepared::Fail(id, reason) => Dispatch::Reject {
+                    ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                    id,
+                    reason,
+                },
+            },
+            Err(e) => {
+                let id = mapping.id_of(&insert.tuple).unwrap_or_default();
+                tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
+                Dispatch::Reject {
+                    ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                    id,
+                    reason: e.to_string(),
+                }
+            }
+        };
+        if self.prepared.is_open() {
+            self.prepared.hold(Held::Dispatch(dispatch));
+        } else {
+            self.burst.push(dispatch);
+        }
+        Ok(())
+    }
+
+    /// Update, Delete, Truncate: the outbox is append-only for the relay;
+    /// only inserts are events.
+    fn handle_update_delete_truncate(&mut self, at: u64) -> Result<(), RelayError> {
+        tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
+        Ok(())
+    }
+
+    /// Message (`pg_logical_emit_message`): the relay's own heartbeat is
+    /// measured; any other is ignored.
+    fn handle_message(&mut self, message: &pgoutput::LogicalMessage) -> Result<(), RelayError> {
+        if message.prefix != HEARTBEAT_PREFIX {
+            tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
+            return Ok(());
+        }
+        if let Some(sent) = std::str::from_utf8(&message.content)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            crate::metrics::get().heartbeat_seen(sent);
+        }
+        Ok(())
+    }
+
+    /// Begin Prepare: a prepared transaction opens; its events are held
+    /// until its outcome.
+    fn handle_begin_prepare(&mut self, begin: &pgoutput::BeginPrepare) -> Result<(), RelayError> {
+        self.tracker.begin_prepared()?;
+        self.prepared.begin();
+        // Not committed yet: an event without created_at takes the
+        // prepare time as its time.
+        self.commit_time = begin.prepare_time;
+        Ok(())
+    }
+
+    /// Prepare: the transaction's events wait for COMMIT PREPARED, parked in
+    /// the tracker, which keeps the confirmed position before them.
+    fn handle_prepare(&mut self, at: u64, prepare: pgoutput::Prepare) -> Result<(), RelayError> {
+        let tracked = self.tracker.prepare(prepare.end_lsn)?;
+        if tracked.is_some() {
+            tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
+        }
+        self.prepared.prepared(prepare.xid, prepare.gid, tracked);
+        Ok(())
+    }
+
+    /// Commit Prepared: the held events go to the publisher here, after what
+    /// committed in between, dated by the commit.
+    fn handle_commit_prepared(
+        &mut self,
+        commit: &pgoutput::CommitPrepared,
+    ) -> Result<(), RelayError> {
+        let Some(waiting) = self.prepared.resolve(commit.xid) else {
+            return Ok(()); // nothing held: no outbox events, or confirmed before this session
+        };
+        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
+        self.tracker.resolve(waiting.tracked);
+        for event in waiting.events {
+            match event {
+                Held::Dispatch(mut dispatch) => {
+                    if let Dispatch::Publish(message) = &mut dispatch {
+                        message.commit_time = commit.commit_time;
+                    }
                     self.burst.push(dispatch);
                 }
+                Held::Skipped { id, ticket } => self.skipped(id, ticket),
             }
-            Pgoutput::Begin(begin) => {
-                self.tracker.begin()?;
-                self.commit_time = begin.commit_time;
-            }
-            Pgoutput::Commit(commit) => {
-                self.tracker.commit(commit.end_lsn)?;
-            }
-            Pgoutput::Message(message) if message.prefix == HEARTBEAT_PREFIX => {
-                if let Some(sent) = std::str::from_utf8(&message.content)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                {
-                    crate::metrics::get().heartbeat_seen(sent);
-                }
-            }
-            Pgoutput::Message(message) => {
-                tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
-            }
-            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
-                tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
-            }
-            Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
-            Pgoutput::BeginPrepare(begin) => {
-                self.tracker.begin_prepared()?;
-                self.prepared.begin();
-                // Not committed yet: an event without created_at takes the
-                // prepare time as its time.
-                self.commit_time = begin.prepare_time;
-            }
-            Pgoutput::Prepare(prepare) => {
-                let tracked = self.tracker.prepare(prepare.end_lsn)?;
-                if tracked.is_some() {
-                    tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
-                }
-                self.prepared.prepared(prepare.xid, prepare.gid, tracked);
-            }
-            Pgoutput::CommitPrepared(commit) => {
-                let Some(waiting) = self.prepared.resolve(commit.xid) else {
-                    return Ok(()); // nothing held: no outbox events, or confirmed before this session
-                };
-                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
-                self.tracker.resolve(waiting.tracked);
-                for event in waiting.events {
-                    match event {
-                        Held::Dispatch(mut dispatch) => {
-                            if let Dispatch::Publish(message) = &mut dispatch {
-                                message.commit_time = commit.commit_time;
-                            }
-                            self.burst.push(dispatch);
-                        }
-                        Held::Skipped { id, ticket } => self.skipped(id, ticket),
-                    }
-                }
-            }
-            Pgoutput::RollbackPrepared(rollback) => {
-                let Some(waiting) = self.prepared.resolve(rollback.xid) else {
-                    return Ok(());
-                };
-                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
-                self.tracker.resolve(waiting.tracked);
-                for event in &waiting.events {
-                    self.tracker.finish(event.ticket());
-                }
-            }
-            // Sent only to a client that asked for streaming; the relay does not.
-            Pgoutput::StreamPrepare(_) => {
-                return Err(FramingError::Unexpected("Stream Prepare").into())
-            }
+        }
+        Ok(())
+    }
+
+    /// Rollback Prepared: the held events are dropped, never published, and
+    /// finish at once.
+    fn handle_rollback_prepared(
+        &mut self,
+        rollback: &pgoutput::RollbackPrepared,
+    ) -> Result<(), RelayError> {
+        let Some(waiting) = self.prepared.resolve(rollback.xid) else {
+            return Ok(());
+        };
+        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
+        self.tracker.resolve(waiting.tracked);
+        for event in &waiting.events {
+            self.tracker.finish(event.ticket());
         }
         Ok(())
     }
