@@ -153,27 +153,34 @@ pub const COALESCE_BELOW: usize = 64;
 /// there was, hold the thread for `pause` (`stream.coalesce`, default 1 ms)
 /// before anything reads again.
 ///
-/// The walsender sends each change as it decodes it. A relay that keeps up
-/// would otherwise wake for every few rows, and each wake costs more than the
-/// rows: a readiness wait, a `recv` (which sends a TCP window update), the
-/// hand-over to the publisher, one sink call and its completion. During the
-/// pause the kernel gathers what arrives, so the next read takes a run of
-/// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
-/// a row without the pause, about 4 with 100 µs (fourth session); once the
-/// rows themselves cost less, 300 µs took another 10–15% off (2.6–2.9 µs
-/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md). With
-/// the relay reading the socket itself (sixth session), 1 ms took another
-/// 15% off (1.95 µs against 2.3–2.4 at 300–700 µs), for 3 ms more median and
-/// 4 ms more p99 latency at 5,000 events/s (11.9 ms p99).
+/// Why pause: the walsender sends each change as it decodes it. A relay that
+/// keeps up would otherwise wake for every few rows, and each wake costs more
+/// than the rows: a readiness wait, a `recv` (which sends a TCP window
+/// update), the hand-over to the publisher, one sink call and its completion.
+/// During the pause the kernel gathers what arrives, so the next read takes a
+/// run of rows at once and they share those costs.
 ///
-/// Kept small on purpose: the pause holds the runtime's thread, so
-/// everything else (completions, health, metrics) waits about this long (the
-/// kernel's timer slack adds some 50 µs), and so may an event. No pause when
-/// the relay is behind: a read of a full run, a read cut short by the
-/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 1 ms is about
-/// 80 KiB of stream, below the read buffer and the socket's receive buffer,
-/// so the walsender does not stall (a 1 ms tokio sleep, tried earlier, halved
-/// throughput: its timer rounds up to whole milliseconds and more).
+/// Why 1 ms: a longer pause gathers longer runs, so the CPU a row falls as
+/// the pause grows, while an event that arrives during it waits up to the
+/// whole pause. 1 ms buys most of the saving for a latency well inside the
+/// 50 ms p99 target: on the drain benchmark (docs/benchmarks.md) it costs
+/// 1.95 µs of CPU a row, against 2.3–2.4 at 300–700 µs and about 7 without
+/// the pause, and adds about 3 ms to the median and 4 ms to the p99 latency
+/// at 5,000 events/s (11.9 ms p99).
+///
+/// Why the thread, not a timer: a tokio sleep rounds up to whole
+/// milliseconds and more, and a 1 ms tokio sleep halves throughput. The
+/// thread's sleep ends within the kernel's timer slack (some 50 µs), but it
+/// holds the runtime's thread: everything else (completions, health,
+/// metrics) waits about this long, and so may an event, which is why the
+/// pause stays small.
+///
+/// Why only when caught up: a relay that is behind already reads runs, and a
+/// pause would only add to its backlog; so no pause after a read of a full
+/// run, one cut short by the in-flight ceiling or the task's budget, or
+/// during a graceful stop. And the pause cannot stall the walsender: at
+/// 130,000 rows/s, 1 ms is about 80 KiB of stream, below the read buffer
+/// and the socket's receive buffer.
 fn coalesce(taken: usize, pause: Duration) {
     if taken < COALESCE_BELOW && !pause.is_zero() {
         std::thread::sleep(pause);
