@@ -84,7 +84,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pgoutput::Message as Pgoutput;
+use pgoutput::{
+    Begin, BeginPrepare, Commit, CommitPrepared, Insert, LogicalMessage, Message as Pgoutput,
+    Prepare, Relation, RollbackPrepared,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -1216,7 +1219,7 @@ impl<'a> Stream<'a> {
 
     /// Begin: a transaction opens; its commit time dates the events without
     /// `created_at`.
-    fn handle_begin(&mut self, begin: &pgoutput::Begin) -> Result<(), RelayError> {
+    fn handle_begin(&mut self, begin: &Begin) -> Result<(), RelayError> {
         self.tracker.begin()?;
         self.commit_time = begin.commit_time;
         Ok(())
@@ -1224,14 +1227,14 @@ impl<'a> Stream<'a> {
 
     /// Commit: the transaction closes at its end position, which the
     /// confirmed position may reach once its events finish.
-    fn handle_commit(&mut self, commit: &pgoutput::Commit) -> Result<(), RelayError> {
+    fn handle_commit(&mut self, commit: &Commit) -> Result<(), RelayError> {
         self.tracker.commit(commit.end_lsn)?;
         Ok(())
     }
 
     /// Relation: whether the table announced is the outbox, and if so its
     /// mapping (a mismatch with `[columns]` stops the relay before its rows).
-    fn handle_relation(&mut self, relation: &pgoutput::Relation) -> Result<(), RelayError> {
+    fn handle_relation(&mut self, relation: &Relation) -> Result<(), RelayError> {
         // By oid or by name. By oid: a row written before a rename is
         // announced under the old name, one written after under the
         // new. By name: a table dropped and created again under a
@@ -1276,12 +1279,7 @@ impl<'a> Stream<'a> {
     /// held with its prepared transaction; rows of other tables are ignored.
     /// Every outbox row takes a ticket before anything else, so the confirmed
     /// position cannot pass it until its outcome (invariant 1).
-    fn handle_insert(
-        &mut self,
-        at: u64,
-        row: usize,
-        insert: &pgoutput::Insert,
-    ) -> Result<(), RelayError> {
+    fn handle_insert(&mut self, at: u64, row: usize, insert: &Insert) -> Result<(), RelayError> {
         let mapping = self
             .relations
             .get(&insert.relation_oid)
@@ -1339,7 +1337,7 @@ impl<'a> Stream<'a> {
 
     /// Message (`pg_logical_emit_message`): the relay's own heartbeat is
     /// measured; any other is ignored.
-    fn handle_message(&mut self, message: &pgoutput::LogicalMessage) -> Result<(), RelayError> {
+    fn handle_message(&mut self, message: &LogicalMessage) -> Result<(), RelayError> {
         if message.prefix != HEARTBEAT_PREFIX {
             tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
             return Ok(());
@@ -1355,7 +1353,7 @@ impl<'a> Stream<'a> {
 
     /// Begin Prepare: a prepared transaction opens; its events are held
     /// until its outcome.
-    fn handle_begin_prepare(&mut self, begin: &pgoutput::BeginPrepare) -> Result<(), RelayError> {
+    fn handle_begin_prepare(&mut self, begin: &BeginPrepare) -> Result<(), RelayError> {
         self.tracker.begin_prepared()?;
         self.prepared.begin();
         // Not committed yet: an event without created_at takes the
@@ -1366,7 +1364,7 @@ impl<'a> Stream<'a> {
 
     /// Prepare: the transaction's events wait for COMMIT PREPARED, parked in
     /// the tracker, which keeps the confirmed position before them.
-    fn handle_prepare(&mut self, at: u64, prepare: pgoutput::Prepare) -> Result<(), RelayError> {
+    fn handle_prepare(&mut self, at: u64, prepare: Prepare) -> Result<(), RelayError> {
         let tracked = self.tracker.prepare(prepare.end_lsn)?;
         if tracked.is_some() {
             tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
@@ -1377,16 +1375,9 @@ impl<'a> Stream<'a> {
 
     /// Commit Prepared: the held events go to the publisher here, after what
     /// committed in between, dated by the commit.
-    fn handle_commit_prepared(
-        &mut self,
-        commit: &pgoutput::CommitPrepared,
-    ) -> Result<(), RelayError> {
-        let Some(waiting) = self.prepared.resolve(commit.xid) else {
-            return Ok(()); // nothing held: no outbox events, or confirmed before this session
-        };
-        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
-        self.tracker.resolve(waiting.tracked);
-        for event in waiting.events {
+    fn handle_commit_prepared(&mut self, commit: &CommitPrepared) -> Result<(), RelayError> {
+        let outcome = "COMMIT PREPARED: its events are published";
+        for event in self.resolve_prepared(commit.xid, outcome) {
             match event {
                 Held::Dispatch(mut dispatch) => {
                     if let Dispatch::Publish(message) = &mut dispatch {
@@ -1400,21 +1391,25 @@ impl<'a> Stream<'a> {
         Ok(())
     }
 
-    /// Rollback Prepared: the held events are dropped, never published, and
-    /// finish at once.
-    fn handle_rollback_prepared(
-        &mut self,
-        rollback: &pgoutput::RollbackPrepared,
-    ) -> Result<(), RelayError> {
-        let Some(waiting) = self.prepared.resolve(rollback.xid) else {
-            return Ok(());
-        };
-        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
-        self.tracker.resolve(waiting.tracked);
-        for event in &waiting.events {
+    /// Rollback Prepared: the held events finish at once, never published.
+    fn handle_rollback_prepared(&mut self, rollback: &RollbackPrepared) -> Result<(), RelayError> {
+        let outcome = "ROLLBACK PREPARED: its events are dropped, never published";
+        for event in self.resolve_prepared(rollback.xid, outcome) {
             self.tracker.finish(event.ticket());
         }
         Ok(())
+    }
+
+    /// The events held for prepared transaction `xid`, its parked place in
+    /// the tracker released; none when nothing was held (no outbox events,
+    /// or it was confirmed before this session).
+    fn resolve_prepared(&mut self, xid: u32, outcome: &str) -> Vec<Held> {
+        let Some(waiting) = self.prepared.resolve(xid) else {
+            return Vec::new();
+        };
+        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "{outcome}");
+        self.tracker.resolve(waiting.tracked);
+        waiting.events
     }
 }
 
