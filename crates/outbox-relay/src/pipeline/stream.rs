@@ -380,10 +380,10 @@ async fn recreate_slot(
     Ok((start, before))
 }
 
-/// One replication session: start, run, stop. A transient error in any phase
-/// ends it, and [`run`] starts another; the tasks it spawned end with it
-/// ([`AbortOnDrop`]), and what was in flight is sent again (nothing was
-/// acknowledged for it).
+/// One replication session: start, run, stop ([`Session`]). An error in any
+/// phase ends it ([`run`] starts another after a transient one); the tasks it
+/// spawned end with it ([`AbortOnDrop`]), and what was in flight is sent
+/// again (nothing was acknowledged for it).
 async fn session<S: Sink>(
     config: &Config,
     conn: &ConnInfo,
