@@ -103,6 +103,40 @@ pub struct Round {
     pub deferred: usize,
 }
 
+/// A round's claimed rows, by what becomes of them.
+#[derive(Default)]
+struct Claimed {
+    /// To publish: the message, the row's attempts so far, whether it is
+    /// past `poller.max_age`.
+    messages: Vec<(Message, i32, bool)>,
+    /// Ids the sink accepted.
+    published: Vec<String>,
+    /// Ids filtered out.
+    skipped: Vec<String>,
+    /// (id, attempts so far, past `max_age`, reason): unmappable or rejected.
+    failures: Vec<(String, i32, bool, String)>,
+}
+
+impl Claimed {
+    /// Sort the claimed rows: messages to publish, filtered out, unmappable.
+    fn new(rows_to_messages: &mut Rows, rows: &[tokio_postgres::Row]) -> Self {
+        let width = rows_to_messages.width();
+        let mut claimed = Claimed::default();
+        for row in rows {
+            let attempts: i32 = row.get(width);
+            let too_old: bool = row.get::<_, Option<bool>>(width + 1).unwrap_or(false);
+            match rows_to_messages.prepare(row) {
+                Prepared::Publish(message) => claimed.messages.push((message, attempts, too_old)),
+                Prepared::Skip(id) => claimed.skipped.push(id.to_string()),
+                Prepared::Fail(id, reason) => {
+                    claimed.failures.push((id, attempts, too_old, reason))
+                }
+            }
+        }
+        claimed
+    }
+}
+
 /// The poller of one relay.
 pub struct Poller<S> {
     config: Config,
@@ -224,16 +258,15 @@ impl<S: Sink> Poller<S> {
         client.as_mut().map(|(c, t)| (c, &*t))
     }
 
-    /// One round: claim, publish, record, commit.
+    /// One round: claim, publish, record, commit. The claim, the outcomes
+    /// and the commit are one transaction: a round that fails before its
+    /// commit leaves every row as it was, to be claimed again.
     pub async fn round(
         &mut self,
         client: &mut Client,
         table: &Table,
     ) -> Result<Round, tokio_postgres::Error> {
-        let config = &self.config;
-        let poller = &config.poller;
-        let created_at = table.created_at.as_deref().unwrap_or("created_at");
-        let mut rows_to_messages = match Rows::new(config, table, &self.conn.dbname) {
+        let mut rows_to_messages = match Rows::new(&self.config, table, &self.conn.dbname) {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(error = %crate::report::Chain(&e), "the poller cannot map the table");
@@ -241,30 +274,71 @@ impl<S: Sink> Poller<S> {
             }
         };
         let sweep = self.sweep.borrow().clone();
-        // PENDING rows past the grace period: while the slot streams, only
-        // those it has passed (see `Passed`); while it is down, all of them.
-        let (streaming, passed): (bool, Option<f64>) = {
-            let row = client
-                .query_one(
-                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
-                            coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
-                     FROM pg_replication_slots WHERE slot_name = $1",
-                    &[&config.postgres.slot],
-                )
-                .await?;
-            let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
-            (row.get(2), passed)
+        let missed_before = self.missed_before(client).await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(TEXT_SETTINGS).await?;
+        let rows = tx
+            .query(&self.claim_sql(table), &[&sweep, &missed_before])
+            .await?;
+        let metrics = crate::metrics::get();
+        metrics.poller_ran();
+        metrics.received("poller", rows.len() as u64);
+        let mut round = Round {
+            claimed: rows.len(),
+            ..Round::default()
         };
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(round);
+        }
+        let mut claimed = Claimed::new(&mut rows_to_messages, &rows);
+        self.publish(&mut claimed, &mut round).await;
+        let dead_notices = self.record(&tx, table, &claimed, &mut round).await?;
+        tx.commit().await?;
+        round.published = claimed.published.len();
+        round.skipped = claimed.skipped.len();
+        metrics.published("delivered", claimed.published.len() as u64);
+        metrics.published("skipped", claimed.skipped.len() as u64);
+        metrics.published("rejected", (round.failed + round.dead) as u64);
+        metrics.published("retried", round.deferred as u64);
+        self.notify_dead(&dead_notices, &claimed.messages).await;
+        Ok(round)
+    }
+
+    /// The claim's `$2`: PENDING rows past the grace period and created
+    /// before this are missed. While the slot streams, only those it has
+    /// passed (see [`Passed`]; `None` while it has passed none of the
+    /// samples); while it is down, all of them.
+    async fn missed_before(
+        &mut self,
+        client: &Client,
+    ) -> Result<Option<f64>, tokio_postgres::Error> {
+        let row = client
+            .query_one(
+                "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
+                        coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.config.postgres.slot],
+            )
+            .await?;
+        let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
+        let streaming: bool = row.get(2);
         // NULL: nothing missed can be told from the backlog yet. (The claim
         // keeps it as a condition of its own: `least(now(), NULL)` is now().)
-        let missed_before: Option<f64> = if streaming {
+        Ok(if streaming {
             passed
         } else {
             Some(f64::INFINITY)
-        };
-        let tx = client.transaction().await?;
-        tx.batch_execute(TEXT_SETTINGS).await?;
-        let claim = format!(
+        })
+    }
+
+    /// The claim: due rows, oldest first, locked and skipping rows another
+    /// poller holds. `$1` is the sweep time after a recreated slot (PENDING
+    /// rows created up to it are due at once), `$2` [`Poller::missed_before`].
+    fn claim_sql(&self, table: &Table) -> String {
+        let poller = &self.config.poller;
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        format!(
             "SELECT {cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})) \
              FROM {t} AS o \
              WHERE (o.publish_state = 'PENDING' AND ((o.{created_at} < now() - make_interval(secs => {grace}) \
@@ -280,37 +354,15 @@ impl<S: Sink> Poller<S> {
             max_age = poller.max_age.as_secs_f64(),
             max_attempts = poller.max_attempts,
             limit = poller.batch_size,
-        );
-        let rows = tx.query(&claim, &[&sweep, &missed_before]).await?;
-        let metrics = crate::metrics::get();
-        metrics.poller_ran();
-        metrics.received("poller", rows.len() as u64);
-        let mut round = Round {
-            claimed: rows.len(),
-            ..Round::default()
-        };
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(round);
-        }
-        let width = rows_to_messages.width();
-        let mut published: Vec<String> = Vec::new();
-        let mut skipped: Vec<String> = Vec::new();
-        // (id, attempts so far, too old, reason)
-        let mut failures: Vec<(String, i32, bool, String)> = Vec::new();
-        let mut messages: Vec<(Message, i32, bool)> = Vec::new();
-        for row in &rows {
-            let attempts: i32 = row.get(width);
-            let too_old: bool = row.get::<_, Option<bool>>(width + 1).unwrap_or(false);
-            match rows_to_messages.prepare(row) {
-                Prepared::Publish(message) => messages.push((message, attempts, too_old)),
-                Prepared::Skip(id) => skipped.push(id.to_string()),
-                Prepared::Fail(id, reason) => failures.push((id, attempts, too_old, reason)),
-            }
-        }
+        )
+    }
 
-        // Publish in claim order, batches of one destination.
-        let (outgoing, meta): (Vec<Message>, Vec<(i32, bool)>) = messages
+    /// Publish the claimed messages in claim order, batches of one
+    /// destination. At the first transient failure the rest is left for the
+    /// next round (counted as deferred), unchanged and without an attempt.
+    async fn publish(&self, claimed: &mut Claimed, round: &mut Round) {
+        let (outgoing, meta): (Vec<Message>, Vec<(i32, bool)>) = claimed
+            .messages
             .iter()
             .map(|(m, a, o)| (m.clone(), (*a, *o)))
             .unzip();
@@ -323,8 +375,10 @@ impl<S: Sink> Poller<S> {
             {
                 let id = message.event.id().to_string();
                 match outcome {
-                    Outcome::Delivered => published.push(id),
-                    Outcome::Rejected(reason) => failures.push((id, *attempts, *too_old, reason)),
+                    Outcome::Delivered => claimed.published.push(id),
+                    Outcome::Rejected(reason) => {
+                        claimed.failures.push((id, *attempts, *too_old, reason))
+                    }
                     Outcome::Retryable(retry) => {
                         transient.get_or_insert(retry.reason);
                         round.deferred += 1;
@@ -338,11 +392,24 @@ impl<S: Sink> Poller<S> {
                 break;
             }
         }
+    }
 
-        let mode = config.lifecycle.on_published;
+    /// Record the outcomes in the round's transaction: delivered and skipped
+    /// rows per `lifecycle.on_published`, failures FAILED (with their
+    /// backoff) or DEAD; the DEAD rows' (id, attempts, reason), for their
+    /// notices.
+    async fn record(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        table: &Table,
+        claimed: &Claimed,
+        round: &mut Round,
+    ) -> Result<Vec<(String, i32, String)>, tokio_postgres::Error> {
+        let poller = &self.config.poller;
+        let mode = self.config.lifecycle.on_published;
         for (ids, sql) in [
-            (&published, table.published_sql(mode)),
-            (&skipped, table.skipped_sql(mode)),
+            (&claimed.published, table.published_sql(mode)),
+            (&claimed.skipped, table.skipped_sql(mode)),
         ] {
             if let (Some(sql), false) = (sql, ids.is_empty()) {
                 tx.execute(&sql, &[ids]).await?;
@@ -350,7 +417,7 @@ impl<S: Sink> Poller<S> {
         }
         let fail_sql = table.failure_sql(poller.max_attempts);
         let mut dead_notices = Vec::new();
-        for (id, attempts, too_old, reason) in &failures {
+        for (id, attempts, too_old, reason) in &claimed.failures {
             let dead = attempts + 1 >= poller.max_attempts || *too_old;
             let delay = self
                 .backoff
@@ -366,15 +433,7 @@ impl<S: Sink> Poller<S> {
                 round.failed += 1;
             }
         }
-        tx.commit().await?;
-        round.published = published.len();
-        round.skipped = skipped.len();
-        metrics.published("delivered", published.len() as u64);
-        metrics.published("skipped", skipped.len() as u64);
-        metrics.published("rejected", (round.failed + round.dead) as u64);
-        metrics.published("retried", round.deferred as u64);
-        self.notify_dead(&dead_notices, &messages).await;
-        Ok(round)
+        Ok(dead_notices)
     }
 
     /// Publish a notice for each row that went DEAD to `poller.dead_letter_topic`.

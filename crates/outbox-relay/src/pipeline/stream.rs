@@ -84,7 +84,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pgoutput::Message as Pgoutput;
+use pgoutput::{
+    Begin, BeginPrepare, Commit, CommitPrepared, Insert, LogicalMessage, Message as Pgoutput,
+    Prepare, Relation, RollbackPrepared,
+};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -98,10 +101,11 @@ use crate::pipeline::sink::Message;
 use crate::pipeline::sink::Sink;
 use crate::postgres::lsn::{format_lsn, parse_lsn};
 use crate::postgres::outbox::marking::{self, Mark, Marker};
-use crate::postgres::outbox::record::Recorder;
+use crate::postgres::outbox::record::{RecordError, Recorder};
+use crate::postgres::outbox::table::Table;
 use crate::postgres::position;
 use crate::postgres::readiness::{self, Admission, Names, Problem};
-use crate::postgres::walstream::{Protocol, WalMessage, WireError};
+use crate::postgres::walstream::{Protocol, WalMessage, WalStream, WireError};
 use crate::postgres::{self, ConnInfo};
 use crate::retry::Backoff;
 
@@ -152,27 +156,34 @@ pub const COALESCE_BELOW: usize = 64;
 /// there was, hold the thread for `pause` (`stream.coalesce`, default 1 ms)
 /// before anything reads again.
 ///
-/// The walsender sends each change as it decodes it. A relay that keeps up
-/// would otherwise wake for every few rows, and each wake costs more than the
-/// rows: a readiness wait, a `recv` (which sends a TCP window update), the
-/// hand-over to the publisher, one sink call and its completion. During the
-/// pause the kernel gathers what arrives, so the next read takes a run of
-/// rows at once. Measured on the drain benchmark, back to back: 7.1 µs of CPU
-/// a row without the pause, about 4 with 100 µs (fourth session); once the
-/// rows themselves cost less, 300 µs took another 10–15% off (2.6–2.9 µs
-/// against 3.2 with 100 µs), and 500 µs no more (docs/benchmarks.md). With
-/// the relay reading the socket itself (sixth session), 1 ms took another
-/// 15% off (1.95 µs against 2.3–2.4 at 300–700 µs), for 3 ms more median and
-/// 4 ms more p99 latency at 5,000 events/s (11.9 ms p99).
+/// Why pause: the walsender sends each change as it decodes it. A relay that
+/// keeps up would otherwise wake for every few rows, and each wake costs more
+/// than the rows: a readiness wait, a `recv` (which sends a TCP window
+/// update), the hand-over to the publisher, one sink call and its completion.
+/// During the pause the kernel gathers what arrives, so the next read takes a
+/// run of rows at once and they share those costs.
 ///
-/// Kept small on purpose: the pause holds the runtime's thread, so
-/// everything else (completions, health, metrics) waits about this long (the
-/// kernel's timer slack adds some 50 µs), and so may an event. No pause when
-/// the relay is behind: a read of a full run, a read cut short by the
-/// in-flight ceiling or the task's budget, or a graceful stop. At 130,000 rows/s, 1 ms is about
-/// 80 KiB of stream, below the read buffer and the socket's receive buffer,
-/// so the walsender does not stall (a 1 ms tokio sleep, tried earlier, halved
-/// throughput: its timer rounds up to whole milliseconds and more).
+/// Why 1 ms: a longer pause gathers longer runs, so the CPU a row falls as
+/// the pause grows, while an event that arrives during it waits up to the
+/// whole pause. 1 ms buys most of the saving for a latency well inside the
+/// 50 ms p99 target: on the drain benchmark (docs/benchmarks.md) it costs
+/// 1.95 µs of CPU a row, against 2.3–2.4 at 300–700 µs and about 7 without
+/// the pause, and adds about 3 ms to the median and 4 ms to the p99 latency
+/// at 5,000 events/s (11.9 ms p99).
+///
+/// Why the thread, not a timer: a tokio sleep rounds up to whole
+/// milliseconds and more, and a 1 ms tokio sleep halves throughput. The
+/// thread's sleep ends within the kernel's timer slack (some 50 µs), but it
+/// holds the runtime's thread: everything else (completions, health,
+/// metrics) waits about this long, and so may an event, which is why the
+/// pause stays small.
+///
+/// Why only when caught up: a relay that is behind already reads runs, and a
+/// pause would only add to its backlog; so no pause after a read of a full
+/// run, one cut short by the in-flight ceiling or the task's budget, or
+/// during a graceful stop. And the pause cannot stall the walsender: at
+/// 130,000 rows/s, 1 ms is about 80 KiB of stream, below the read buffer
+/// and the socket's receive buffer.
 fn coalesce(taken: usize, pause: Duration) {
     if taken < COALESCE_BELOW && !pause.is_zero() {
         std::thread::sleep(pause);
@@ -369,6 +380,10 @@ async fn recreate_slot(
     Ok((start, before))
 }
 
+/// One replication session: start, run, stop ([`Session`]). An error in any
+/// phase ends it ([`run`] starts another after a transient one); the tasks it
+/// spawned end with it ([`AbortOnDrop`]), and what was in flight is sent
+/// again (nothing was acknowledged for it).
 async fn session<S: Sink>(
     config: &Config,
     conn: &ConnInfo,
@@ -377,192 +392,627 @@ async fn session<S: Sink>(
     summary: &mut Summary,
     sweep: &watch::Sender<Option<String>>,
 ) -> Result<(), RelayError> {
-    let slot = &config.postgres.slot;
-    let sql_client = Arc::new(conn.connect().await?);
-    let ready = readiness::inspect(&sql_client, config)
-        .await
-        .map_err(sql("inspecting the slot, table and publication"))?;
-    let names = ready.names.clone();
-    for problem in &ready.problems {
-        if problem.effect() == readiness::Effect::Warns {
-            tracing::warn!(problem = %problem.describe(&names), "the relay runs, but check this");
-        }
-    }
-    let sweepable = ready.sweepable();
-    let keep = !ready
-        .problems
-        .iter()
-        .any(|p| matches!(p, Problem::NoPositionTable { .. }));
-    let mut protocol = ready.protocol();
-    let (table_info, start) = match ready.admit() {
-        Admission::Start { table, start } => (table, start),
-        Admission::SlotLost { table, problem }
-            if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
-        {
-            tracing::error!(slot = %slot, problem = %problem.describe(&names), "replication slot lost; recreating it (lifecycle.recreate_slot)");
-            // Creating a slot waits for every running transaction, perhaps
-            // for minutes: on a session without the silence bound.
-            let creating = conn.without_silence_bound().connect().await?;
-            let (start, before) =
-                recreate_slot(&creating, slot, config.postgres.failover_slot).await?;
-            protocol = Protocol::V1; // created without two_phase
-            tracing::error!(
-                slot = %slot,
-                start_lsn = %format_lsn(start),
-                "replication slot recreated: events written while it was missing are published by the poller \
-                 (rows still PENDING created up to {before}); see docs/recovery.md"
-            );
-            sweep.send_replace(Some(before));
-            (table, start)
-        }
-        Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
-            return Err(refusal(problem, &names))
-        }
+    let Some(mut session) = Session::start(config, conn, sink, stop, summary, sweep).await? else {
+        return Ok(()); // stopped before the stream opened
     };
-    let sender_timeout = postgres::wal_sender_timeout(&sql_client)
-        .await
-        .map_err(sql("reading wal_sender_timeout"))?;
-    let interval = postgres::status_interval(sender_timeout);
-    let receive_timeout = config.postgres.receive_timeout;
-    if !receive_timeout.is_zero() && receive_timeout < sender_timeout {
-        // While it decodes a large transaction of other tables, a walsender
-        // reads its client only every wal_sender_timeout / 2.
-        tracing::warn!(
-            receive_timeout_s = receive_timeout.as_secs(),
-            wal_sender_timeout_s = sender_timeout.as_secs(),
-            "postgres.receive_timeout is below the server's wal_sender_timeout: a walsender busy decoding \
-             a large transaction may answer too late, and the session would end and start over; keep \
-             receive_timeout at least wal_sender_timeout"
+    session.run().await?;
+    summary.confirmed_lsn = session.stop().await;
+    Ok(())
+}
+
+/// What inspection admitted: the outbox table and where and how to stream it.
+struct Admitted {
+    table: Table,
+    /// The slot's confirmed position (or a recreated slot's start).
+    start: u64,
+    protocol: Protocol,
+    /// Whether the position table exists (the relay keeps its position there).
+    keep: bool,
+}
+
+/// The tasks that take the stream's events to the sink and the table.
+struct Spawned {
+    /// Hands marking what the publisher finished (`None`: no marking).
+    marker: Option<Marker>,
+    marking_task: Option<tokio::task::JoinHandle<()>>,
+    to_publisher: mpsc::Sender<Vec<Dispatch>>,
+    done: mpsc::UnboundedReceiver<Vec<Completion>>,
+    publisher: AbortOnDrop<Result<(), RecordError>>,
+}
+
+/// A replication session, in three phases:
+///
+/// * **start** ([`Session::start`]): *inspect* the slot, publication and
+///   table (a problem refuses the start before anything runs), *recreate* a
+///   lost slot (only when `lifecycle.recreate_slot` is set and a poller can
+///   sweep what it held), *spawn* marking and the publisher, read the kept
+///   *position*, then *START_REPLICATION* last, since from then on the
+///   walsender expects status updates. The stream starts at the slot's
+///   position (or the kept one, when it is ahead and of certain provenance:
+///   invariant 8), and reports it until it confirms more, so a restart never
+///   moves the slot.
+/// * **run** ([`Session::run`]): read, decode and publish, and report only
+///   [`AckTracker::confirmed`] (invariants 1 and 3); read only under the
+///   in-flight budgets (invariant 6); end a silent stream (invariant 7). On
+///   the stop signal it drains: reads on to the end of the open transaction,
+///   then waits for the in-flight events, up to `stream.shutdown_timeout`.
+/// * **stop** ([`Session::stop`]): report the final position, keep it, let
+///   marking write what it holds, wait until the slot shows the position,
+///   then close the stream, so a clean restart sends nothing again
+///   (invariant 5).
+struct Session<'a> {
+    config: &'a Config,
+    /// Cancelled to stop: the session drains, then stops.
+    stop_signal: &'a CancellationToken,
+    /// The session's SQL connection: inspection, recording, heartbeats, and
+    /// (when marking has none of its own) marking.
+    sql_client: Arc<tokio_postgres::Client>,
+    wal: WalStream,
+    stream: Stream<'a>,
+    /// The stream's marker too: for the read condition and to wake when
+    /// marking makes room.
+    marking: Option<Marker>,
+    marking_task: Option<tokio::task::JoinHandle<()>>,
+    publisher: AbortOnDrop<Result<(), RecordError>>,
+    done: mpsc::UnboundedReceiver<Vec<Completion>>,
+    /// Writes the confirmed position to the position table, when it exists.
+    keeper: Option<position::Keeper>,
+    /// `min(1 s, wal_sender_timeout / 2)`: the status updates' period.
+    interval: Duration,
+    /// Status updates go out on this clock whether or not the loop reads.
+    status: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// What the last status update said, and when (prompt acknowledgements).
+    acknowledged: u64,
+    last_ack: tokio::time::Instant,
+    beat: tokio::time::Interval,
+    /// When draining must end: set by the stop signal.
+    deadline: Option<tokio::time::Instant>,
+    _streaming: Streaming,
+}
+
+impl<'a> Session<'a> {
+    /// Start: inspect, recreate, spawn, position, START_REPLICATION. `None`
+    /// when `stop` came while the stream was opening.
+    async fn start<S: Sink>(
+        config: &'a Config,
+        conn: &'a ConnInfo,
+        sink: Arc<S>,
+        stop: &'a CancellationToken,
+        summary: &'a mut Summary,
+        sweep: &watch::Sender<Option<String>>,
+    ) -> Result<Option<Session<'a>>, RelayError> {
+        let sql_client = Arc::new(conn.connect().await?);
+        let admitted = Self::inspect(config, conn, &sql_client, sweep).await?;
+        let interval = Self::status_interval(config, &sql_client).await?;
+        let spawned = Self::spawn(config, conn, &sql_client, &admitted.table, &sink).await?;
+        let (position_table, kept) = Self::position(config, &sql_client).await?;
+        let replicating = Self::start_replication(config, conn, stop, &admitted, kept.as_ref());
+        let Some(wal) = replicating.await? else {
+            return Ok(None);
+        };
+        summary.sessions += 1;
+        sink.source(&crate::pipeline::sink::Source {
+            system: wal.system().id.clone(),
+            database: conn.dbname.clone(),
+            table: config.table().to_string(),
+        });
+        let choice = wal.choice().clone();
+        let slot = &config.postgres.slot;
+        match &choice.why {
+            Some(why) if choice.doubt => tracing::warn!(slot = %slot, "{why}"),
+            Some(why) => tracing::info!(slot = %slot, "{why}"),
+            None => {}
+        }
+        let start = choice.lsn;
+        let keeper = admitted.keep.then(|| {
+            position::Keeper::new(
+                Arc::clone(&sql_client),
+                &position_table,
+                slot,
+                wal.system().clone(),
+                start,
+                summary.delivered + summary.rejected,
+            )
+        });
+        let streaming = Streaming::new();
+        tracing::info!(
+            database = %conn.display(),
+            slot = %slot,
+            publication = %config.postgres.publication,
+            start_lsn = %format_lsn(start),
+            protocol = ?admitted.protocol,
+            status_interval_ms = interval.as_millis() as u64,
+            sink = sink.name(),
+            "streaming"
         );
-    }
-    let table = config.table();
-    let recorder = Recorder::detect(Arc::clone(&sql_client), config, &table_info).await?;
-    // Marking has a connection of its own: a statement of its that waits or
-    // fails ends only its connection, never the session's.
-    let marking_client = match table_info.published_sql(config.lifecycle.on_published) {
-        Some(_) => Arc::new(conn.connect().await?),
-        None => Arc::clone(&sql_client),
-    };
-    let marking = marking::spawn(
-        marking_client,
-        conn.clone(),
-        &table_info,
-        config.lifecycle.on_published,
-        Backoff::new(&config.retry),
-        config.lifecycle.max_unmarked,
-    );
-    let (marker, marking_task) = match marking {
-        Some((marker, task)) => (Some(marker), Some(task)),
-        None => (None, None),
-    };
-    // Bursts, not events: `max_in_flight` bounds the events (the read condition below).
-    let (to_publisher, from_stream) = mpsc::channel(64);
-    let (done_tx, mut done) = mpsc::unbounded_channel();
-    let sink_name = sink.name();
-    let told = Arc::clone(&sink);
-    let mut publisher = AbortOnDrop(tokio::spawn(publish::run(
-        sink,
-        Some(Arc::new(recorder)),
-        marker.clone(),
-        from_stream,
-        done_tx,
-        Backoff::new(&config.retry),
-    )));
-    // The position the relay kept (crate::postgres::position): the start when the
-    // slot is behind it and its provenance is certain.
-    let name = config.table();
-    let position_table =
-        crate::postgres::sql::qualified(&name.schema, &position::table_name(&name.name));
-    let kept = position::load(&sql_client, &position_table, slot)
-        .await
-        .map_err(sql("reading the kept position"))?;
-    // Opened once everything else is ready: from here on the loop answers the
-    // walsender (status updates), which nothing before it would.
-    let opening = conn.replicate_with(
-        slot,
-        &config.postgres.publication,
-        start,
-        kept.as_ref(),
-        protocol,
-    );
-    let mut wal = tokio::select! {
-        opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
-            Ok(opened) => opened.map_err(RelayError::from)?,
-            Err(_) => return Err(RelayError::Replication(WireError::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
-            )))),
-        },
-        _ = stop.cancelled() => return Ok(()),
-    };
-    summary.sessions += 1;
-    told.source(&crate::pipeline::sink::Source {
-        system: wal.system().id.clone(),
-        database: conn.dbname.clone(),
-        table: config.table().to_string(),
-    });
-    let choice = wal.choice().clone();
-    match &choice.why {
-        Some(why) if choice.doubt => tracing::warn!(slot = %slot, "{why}"),
-        Some(why) => tracing::info!(slot = %slot, "{why}"),
-        None => {}
-    }
-    let start = choice.lsn;
-    let mut keeper = keep.then(|| {
-        position::Keeper::new(
-            Arc::clone(&sql_client),
-            &position_table,
-            slot,
-            wal.system().clone(),
+        let stream = Stream::new(
+            config,
+            &conn.dbname,
+            admitted.table.oid,
             start,
-            summary.delivered + summary.rejected,
-        )
-    });
-    let metrics = crate::metrics::get();
-    metrics.set_streaming(true);
-    metrics.status_updates_total(0); // this stream counts from zero
-    let _streaming = OnDrop(|| {
+            spawned.to_publisher,
+            spawned.marker.clone(),
+            summary,
+        );
+        Ok(Some(Session {
+            config,
+            stop_signal: stop,
+            sql_client,
+            wal,
+            stream,
+            marking: spawned.marker,
+            marking_task: spawned.marking_task,
+            publisher: spawned.publisher,
+            done: spawned.done,
+            keeper,
+            interval,
+            status: Box::pin(tokio::time::sleep(interval)),
+            acknowledged: start,
+            last_ack: tokio::time::Instant::now(),
+            beat: heartbeat(config),
+            deadline: None,
+            _streaming: streaming,
+        }))
+    }
+
+    /// Inspect the slot, publication and table, as `check` does: warnings are
+    /// logged, a problem that stops the relay is returned before anything
+    /// runs, and a lost slot is recreated when the configuration allows it.
+    async fn inspect(
+        config: &Config,
+        conn: &ConnInfo,
+        sql_client: &tokio_postgres::Client,
+        sweep: &watch::Sender<Option<String>>,
+    ) -> Result<Admitted, RelayError> {
+        let ready = readiness::inspect(sql_client, config)
+            .await
+            .map_err(sql("inspecting the slot, table and publication"))?;
+        let names = ready.names.clone();
+        for problem in &ready.problems {
+            if problem.effect() == readiness::Effect::Warns {
+                tracing::warn!(problem = %problem.describe(&names), "the relay runs, but check this");
+            }
+        }
+        let sweepable = ready.sweepable();
+        let keep = !ready
+            .problems
+            .iter()
+            .any(|p| matches!(p, Problem::NoPositionTable { .. }));
+        let protocol = ready.protocol();
+        match ready.admit() {
+            Admission::Start { table, start } => Ok(Admitted {
+                table,
+                start,
+                protocol,
+                keep,
+            }),
+            Admission::SlotLost { table, problem }
+                if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
+            {
+                let start = Self::recreate(config, conn, &problem, &names, sweep).await?;
+                Ok(Admitted {
+                    table,
+                    start,
+                    protocol: Protocol::V1, // created without two_phase
+                    keep,
+                })
+            }
+            Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
+                Err(refusal(problem, &names))
+            }
+        }
+    }
+
+    /// Recreate the lost slot; its start position. The rows it held are left
+    /// to the poller (`sweep` names the time before which PENDING rows are
+    /// swept without grace), so nothing written meanwhile is skipped.
+    async fn recreate(
+        config: &Config,
+        conn: &ConnInfo,
+        problem: &Problem,
+        names: &Names,
+        sweep: &watch::Sender<Option<String>>,
+    ) -> Result<u64, RelayError> {
+        let slot = &config.postgres.slot;
+        tracing::error!(slot = %slot, problem = %problem.describe(names), "replication slot lost; recreating it (lifecycle.recreate_slot)");
+        // Creating a slot waits for every running transaction, perhaps
+        // for minutes: on a session without the silence bound.
+        let creating = conn.without_silence_bound().connect().await?;
+        let (start, before) = recreate_slot(&creating, slot, config.postgres.failover_slot).await?;
+        tracing::error!(
+            slot = %slot,
+            start_lsn = %format_lsn(start),
+            "replication slot recreated: events written while it was missing are published by the poller \
+             (rows still PENDING created up to {before}); see docs/recovery.md"
+        );
+        sweep.send_replace(Some(before));
+        Ok(start)
+    }
+
+    /// The status updates' period, from the server's `wal_sender_timeout`;
+    /// warns when `postgres.receive_timeout` is too short for it.
+    async fn status_interval(
+        config: &Config,
+        sql_client: &tokio_postgres::Client,
+    ) -> Result<Duration, RelayError> {
+        let sender_timeout = postgres::wal_sender_timeout(sql_client)
+            .await
+            .map_err(sql("reading wal_sender_timeout"))?;
+        let receive_timeout = config.postgres.receive_timeout;
+        if !receive_timeout.is_zero() && receive_timeout < sender_timeout {
+            // While it decodes a large transaction of other tables, a walsender
+            // reads its client only every wal_sender_timeout / 2.
+            tracing::warn!(
+                receive_timeout_s = receive_timeout.as_secs(),
+                wal_sender_timeout_s = sender_timeout.as_secs(),
+                "postgres.receive_timeout is below the server's wal_sender_timeout: a walsender busy decoding \
+                 a large transaction may answer too late, and the session would end and start over; keep \
+                 receive_timeout at least wal_sender_timeout"
+            );
+        }
+        Ok(postgres::status_interval(sender_timeout))
+    }
+
+    /// Spawn marking and the publisher, before the stream opens: from then on
+    /// events have somewhere to go.
+    async fn spawn<S: Sink>(
+        config: &Config,
+        conn: &ConnInfo,
+        sql_client: &Arc<tokio_postgres::Client>,
+        table: &Table,
+        sink: &Arc<S>,
+    ) -> Result<Spawned, RelayError> {
+        let recorder = Recorder::detect(Arc::clone(sql_client), config, table).await?;
+        // Marking has a connection of its own: a statement of its that waits or
+        // fails ends only its connection, never the session's.
+        let marking_client = match table.published_sql(config.lifecycle.on_published) {
+            Some(_) => Arc::new(conn.connect().await?),
+            None => Arc::clone(sql_client),
+        };
+        let marking = marking::spawn(
+            marking_client,
+            conn.clone(),
+            table,
+            config.lifecycle.on_published,
+            Backoff::new(&config.retry),
+            config.lifecycle.max_unmarked,
+        );
+        let (marker, marking_task) = match marking {
+            Some((marker, task)) => (Some(marker), Some(task)),
+            None => (None, None),
+        };
+        // Bursts, not events: `max_in_flight` bounds the events (the read condition).
+        let (to_publisher, from_stream) = mpsc::channel(64);
+        let (done_tx, done) = mpsc::unbounded_channel();
+        let publisher = AbortOnDrop(tokio::spawn(publish::run(
+            Arc::clone(sink),
+            Some(Arc::new(recorder)),
+            marker.clone(),
+            from_stream,
+            done_tx,
+            Backoff::new(&config.retry),
+        )));
+        Ok(Spawned {
+            marker,
+            marking_task,
+            to_publisher,
+            done,
+            publisher,
+        })
+    }
+
+    /// The position the relay kept ([`crate::postgres::position`]), and the
+    /// table it keeps it in: the start when the slot is behind it and its
+    /// provenance is certain.
+    async fn position(
+        config: &Config,
+        sql_client: &tokio_postgres::Client,
+    ) -> Result<(String, Option<position::Kept>), RelayError> {
+        let name = config.table();
+        let position_table =
+            crate::postgres::sql::qualified(&name.schema, &position::table_name(&name.name));
+        let kept = position::load(sql_client, &position_table, &config.postgres.slot)
+            .await
+            .map_err(sql("reading the kept position"))?;
+        Ok((position_table, kept))
+    }
+
+    /// START_REPLICATION, within [`START_TIMEOUT`]; `None` when `stop` came
+    /// first. Opened once everything else is ready: from here on the session
+    /// must answer the walsender (status updates), which nothing before
+    /// [`Session::run`] would.
+    async fn start_replication(
+        config: &Config,
+        conn: &ConnInfo,
+        stop: &CancellationToken,
+        admitted: &Admitted,
+        kept: Option<&position::Kept>,
+    ) -> Result<Option<WalStream>, RelayError> {
+        let opening = conn.replicate_with(
+            &config.postgres.slot,
+            &config.postgres.publication,
+            admitted.start,
+            kept,
+            admitted.protocol,
+        );
+        tokio::select! {
+            opened = tokio::time::timeout(START_TIMEOUT, opening) => match opened {
+                Ok(opened) => Ok(Some(opened?)),
+                Err(_) => Err(RelayError::Replication(WireError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("replication did not start within {} s", START_TIMEOUT.as_secs()),
+                )))),
+            },
+            _ = stop.cancelled() => Ok(None),
+        }
+    }
+
+    /// Run: the loop, until drained after the stop signal, or an error. Each
+    /// turn takes the first of, in this order: the status timer, completions,
+    /// room in marking, the heartbeat, the stop signal, the stream (only
+    /// while [`Session::may_read`]), the shutdown deadline.
+    async fn run(&mut self) -> Result<(), RelayError> {
+        loop {
+            let draining = self.deadline.is_some();
+            let tracker = &self.stream.tracker;
+            // Parked events wait for a COMMIT PREPARED further on: the position
+            // stays before them, and the next session gets them again.
+            if draining && !tracker.in_transaction() && tracker.unfinished() == tracker.parked() {
+                break;
+            }
+            let read = self.may_read(draining);
+            let wait_for_marking = !read && self.marking_full();
+            let heartbeat = !self.config.stream.heartbeat_interval.is_zero();
+            tokio::select! {
+                biased;
+                () = &mut self.status => self.status_due(read).await?,
+                completions = self.done.recv() => match completions {
+                    Some(batch) => self.completed(batch).await?,
+                    None => return Err(self.publisher.stopped().await),
+                },
+                () = room(self.marking.as_ref()), if wait_for_marking => {}
+                _ = self.beat.tick(), if heartbeat && !draining => self.heartbeat(),
+                _ = self.stop_signal.cancelled(), if !draining => self.drain(),
+                first = self.wal.next(), if read => self.burst(first, draining).await?,
+                _ = tokio::time::sleep_until(self.deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
+                    tracing::warn!(
+                        unfinished = self.stream.tracker.unfinished() - self.stream.tracker.parked(),
+                        "shutdown timeout: stopping with events unfinished; they will be sent again after a restart"
+                    );
+                    break;
+                }
+            }
+            if self.sql_client.is_closed() {
+                // Recording and marking need it: start over on a fresh connection.
+                return Err(RelayError::SqlSessionClosed);
+            }
+            self.gauges();
+        }
+        Ok(())
+    }
+
+    /// Whether the loop reads the stream: while draining only to the end of
+    /// the open transaction, and only while the in-flight events, their
+    /// bytes and the unmarked rows are under their ceilings (invariant 6).
+    fn may_read(&self, draining: bool) -> bool {
+        let tracker = &self.stream.tracker;
+        let stream = &self.config.stream;
+        (!draining || tracker.in_transaction())
+            && under_budget(tracker.unfinished(), tracker.parked(), stream.max_in_flight)
+            && under_budget(
+                tracker.held_bytes(),
+                tracker.parked_bytes(),
+                stream.max_in_flight_bytes,
+            )
+            && !self.marking_full()
+    }
+
+    fn marking_full(&self) -> bool {
+        self.marking.as_ref().is_some_and(Marker::full)
+    }
+
+    /// Report the confirmed position (asking for a reply if `reply`), and
+    /// offer it to the keeper.
+    async fn acknowledge(&mut self, reply: bool) -> Result<(), RelayError> {
+        let confirmed = self.stream.tracker.confirmed();
+        self.wal.send_status(confirmed, reply).await?;
+        self.acknowledged = confirmed;
+        self.last_ack = tokio::time::Instant::now();
+        if let Some(keeper) = &mut self.keeper {
+            let finished = self.stream.summary.delivered + self.stream.summary.rejected;
+            keeper.offer(confirmed, finished);
+        }
+        Ok(())
+    }
+
+    /// The status timer: a status update, and the silence bound (invariant 7).
+    async fn status_due(&mut self, read: bool) -> Result<(), RelayError> {
+        if !read {
+            self.wal.heard_now();
+        }
+        // A quiet stream is asked for a reply after two status
+        // intervals, reported not ready at half the receive timeout,
+        // and taken for dead at all of it (crate::postgres::silence).
+        let receive_timeout = self.config.postgres.receive_timeout;
+        let bounded = !receive_timeout.is_zero();
+        let quiet = self.wal.quiet();
+        let silent = bounded && quiet >= receive_timeout / 2;
+        crate::metrics::get().health.stream_silent_ms.store(
+            if silent { quiet.as_millis() as u64 } else { 0 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if silent && quiet >= receive_timeout {
+            return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
+        }
+        let ask = bounded && quiet >= 2 * self.interval;
+        self.acknowledge(ask).await?;
+        self.status
+            .as_mut()
+            .reset(tokio::time::Instant::now() + self.interval);
+        Ok(())
+    }
+
+    /// Outcomes from the publisher: finished in the tracker, and the
+    /// confirmed position reported promptly when it moved.
+    async fn completed(&mut self, batch: Vec<Completion>) -> Result<(), RelayError> {
+        batch.into_iter().for_each(|c| self.stream.completed(c));
+        // Acknowledged promptly while events finish, not only on
+        // the status timer: what a crash of the relay (the slot's
+        // position) or of PostgreSQL (the kept one) sends again
+        // is then at most PROMPT_ACK of output.
+        let confirmed = self.stream.tracker.confirmed();
+        if confirmed > self.acknowledged && self.last_ack.elapsed() >= PROMPT_ACK {
+            self.acknowledge(false).await?;
+        }
+        Ok(())
+    }
+
+    /// Emit a heartbeat message, measured when it comes back through the
+    /// stream ([`Stream::handle_message`]).
+    fn heartbeat(&self) {
+        // Non-transactional: it comes back through the stream at once.
+        let client = Arc::clone(&self.sql_client);
+        tokio::spawn(async move {
+            let sent = crate::time::unix_ms();
+            match client
+                .execute(
+                    "SELECT pg_logical_emit_message(false, $1, $2)",
+                    &[&HEARTBEAT_PREFIX, &sent.to_string()],
+                )
+                .await
+            {
+                Ok(_) => crate::metrics::get().heartbeat_sent(sent),
+                Err(e) => {
+                    tracing::warn!(error = %crate::report::Chain(&e), "cannot emit a heartbeat")
+                }
+            }
+        });
+    }
+
+    /// The stop signal: drain, up to `stream.shutdown_timeout`.
+    fn drain(&mut self) {
+        tracing::info!(
+            in_flight = self.stream.tracker.unfinished(),
+            "stopping: finishing the open transaction and in-flight events"
+        );
+        self.deadline = Some(tokio::time::Instant::now() + self.config.stream.shutdown_timeout);
+    }
+
+    /// Read a burst: `first`, then what is already buffered or readable now,
+    /// without a round through select, while [`Session::may_read`]; hand it
+    /// to the publisher in one piece.
+    async fn burst(
+        &mut self,
+        first: Result<WalMessage, WireError>,
+        draining: bool,
+    ) -> Result<(), RelayError> {
+        let mut next = Some(first);
+        let mut taken = 0;
+        // Whether the burst ended because nothing more had come in
+        // (not at the in-flight ceiling, the burst limit, or the end
+        // of the task's budget): only then has the relay caught up.
+        let mut caught_up = false;
+        while let Some(message) = next.take() {
+            self.stream.received(message?)?;
+            taken += 1;
+            // One unit of tokio's task budget a message: a spent
+            // budget ends the burst (see `now_or_never`).
+            if taken < BURST_MAX
+                && self.may_read(draining)
+                && now_or_never(tokio::task::coop::consume_budget()).is_some()
+            {
+                next = match self.wal.buffered()? {
+                    Some(message) => Some(Ok(message)),
+                    None => now_or_never(self.wal.next()),
+                };
+                caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
+            }
+        }
+        match self.stream.flush().await {
+            Err(RelayError::PublisherStopped) => return Err(self.publisher.stopped().await),
+            other => other?,
+        }
+        if self.wal.reply_wanted() {
+            self.wal
+                .send_status(self.stream.tracker.confirmed(), false)
+                .await?;
+            self.status
+                .as_mut()
+                .reset(tokio::time::Instant::now() + self.interval);
+        }
+        if caught_up && !draining {
+            coalesce(taken, self.config.stream.coalesce);
+        }
+        Ok(())
+    }
+
+    /// The gauges that follow the loop: in flight, unmarked, status updates.
+    fn gauges(&self) {
         let metrics = crate::metrics::get();
-        metrics.set_streaming(false);
         metrics
-            .health
-            .stream_silent_ms
-            .store(0, std::sync::atomic::Ordering::Relaxed);
-    });
-    tracing::info!(
-        database = %conn.display(),
-        slot = %slot,
-        publication = %config.postgres.publication,
-        start_lsn = %format_lsn(start),
-        protocol = ?protocol,
-        status_interval_ms = interval.as_millis() as u64,
-        sink = sink_name,
-        "streaming"
-    );
+            .in_flight
+            .set(self.stream.tracker.unfinished() as i64);
+        metrics
+            .in_flight_bytes
+            .set(self.stream.tracker.held_bytes() as i64);
+        if let Some(marker) = &self.marking {
+            metrics.unmarked.set(marker.unmarked() as i64);
+        }
+        metrics.status_updates_total(self.wal.status_updates());
+    }
 
-    let mut stream = Stream {
-        config,
-        table,
-        table_oid: table_info.oid,
-        outgoing: Outgoing::new(config, &conn.dbname),
-        tracker: AckTracker::new(start),
-        relations: HashMap::default(),
-        commit_time: 0,
-        prepared: PreparedTxs::default(),
-        to_publisher,
-        burst: Vec::new(),
-        received_in_burst: 0,
-        marker,
-        summary,
-    };
+    /// Stop: report the final position, keep it, let marking finish, wait
+    /// until the slot shows the position, close the stream; the position.
+    /// Without this phase a clean restart would send the last events again.
+    async fn stop(self) -> u64 {
+        let Session {
+            config,
+            sql_client,
+            mut wal,
+            stream,
+            marking,
+            marking_task,
+            publisher,
+            keeper,
+            _streaming,
+            ..
+        } = self;
+        let confirmed = stream.tracker.confirmed();
+        // Every marker goes, so that marking writes what it holds and ends.
+        drop(marking);
+        drop(stream);
+        drop(publisher);
+        // Reported before waiting for marking, which does not hold the position
+        // back, so the walsender has it even if it times the session out then.
+        let reported = report_final(&mut wal, confirmed).await;
+        if let Some(keeper) = keeper {
+            // Kept whether or not the server took it: every event before it is
+            // published or recorded.
+            keeper.finish(confirmed, Duration::from_secs(5)).await;
+        }
+        if let Some(task) = marking_task {
+            // Every marker is gone now: the task writes what it holds, then ends.
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
+            }
+        }
+        if reported {
+            confirm_final(&sql_client, &config.postgres.slot, confirmed).await;
+        }
+        // CopyDone, Terminate: the server ends the session at once.
+        let _ = tokio::time::timeout(Duration::from_secs(2), wal.close()).await;
+        confirmed
+    }
+}
 
-    let max_in_flight = config.stream.max_in_flight;
-    let max_bytes = config.stream.max_in_flight_bytes;
-    // For the read condition and to wake when marking makes room.
-    let marking = stream.marker.clone();
-    let mut deadline: Option<tokio::time::Instant> = None;
+/// The heartbeat's clock (`stream.heartbeat_interval`; an hour, never
+/// polled, when off), and its timeout published for `/readyz`.
+fn heartbeat(config: &Config) -> tokio::time::Interval {
     let heartbeat = config.stream.heartbeat_interval;
-    metrics.health.heartbeat_timeout_ms.store(
+    crate::metrics::get().health.heartbeat_timeout_ms.store(
         if heartbeat.is_zero() {
             0
         } else {
@@ -576,171 +1026,14 @@ async fn session<S: Sink>(
         heartbeat
     });
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Status updates go out on this clock whether or not the loop reads.
-    let status = tokio::time::sleep(interval);
-    // What the last status update said, and when (prompt acknowledgements).
-    let mut acknowledged = start;
-    let mut last_ack = tokio::time::Instant::now();
-    tokio::pin!(status);
-    // Draining: read on only to the end of the open transaction.
-    let marking_full = || marking.as_ref().is_some_and(Marker::full);
-    let may_read = |tracker: &AckTracker, draining: bool| {
-        (!draining || tracker.in_transaction())
-            && under_budget(tracker.unfinished(), tracker.parked(), max_in_flight)
-            && under_budget(tracker.held_bytes(), tracker.parked_bytes(), max_bytes)
-            && !marking_full()
-    };
-    loop {
-        let draining = deadline.is_some();
-        let tracker = &stream.tracker;
-        // Parked events wait for a COMMIT PREPARED further on: the position
-        // stays before them, and the next session gets them again.
-        if draining && !tracker.in_transaction() && tracker.unfinished() == tracker.parked() {
-            break;
-        }
-        let read = may_read(tracker, draining);
-        let wait_for_marking = !read && marking_full();
-        tokio::select! {
-            biased;
-            () = &mut status => {
-                if !read {
-                    wal.heard_now();
-                }
-                // A quiet stream is asked for a reply after two status
-                // intervals, reported not ready at half the receive timeout,
-                // and taken for dead at all of it (crate::postgres::silence).
-                let bounded = !receive_timeout.is_zero();
-                let quiet = wal.quiet();
-                let silent = bounded && quiet >= receive_timeout / 2;
-                metrics.health.stream_silent_ms.store(
-                    if silent { quiet.as_millis() as u64 } else { 0 },
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-                if silent && quiet >= receive_timeout {
-                    return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
-                }
-                let ask = bounded && quiet >= 2 * interval;
-                let confirmed = stream.tracker.confirmed();
-                wal.send_status(confirmed, ask).await?;
-                acknowledged = confirmed;
-                last_ack = tokio::time::Instant::now();
-                if let Some(keeper) = &mut keeper {
-                    keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
-                }
-                status.as_mut().reset(tokio::time::Instant::now() + interval);
-            }
-            completions = done.recv() => match completions {
-                Some(batch) => {
-                    batch.into_iter().for_each(|c| stream.completed(c));
-                    // Acknowledged promptly while events finish, not only on
-                    // the status timer: what a crash of the relay (the slot's
-                    // position) or of PostgreSQL (the kept one) sends again
-                    // is then at most PROMPT_ACK of output.
-                    let confirmed = stream.tracker.confirmed();
-                    if confirmed > acknowledged && last_ack.elapsed() >= PROMPT_ACK {
-                        wal.send_status(confirmed, false).await?;
-                        acknowledged = confirmed;
-                        last_ack = tokio::time::Instant::now();
-                        if let Some(keeper) = &mut keeper {
-                            keeper.offer(confirmed, stream.summary.delivered + stream.summary.rejected);
-                        }
-                    }
-                }
-                None => return Err(publisher.stopped().await),
-            },
-            () = room(marking.as_ref()), if wait_for_marking => {}
-            _ = beat.tick(), if !heartbeat.is_zero() && !draining => {
-                // Non-transactional: it comes back through the stream at once.
-                let client = Arc::clone(&sql_client);
-                tokio::spawn(async move {
-                    let sent = crate::time::unix_ms();
-                    match client
-                        .execute("SELECT pg_logical_emit_message(false, $1, $2)", &[&HEARTBEAT_PREFIX, &sent.to_string()])
-                        .await
-                    {
-                        Ok(_) => crate::metrics::get().heartbeat_sent(sent),
-                        Err(e) => tracing::warn!(error = %crate::report::Chain(&e), "cannot emit a heartbeat"),
-                    }
-                });
-            }
-            _ = stop.cancelled(), if !draining => {
-                tracing::info!(in_flight = stream.tracker.unfinished(), "stopping: finishing the open transaction and in-flight events");
-                deadline = Some(tokio::time::Instant::now() + config.stream.shutdown_timeout);
-            }
-            first = wal.next(), if read => {
-                // Then what is already buffered or readable now, without a
-                // round through select.
-                let mut next = Some(first);
-                let mut taken = 0;
-                // Whether the burst ended because nothing more had come in
-                // (not at the in-flight ceiling, the burst limit, or the end
-                // of the task's budget): only then has the relay caught up.
-                let mut caught_up = false;
-                while let Some(message) = next.take() {
-                    stream.received(message?)?;
-                    taken += 1;
-                    // One unit of tokio's task budget a message: a spent
-                    // budget ends the burst (see `now_or_never`).
-                    if taken < BURST_MAX
-                        && may_read(&stream.tracker, draining)
-                        && now_or_never(tokio::task::coop::consume_budget()).is_some()
-                    {
-                        next = match wal.buffered()? {
-                            Some(message) => Some(Ok(message)),
-                            None => now_or_never(wal.next()),
-                        };
-                        caught_up = next.is_none() && tokio::task::coop::has_budget_remaining();
-                    }
-                }
-                match stream.flush().await {
-                    Err(RelayError::PublisherStopped) => return Err(publisher.stopped().await),
-                    other => other?,
-                }
-                if wal.reply_wanted() {
-                    wal.send_status(stream.tracker.confirmed(), false).await?;
-                    status.as_mut().reset(tokio::time::Instant::now() + interval);
-                }
-                if caught_up && !draining {
-                    coalesce(taken, config.stream.coalesce);
-                }
-            }
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
-                tracing::warn!(
-                    unfinished = stream.tracker.unfinished() - stream.tracker.parked(),
-                    "shutdown timeout: stopping with events unfinished; they will be sent again after a restart"
-                );
-                break;
-            }
-        }
-        if sql_client.is_closed() {
-            // Recording and marking need it: start over on a fresh connection.
-            return Err(RelayError::SqlSessionClosed);
-        }
-        metrics.in_flight.set(stream.tracker.unfinished() as i64);
-        metrics
-            .in_flight_bytes
-            .set(stream.tracker.held_bytes() as i64);
-        if let Some(marker) = &marking {
-            metrics.unmarked.set(marker.unmarked() as i64);
-        }
-        metrics.status_updates_total(wal.status_updates());
-    }
+    beat
+}
 
-    let confirmed = stream.tracker.confirmed();
-    // Every marker goes, so that marking writes what it holds and ends.
-    drop(marking);
-    drop(stream);
-    drop(publisher);
-    // Reported before waiting for marking, which does not hold the position
-    // back, so the walsender has it even if it times the session out then.
-    let reported = match tokio::time::timeout(
-        Duration::from_secs(5),
-        wal.send_status(confirmed, false),
-    )
-    .await
-    {
+/// Send the final position, within 5 s; whether it went.
+async fn report_final(wal: &mut WalStream, confirmed: u64) -> bool {
+    match tokio::time::timeout(Duration::from_secs(5), wal.send_status(confirmed, false)).await {
         Ok(Ok(())) => {
-            metrics.status_updates_total(wal.status_updates());
+            crate::metrics::get().status_updates_total(wal.status_updates());
             true
         }
         Ok(Err(e)) => {
@@ -753,28 +1046,7 @@ async fn session<S: Sink>(
             );
             false
         }
-    };
-    if let Some(keeper) = keeper {
-        // Kept whether or not the server took it: every event before it is
-        // published or recorded.
-        keeper.finish(confirmed, Duration::from_secs(5)).await;
     }
-    if let Some(task) = marking_task {
-        // Every marker is gone now: the task writes what it holds, then ends.
-        if tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .is_err()
-        {
-            tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
-        }
-    }
-    if reported {
-        confirm_final(&sql_client, slot, confirmed).await;
-    }
-    // CopyDone, Terminate: the server ends the session at once.
-    let _ = tokio::time::timeout(Duration::from_secs(2), wal.close()).await;
-    summary.confirmed_lsn = confirmed;
-    Ok(())
 }
 
 /// Wait until the slot shows `lsn` (reported already), up to [`FINAL_ACK_TIMEOUT`].
@@ -833,7 +1105,34 @@ struct Stream<'a> {
     summary: &'a mut Summary,
 }
 
-impl Stream<'_> {
+impl<'a> Stream<'a> {
+    /// A stream that reports `start` until it confirms more.
+    fn new(
+        config: &'a Config,
+        database: &str,
+        table_oid: u32,
+        start: u64,
+        to_publisher: mpsc::Sender<Vec<Dispatch>>,
+        marker: Option<Marker>,
+        summary: &'a mut Summary,
+    ) -> Self {
+        Stream {
+            config,
+            table: config.table(),
+            table_oid,
+            outgoing: Outgoing::new(config, database),
+            tracker: AckTracker::new(start),
+            relations: HashMap::default(),
+            commit_time: 0,
+            prepared: PreparedTxs::default(),
+            to_publisher,
+            burst: Vec::new(),
+            received_in_burst: 0,
+            marker,
+            summary,
+        }
+    }
+
     /// An event `[filter]` left out: marked SKIPPED, never published.
     fn skipped(&mut self, id: String, ticket: Ticket) {
         tracing::debug!(id = %id, "filtered out; not published");
@@ -876,16 +1175,15 @@ impl Stream<'_> {
             .map_err(|_| RelayError::PublisherStopped)
     }
 
+    /// One message of the stream: a keepalive, or pgoutput data.
     fn received(&mut self, message: WalMessage) -> Result<(), RelayError> {
         match message {
-            WalMessage::KeepAlive { wal_end } => {
-                self.tracker.keepalive(wal_end);
-            }
-            WalMessage::Data { start, data } => self.data(start, data)?,
+            WalMessage::KeepAlive { wal_end } => self.handle_keepalive(wal_end),
+            WalMessage::Data { start, data } => self.data(start, data),
         }
-        Ok(())
     }
 
+    /// Decode a pgoutput message at `at` and hand it to its `handle_*`.
     fn data(&mut self, at: u64, data: Bytes) -> Result<(), RelayError> {
         let row = data.len();
         let message = pgoutput::decode(data).map_err(|source| RelayError::Decode {
@@ -893,163 +1191,225 @@ impl Stream<'_> {
             source,
         })?;
         match message {
-            Pgoutput::Relation(relation) => {
-                // By oid or by name. By oid: a row written before a rename is
-                // announced under the old name, one written after under the
-                // new. By name: a table dropped and created again under a
-                // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
-                // new oid, and its rows are the outbox's; skipping them would
-                // confirm them unpublished. Its columns are checked like any
-                // Relation's (a mismatch stops the relay before its rows).
-                let named =
-                    relation.namespace == self.table.schema && relation.name == self.table.name;
-                let ours = relation.oid == self.table_oid || named;
-                if named && relation.oid != self.table_oid {
-                    tracing::warn!(
-                        table = %self.table, oid = relation.oid, was = self.table_oid,
-                        "the outbox table was created again (a new oid); its rows are published as the outbox's"
-                    );
-                }
-                if ours && !named {
-                    tracing::warn!(
-                        table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
-                        "the outbox table was renamed; its rows are still published, but marking, the poller \
-                         and retention use postgres.table: set it to the new name (the relay will not start \
-                         with the old one)"
-                    );
-                }
-                let mapping = if ours {
-                    let mapping = RowMapping::new(&relation, &self.config.columns)?;
-                    for (key, column) in &mapping.absent_optional {
-                        tracing::warn!(
-                            table = %self.table, column = %column, key = %format!("columns.{key}"),
-                            "optional column not in the table; set the key to \"\" to silence this"
-                        );
-                    }
-                    Some(mapping)
-                } else {
-                    tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
-                    None
-                };
-                self.relations.insert(relation.oid, mapping);
+            Pgoutput::Begin(begin) => self.handle_begin(&begin),
+            Pgoutput::Relation(relation) => self.handle_relation(&relation),
+            Pgoutput::Insert(insert) => self.handle_insert(at, row, &insert),
+            Pgoutput::Commit(commit) => self.handle_commit(&commit),
+            Pgoutput::Message(message) => self.handle_message(&message),
+            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
+                self.handle_update_delete_truncate(at)
             }
-            Pgoutput::Insert(insert) => {
-                let mapping = self
-                    .relations
-                    .get(&insert.relation_oid)
-                    .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
-                let Some(mapping) = mapping else {
-                    return Ok(());
-                };
-                let ticket = self.tracker.event()?;
-                self.received_in_burst += 1;
-                let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
-                    Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
-                        Prepared::Publish(mut message) => {
-                            let held = held_bytes(row, &message);
-                            message.ticket = self.tracker.hold(message.ticket, held);
-                            Dispatch::Publish(message)
-                        }
-                        Prepared::Skip(id) => {
-                            if self.prepared.is_open() {
-                                self.prepared.hold(Held::Skipped { id, ticket });
-                            } else {
-                                self.skipped(id, ticket);
-                            }
-                            return Ok(());
-                        }
-                        Prepared::Fail(id, reason) => Dispatch::Reject {
-                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
-                            id,
-                            reason,
-                        },
-                    },
-                    Err(e) => {
-                        let id = mapping.id_of(&insert.tuple).unwrap_or_default();
-                        tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
-                        Dispatch::Reject {
-                            ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
-                            id,
-                            reason: e.to_string(),
-                        }
+            // Origin and Type describe what follows; nothing of theirs is published.
+            Pgoutput::Origin(_) | Pgoutput::Type(_) => Ok(()),
+            Pgoutput::BeginPrepare(begin) => self.handle_begin_prepare(&begin),
+            Pgoutput::Prepare(prepare) => self.handle_prepare(at, prepare),
+            Pgoutput::CommitPrepared(commit) => self.handle_commit_prepared(&commit),
+            Pgoutput::RollbackPrepared(rollback) => self.handle_rollback_prepared(&rollback),
+            // Sent only to a client that asked for streaming; the relay does not.
+            Pgoutput::StreamPrepare(_) => Err(FramingError::Unexpected("Stream Prepare").into()),
+        }
+    }
+
+    /// A keepalive: its `wal_end` is the confirmed position when nothing is
+    /// open or unfinished (invariant 3, kept by [`AckTracker::keepalive`]).
+    fn handle_keepalive(&mut self, wal_end: u64) -> Result<(), RelayError> {
+        self.tracker.keepalive(wal_end);
+        Ok(())
+    }
+
+    /// Begin: a transaction opens; its commit time dates the events without
+    /// `created_at`.
+    fn handle_begin(&mut self, begin: &Begin) -> Result<(), RelayError> {
+        self.tracker.begin()?;
+        self.commit_time = begin.commit_time;
+        Ok(())
+    }
+
+    /// Commit: the transaction closes at its end position, which the
+    /// confirmed position may reach once its events finish.
+    fn handle_commit(&mut self, commit: &Commit) -> Result<(), RelayError> {
+        self.tracker.commit(commit.end_lsn)?;
+        Ok(())
+    }
+
+    /// Relation: whether the table announced is the outbox, and if so its
+    /// mapping (a mismatch with `[columns]` stops the relay before its rows).
+    fn handle_relation(&mut self, relation: &Relation) -> Result<(), RelayError> {
+        // By oid or by name. By oid: a row written before a rename is
+        // announced under the old name, one written after under the
+        // new. By name: a table dropped and created again under a
+        // publication FOR ALL TABLES or FOR TABLES IN SCHEMA has a
+        // new oid, and its rows are the outbox's; skipping them would
+        // confirm them unpublished. Its columns are checked like any
+        // Relation's (a mismatch stops the relay before its rows).
+        let named = relation.namespace == self.table.schema && relation.name == self.table.name;
+        let ours = relation.oid == self.table_oid || named;
+        if named && relation.oid != self.table_oid {
+            tracing::warn!(
+                table = %self.table, oid = relation.oid, was = self.table_oid,
+                "the outbox table was created again (a new oid); its rows are published as the outbox's"
+            );
+        }
+        if ours && !named {
+            tracing::warn!(
+                table = %self.table, now = %format!("{}.{}", relation.namespace, relation.name),
+                "the outbox table was renamed; its rows are still published, but marking, the poller \
+                 and retention use postgres.table: set it to the new name (the relay will not start \
+                 with the old one)"
+            );
+        }
+        let mapping = if ours {
+            let mapping = RowMapping::new(relation, &self.config.columns)?;
+            for (key, column) in &mapping.absent_optional {
+                tracing::warn!(
+                    table = %self.table, column = %column, key = %format!("columns.{key}"),
+                    "optional column not in the table; set the key to \"\" to silence this"
+                );
+            }
+            Some(mapping)
+        } else {
+            tracing::debug!(namespace = %relation.namespace, name = %relation.name, "table in the publication is not the outbox; its rows are ignored");
+            None
+        };
+        self.relations.insert(relation.oid, mapping);
+        Ok(())
+    }
+
+    /// Insert: a row of the outbox becomes a dispatch for this burst, or is
+    /// held with its prepared transaction; rows of other tables are ignored.
+    /// Every outbox row takes a ticket before anything else, so the confirmed
+    /// position cannot pass it until its outcome (invariant 1).
+    fn handle_insert(&mut self, at: u64, row: usize, insert: &Insert) -> Result<(), RelayError> {
+        let mapping = self
+            .relations
+            .get(&insert.relation_oid)
+            .ok_or(RelayError::UnknownRelation(insert.relation_oid))?;
+        let Some(mapping) = mapping else {
+            return Ok(());
+        };
+        let ticket = self.tracker.event()?;
+        self.received_in_burst += 1;
+        let dispatch = match mapping.event(&insert.tuple, self.commit_time) {
+            Ok(event) => match self.outgoing.prepare(event, ticket, self.commit_time) {
+                Prepared::Publish(mut message) => {
+                    let held = held_bytes(row, &message);
+                    message.ticket = self.tracker.hold(message.ticket, held);
+                    Dispatch::Publish(message)
+                }
+                Prepared::Skip(id) => {
+                    if self.prepared.is_open() {
+                        self.prepared.hold(Held::Skipped { id, ticket });
+                    } else {
+                        self.skipped(id, ticket);
                     }
-                };
-                if self.prepared.is_open() {
-                    self.prepared.hold(Held::Dispatch(dispatch));
-                } else {
+                    return Ok(());
+                }
+                Prepared::Fail(id, reason) => Dispatch::Reject {
+                    ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                    id,
+                    reason,
+                },
+            },
+            Err(e) => {
+                let id = mapping.id_of(&insert.tuple).unwrap_or_default();
+                tracing::error!(lsn = %format_lsn(at), id = %id, error = %crate::report::Chain(&e), "outbox row cannot become an event");
+                Dispatch::Reject {
+                    ticket: self.tracker.hold(ticket, HELD_PER_EVENT),
+                    id,
+                    reason: e.to_string(),
+                }
+            }
+        };
+        if self.prepared.is_open() {
+            self.prepared.hold(Held::Dispatch(dispatch));
+        } else {
+            self.burst.push(dispatch);
+        }
+        Ok(())
+    }
+
+    /// Update, Delete, Truncate: the outbox is append-only for the relay;
+    /// only inserts are events.
+    fn handle_update_delete_truncate(&mut self, at: u64) -> Result<(), RelayError> {
+        tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
+        Ok(())
+    }
+
+    /// Message (`pg_logical_emit_message`): the relay's own heartbeat is
+    /// measured; any other is ignored.
+    fn handle_message(&mut self, message: &LogicalMessage) -> Result<(), RelayError> {
+        if message.prefix != HEARTBEAT_PREFIX {
+            tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
+            return Ok(());
+        }
+        if let Some(sent) = std::str::from_utf8(&message.content)
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            crate::metrics::get().heartbeat_seen(sent);
+        }
+        Ok(())
+    }
+
+    /// Begin Prepare: a prepared transaction opens; its events are held
+    /// until its outcome.
+    fn handle_begin_prepare(&mut self, begin: &BeginPrepare) -> Result<(), RelayError> {
+        self.tracker.begin_prepared()?;
+        self.prepared.begin();
+        // Not committed yet: an event without created_at takes the
+        // prepare time as its time.
+        self.commit_time = begin.prepare_time;
+        Ok(())
+    }
+
+    /// Prepare: the transaction's events wait for COMMIT PREPARED, parked in
+    /// the tracker, which keeps the confirmed position before them.
+    fn handle_prepare(&mut self, at: u64, prepare: Prepare) -> Result<(), RelayError> {
+        let tracked = self.tracker.prepare(prepare.end_lsn)?;
+        if tracked.is_some() {
+            tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
+        }
+        self.prepared.prepared(prepare.xid, prepare.gid, tracked);
+        Ok(())
+    }
+
+    /// Commit Prepared: the held events go to the publisher here, after what
+    /// committed in between, dated by the commit.
+    fn handle_commit_prepared(&mut self, commit: &CommitPrepared) -> Result<(), RelayError> {
+        let outcome = "COMMIT PREPARED: its events are published";
+        for event in self.resolve_prepared(commit.xid, outcome) {
+            match event {
+                Held::Dispatch(mut dispatch) => {
+                    if let Dispatch::Publish(message) = &mut dispatch {
+                        message.commit_time = commit.commit_time;
+                    }
                     self.burst.push(dispatch);
                 }
-            }
-            Pgoutput::Begin(begin) => {
-                self.tracker.begin()?;
-                self.commit_time = begin.commit_time;
-            }
-            Pgoutput::Commit(commit) => {
-                self.tracker.commit(commit.end_lsn)?;
-            }
-            Pgoutput::Message(message) if message.prefix == HEARTBEAT_PREFIX => {
-                if let Some(sent) = std::str::from_utf8(&message.content)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                {
-                    crate::metrics::get().heartbeat_seen(sent);
-                }
-            }
-            Pgoutput::Message(message) => {
-                tracing::debug!(prefix = %message.prefix, "logical decoding message ignored");
-            }
-            Pgoutput::Update(_) | Pgoutput::Delete(_) | Pgoutput::Truncate(_) => {
-                tracing::debug!(lsn = %format_lsn(at), "update, delete or truncate skipped; the relay publishes inserts");
-            }
-            Pgoutput::Origin(_) | Pgoutput::Type(_) => {}
-            Pgoutput::BeginPrepare(begin) => {
-                self.tracker.begin_prepared()?;
-                self.prepared.begin();
-                // Not committed yet: an event without created_at takes the
-                // prepare time as its time.
-                self.commit_time = begin.prepare_time;
-            }
-            Pgoutput::Prepare(prepare) => {
-                let tracked = self.tracker.prepare(prepare.end_lsn)?;
-                if tracked.is_some() {
-                    tracing::debug!(gid = %prepare.gid, xid = prepare.xid, lsn = %format_lsn(at), "prepared transaction: its events wait for COMMIT PREPARED");
-                }
-                self.prepared.prepared(prepare.xid, prepare.gid, tracked);
-            }
-            Pgoutput::CommitPrepared(commit) => {
-                let Some(waiting) = self.prepared.resolve(commit.xid) else {
-                    return Ok(()); // nothing held: no outbox events, or confirmed before this session
-                };
-                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "COMMIT PREPARED: its events are published");
-                self.tracker.resolve(waiting.tracked);
-                for event in waiting.events {
-                    match event {
-                        Held::Dispatch(mut dispatch) => {
-                            if let Dispatch::Publish(message) = &mut dispatch {
-                                message.commit_time = commit.commit_time;
-                            }
-                            self.burst.push(dispatch);
-                        }
-                        Held::Skipped { id, ticket } => self.skipped(id, ticket),
-                    }
-                }
-            }
-            Pgoutput::RollbackPrepared(rollback) => {
-                let Some(waiting) = self.prepared.resolve(rollback.xid) else {
-                    return Ok(());
-                };
-                tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "ROLLBACK PREPARED: its events are dropped, never published");
-                self.tracker.resolve(waiting.tracked);
-                for event in &waiting.events {
-                    self.tracker.finish(event.ticket());
-                }
-            }
-            // Sent only to a client that asked for streaming; the relay does not.
-            Pgoutput::StreamPrepare(_) => {
-                return Err(FramingError::Unexpected("Stream Prepare").into())
+                Held::Skipped { id, ticket } => self.skipped(id, ticket),
             }
         }
         Ok(())
+    }
+
+    /// Rollback Prepared: the held events finish at once, never published.
+    fn handle_rollback_prepared(&mut self, rollback: &RollbackPrepared) -> Result<(), RelayError> {
+        let outcome = "ROLLBACK PREPARED: its events are dropped, never published";
+        for event in self.resolve_prepared(rollback.xid, outcome) {
+            self.tracker.finish(event.ticket());
+        }
+        Ok(())
+    }
+
+    /// The events held for prepared transaction `xid`, its parked place in
+    /// the tracker released; none when nothing was held (no outbox events,
+    /// or it was confirmed before this session).
+    fn resolve_prepared(&mut self, xid: u32, outcome: &str) -> Vec<Held> {
+        let Some(waiting) = self.prepared.resolve(xid) else {
+            return Vec::new();
+        };
+        tracing::debug!(gid = %waiting.gid, events = waiting.events.len(), "{outcome}");
+        self.tracker.resolve(waiting.tracked);
+        waiting.events
     }
 }
 
@@ -1071,12 +1431,27 @@ async fn room(marker: Option<&Marker>) {
     }
 }
 
-/// Runs a closure when dropped (however the scope ends).
-struct OnDrop<F: FnMut()>(F);
+/// The session shows as streaming in the metrics while this lives (however
+/// the session ends).
+struct Streaming;
 
-impl<F: FnMut()> Drop for OnDrop<F> {
+impl Streaming {
+    fn new() -> Self {
+        let metrics = crate::metrics::get();
+        metrics.set_streaming(true);
+        metrics.status_updates_total(0); // this stream counts from zero
+        Streaming
+    }
+}
+
+impl Drop for Streaming {
     fn drop(&mut self) {
-        (self.0)()
+        let metrics = crate::metrics::get();
+        metrics.set_streaming(false);
+        metrics
+            .health
+            .stream_silent_ms
+            .store(0, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -1084,7 +1459,7 @@ impl<F: FnMut()> Drop for OnDrop<F> {
 /// nothing running; what was in flight is sent again by the next session).
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
-impl AbortOnDrop<Result<(), crate::postgres::outbox::record::RecordError>> {
+impl AbortOnDrop<Result<(), RecordError>> {
     /// Why the publisher ended, once it has: a rejection it could not record,
     /// or (having ended without a reason) [`RelayError::PublisherStopped`].
     async fn stopped(&mut self) -> RelayError {
