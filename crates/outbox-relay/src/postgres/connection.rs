@@ -515,21 +515,36 @@ pub async fn wal_sender_timeout(
     Ok(crate::config::parse_duration(&text).unwrap_or(Duration::from_secs(60)))
 }
 
+/// Where a relay's events come from: the database cluster (its system
+/// identifier, which a promoted standby keeps), the database and the outbox
+/// table. A sink that names things it stores for later (claim-check objects)
+/// namespaces them by it, so two tables or relays sharing a bucket never name
+/// one object for two events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
+    pub system: String,
+    /// The database's name.
+    pub database: String,
+    /// The outbox table, `schema.table`.
+    pub table: String,
+}
+
 /// Where events on `client`'s connection come from, for the sink
-/// ([`crate::pipeline::sink::Source`]): the cluster's system identifier (which any
-/// role may read), `database` and `table`.
+/// ([`Source`]): the cluster's system identifier (which any role may read),
+/// `database` and `table`.
 pub async fn source(
     client: &tokio_postgres::Client,
     database: &str,
     table: &crate::config::TableName,
-) -> Result<crate::pipeline::sink::Source, tokio_postgres::Error> {
+) -> Result<Source, tokio_postgres::Error> {
     let row = client
         .query_one(
             "SELECT system_identifier::text FROM pg_control_system()",
             &[],
         )
         .await?;
-    Ok(crate::pipeline::sink::Source {
+    Ok(Source {
         system: row.get(0),
         database: database.to_owned(),
         table: table.to_string(),
