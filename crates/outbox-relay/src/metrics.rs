@@ -25,6 +25,40 @@ fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]
 }
 
+/// Why nothing flows: the `cause` label of `outbox_relay_stall_seconds`
+/// (each one is explained, and found, in [`crate::postgres::stall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StallCause {
+    /// The walsender waits for a slot of `synchronized_standby_slots`.
+    StandbySlot,
+    /// The slot's process waits for an open transaction to end.
+    OpenTransaction,
+    /// The slot's process waits for another lock.
+    Lock,
+    /// A prepared transaction: too old, or waited for.
+    PreparedTransaction,
+}
+
+impl StallCause {
+    /// Every cause, in the order stalls are reported.
+    pub const ALL: [StallCause; 4] = [
+        StallCause::StandbySlot,
+        StallCause::OpenTransaction,
+        StallCause::Lock,
+        StallCause::PreparedTransaction,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StallCause::StandbySlot => "standby_slot",
+            StallCause::OpenTransaction => "open_transaction",
+            StallCause::Lock => "lock",
+            StallCause::PreparedTransaction => "prepared_transaction",
+        }
+    }
+}
+
 /// A counter family whose label values are known up front. Each known value
 /// has its counter made once, at start-up: counting on the hot path neither
 /// hashes nor allocates a label set (and every known series is exported
@@ -318,7 +352,7 @@ impl Metrics {
             heartbeat_round_trip.clone(),
         );
         let stall_seconds = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        for cause in crate::postgres::stall::Cause::ALL {
+        for cause in StallCause::ALL {
             let _ = stall_seconds.get_or_create(&label("cause", cause.label()));
         }
         registry.register_with_unit(
@@ -428,7 +462,7 @@ impl Metrics {
     }
 
     /// How long the stall of `cause` has lasted (0: none).
-    pub fn stall_seconds(&self, cause: crate::postgres::stall::Cause, seconds: f64) {
+    pub fn stall_seconds(&self, cause: StallCause, seconds: f64) {
         self.stall_seconds
             .get_or_create(&label("cause", cause.label()))
             .set(seconds);

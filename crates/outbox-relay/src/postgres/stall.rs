@@ -61,38 +61,9 @@ pub const STALL_AFTER: Duration = Duration::from_secs(10);
 /// The wait event of a walsender that waits for `synchronized_standby_slots`.
 pub const WAIT_FOR_STANDBY: &str = "WaitForStandbyConfirmation";
 
-/// Why nothing flows: the `cause` label of `outbox_relay_stall_seconds`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Cause {
-    /// The walsender waits for a slot of `synchronized_standby_slots`.
-    StandbySlot,
-    /// The slot's process waits for an open transaction to end.
-    OpenTransaction,
-    /// The slot's process waits for another lock.
-    Lock,
-    /// A prepared transaction: too old, or waited for.
-    PreparedTransaction,
-}
-
-impl Cause {
-    /// Every cause, in the order stalls are reported.
-    pub const ALL: [Cause; 4] = [
-        Cause::StandbySlot,
-        Cause::OpenTransaction,
-        Cause::Lock,
-        Cause::PreparedTransaction,
-    ];
-
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Cause::StandbySlot => "standby_slot",
-            Cause::OpenTransaction => "open_transaction",
-            Cause::Lock => "lock",
-            Cause::PreparedTransaction => "prepared_transaction",
-        }
-    }
-}
+/// The metric's label vocabulary is the causes' names: it lives with the
+/// metric, below this wing.
+pub use crate::metrics::StallCause as Cause;
 
 /// One stall: its cause, what it is about, and what to do.
 #[derive(Debug, Clone, PartialEq)]
