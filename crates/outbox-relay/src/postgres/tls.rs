@@ -40,7 +40,7 @@
 //! connections pick `SCRAM-SHA-256-PLUS` when the server offers it and TLS
 //! gives a binding ([`tls_server_end_point`]); `require` refuses every other
 //! way of logging in (md5, password, trust, SCRAM without binding) with
-//! libpq's words ([`CHANNEL_BINDING_NOT_OFFERED`]), and needs TLS, so it is
+//! libpq's words ([`crate::report::CHANNEL_BINDING_NOT_OFFERED`]), and needs TLS, so it is
 //! refused at start-up with `sslmode=disable` or a unix socket.
 //!
 //! # Direct TLS
@@ -192,29 +192,9 @@ impl FromStr for SslNegotiation {
     }
 }
 
-/// What libpq's words call channel binding refused: the same sentence on both
-/// connections (tokio-postgres's own, "server did not use channel binding",
-/// is translated to it, see [`is_channel_binding_refusal`]).
-pub const CHANNEL_BINDING_NOT_OFFERED: &str = "channel binding is required, but server did not offer an authentication method that supports channel binding";
-
-/// The whole message of a refusal under `channel_binding = require`; `detail`
-/// says what the server did, when the relay knows.
-pub fn channel_binding_refused(detail: Option<&str>) -> String {
-    let detail = detail.map(|d| format!(" ({d})")).unwrap_or_default();
-    format!(
-        "{CHANNEL_BINDING_NOT_OFFERED}{detail}; postgres.channel_binding = require needs the \
-         relay's role to log in by scram-sha-256 over TLS (a hostssl line in pg_hba.conf, the \
-         password stored as SCRAM): fix the server, or set channel_binding = prefer"
-    )
-}
-
-/// Whether tokio-postgres refused to log in because `channel_binding =
-/// require` was not met. tokio-postgres has no error kind for it; its text is
-/// pinned by the channel-binding end-to-end tests, which fail if it changes.
-pub fn is_channel_binding_refusal(error: &tokio_postgres::Error) -> bool {
-    std::error::Error::source(error)
-        .is_some_and(|cause| cause.to_string() == "server did not use channel binding")
-}
+/// Both connections refuse a login without channel binding in the same
+/// words, which [`crate::report::Chain`] also uses: they live with it.
+pub use crate::report::channel_binding_refused;
 
 /// Where the trusted CAs come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
