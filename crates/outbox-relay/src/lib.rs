@@ -33,12 +33,12 @@ mod time;
 // What the binary, the end-to-end tests, the benchmarks and the fuzz targets
 // use; everything else is the crate's own.
 pub use cli::main;
+pub use config::tls::percent_decode;
 pub use config::{parse_duration, Config, Secret};
 pub use metrics::get as metrics;
 pub use pipeline::error::ErrorClass;
 pub use pipeline::sink::{Message, Outcome, Sink};
 pub use pipeline::stream::{RelayError, Summary};
-pub use postgres::tls::percent_decode;
 pub use postgres::walstream::{WalStream, WireError};
 pub use postgres::{check, setup, ConnInfo};
 pub use relay::run;

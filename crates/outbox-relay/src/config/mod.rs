@@ -23,6 +23,7 @@ use serde::Deserialize;
 pub mod allow;
 pub mod columns;
 pub mod settings;
+pub mod tls;
 pub mod value;
 
 use crate::config::settings::Settings;
@@ -174,11 +175,11 @@ pub struct PostgresConfig {
 
 impl PostgresConfig {
     /// The TLS settings, from the URL and the `ssl_*` keys; problems name their key.
-    pub fn tls(&self) -> Result<crate::postgres::tls::TlsSettings, Vec<(String, String)>> {
+    pub fn tls(&self) -> Result<tls::TlsSettings, Vec<(String, String)>> {
         let (rest, url) = self
             .url
             .as_ref()
-            .map(|u| crate::postgres::tls::split_url(u.expose()))
+            .map(|u| tls::split_url(u.expose()))
             .unwrap_or_default();
         let unix_socket = tokio_postgres::Config::from_str(&rest).is_ok_and(|c| {
             matches!(
@@ -186,9 +187,9 @@ impl PostgresConfig {
                 Some(tokio_postgres::config::Host::Unix(_))
             )
         });
-        crate::postgres::tls::TlsSettings::resolve(
+        tls::TlsSettings::resolve(
             &url,
-            crate::postgres::tls::KeyValues {
+            tls::KeyValues {
                 ssl_mode: self.ssl_mode.as_deref(),
                 ssl_root_cert: self.ssl_root_cert.as_deref(),
                 ssl_cert: self.ssl_cert.as_deref(),
@@ -862,7 +863,7 @@ fn check_url(url: &str) -> Result<(), String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err("must be a URL starting with postgres:// or postgresql://".into());
     }
-    let (url, _) = crate::postgres::tls::split_url(url);
+    let (url, _) = tls::split_url(url);
     let parsed = tokio_postgres::Config::from_str(&url)
         .map_err(|e| format!("not a valid Postgres URL: {e}"))?;
     if parsed.get_user().is_none() {

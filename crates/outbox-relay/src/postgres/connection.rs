@@ -119,7 +119,7 @@ impl ConnInfo {
         let connector = tls
             .connector()
             .map_err(|(key, message)| ConnInfoError::Tls { key, message })?;
-        let (url, _) = crate::postgres::tls::split_url(url.expose());
+        let (url, _) = crate::config::tls::split_url(url.expose());
         let mut sql = tokio_postgres::Config::from_str(&url)
             .map_err(|e| ConnInfoError::Url(format!("not a valid Postgres URL: {e}")))?;
         let password = match (&pg.password_file, &pg.password) {
