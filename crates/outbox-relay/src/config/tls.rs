@@ -317,116 +317,78 @@ impl TlsSettings {
         keys: KeyValues<'_>,
     ) -> Result<TlsSettings, Vec<(String, String)>> {
         let mut problems = Vec::new();
-        let mut pick = |key: &str, param: &str, from_url: Option<&str>, from_key: Option<&str>| {
-            match (from_url, from_key) {
-                (Some(u), Some(k)) if u != k => {
-                    problems.push((
-                        format!("postgres.{key}"),
-                        format!(
-                            "{k:?} disagrees with {param}={u:?} in postgres.url; set it in one place"
-                        ),
-                    ));
-                    None
-                }
-                (u, k) => k.or(u).map(str::to_owned),
-            }
-        };
-        let mode = pick("ssl_mode", "sslmode", url.sslmode.as_deref(), keys.ssl_mode);
+        let p = &mut problems;
+        let mode = pick(
+            p,
+            "ssl_mode",
+            "sslmode",
+            url.sslmode.as_deref(),
+            keys.ssl_mode,
+        );
         let roots = pick(
+            p,
             "ssl_root_cert",
             "sslrootcert",
             url.sslrootcert.as_deref(),
             keys.ssl_root_cert,
         );
         let cert = pick(
+            p,
             "ssl_cert",
             "sslcert",
             url.sslcert.as_deref(),
             keys.ssl_cert.and_then(Path::to_str),
         );
         let key = pick(
+            p,
             "ssl_key",
             "sslkey",
             url.sslkey.as_deref(),
             keys.ssl_key.and_then(Path::to_str),
         );
         let negotiation = pick(
+            p,
             "ssl_negotiation",
             "sslnegotiation",
             url.sslnegotiation.as_deref(),
             keys.ssl_negotiation,
         );
         let binding = pick(
+            p,
             "channel_binding",
             "channel_binding",
             url.channel_binding.as_deref(),
             keys.channel_binding,
         );
-        // A problem with a value names the key it was set with.
-        let key_of = |key: &str, set_as_key: bool| {
-            if set_as_key {
-                format!("postgres.{key}")
-            } else {
-                "postgres.url".to_owned()
-            }
-        };
         let mode_key = key_of("ssl_mode", keys.ssl_mode.is_some());
-        fn parsed<T: FromStr<Err = String>>(
-            key: String,
-            value: Option<String>,
-            problems: &mut Vec<(String, String)>,
-        ) -> Option<T> {
-            match value.as_deref().map(str::parse) {
-                None => None,
-                Some(Ok(value)) => Some(value),
-                Some(Err(message)) => {
-                    problems.push((key, message));
-                    None
-                }
-            }
-        }
-        let given_mode: Option<SslMode> = parsed(mode_key.clone(), mode, &mut problems);
-        let negotiation: SslNegotiation = parsed(
-            key_of("ssl_negotiation", keys.ssl_negotiation.is_some()),
-            negotiation,
-            &mut problems,
-        )
-        .unwrap_or_default();
-        let channel_binding: ChannelBindingMode = parsed(
-            key_of("channel_binding", keys.channel_binding.is_some()),
-            binding,
-            &mut problems,
-        )
-        .unwrap_or_default();
+        let given_mode: Option<SslMode> = parsed(mode_key.clone(), mode, p);
+        let negotiation_key = key_of("ssl_negotiation", keys.ssl_negotiation.is_some());
+        let negotiation = parsed(negotiation_key, negotiation, p).unwrap_or_default();
+        let binding_key = key_of("channel_binding", keys.channel_binding.is_some());
+        let channel_binding = parsed(binding_key, binding, p).unwrap_or_default();
         let roots = roots.as_deref().map(Roots::parse);
-        let mode = match (given_mode, &roots) {
-            // As libpq: the public roots check the host name, or they check
-            // nothing worth having.
-            (None, Some(Roots::System)) => SslMode::VerifyFull,
-            (Some(mode), Some(Roots::System)) if mode != SslMode::VerifyFull => {
-                problems.push((
-                    mode_key.clone(),
-                    format!(
-                        "weak sslmode \"{mode}\" may not be used with sslrootcert=system (use \"verify-full\"): \
-                         any public CA signs certificates for any name, so only the host name check makes \
-                         them mean something"
-                    ),
-                ));
-                mode
-            }
-            // As libpq: `require` with a root certificate checks the chain (verify-ca).
-            (Some(SslMode::Require), Some(Roots::File(_))) => SslMode::VerifyCa,
-            (mode, _) => mode.unwrap_or_default(),
-        };
         let settings = TlsSettings {
-            mode,
+            mode: effective_mode(given_mode, roots.as_ref(), &mode_key, p),
             roots,
             cert: cert.map(PathBuf::from),
             key: key.map(PathBuf::from),
             negotiation,
             channel_binding,
         };
-        if mode.verifies() && settings.roots.is_none() {
+        settings.check_files(&mode_key, p);
+        settings.check_needs_tls(&keys, p);
+        if problems.is_empty() {
+            Ok(settings)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// What the roots and the client certificate ask of the mode and of
+    /// each other.
+    fn check_files(&self, mode_key: &str, problems: &mut Vec<(String, String)>) {
+        let mode = self.mode;
+        if mode.verifies() && self.roots.is_none() {
             problems.push((
                 "postgres.ssl_root_cert".into(),
                 format!(
@@ -435,7 +397,7 @@ impl TlsSettings {
                 ),
             ));
         }
-        match (&settings.cert, &settings.key) {
+        match (&self.cert, &self.key) {
             (Some(_), None) => problems.push((
                 "postgres.ssl_key".into(),
                 "postgres.ssl_cert is set: also set the client certificate's private key".into(),
@@ -446,15 +408,20 @@ impl TlsSettings {
             )),
             _ => {}
         }
-        if mode == SslMode::Disable && (settings.cert.is_some() || settings.roots.is_some()) {
+        if mode == SslMode::Disable && (self.cert.is_some() || self.roots.is_some()) {
             problems.push((
-                mode_key.clone(),
+                mode_key.to_owned(),
                 "sslmode disable sends no certificate and checks none: remove ssl_root_cert/ssl_cert, \
                  or choose a mode that uses TLS"
                     .into(),
             ));
         }
-        if negotiation == SslNegotiation::Direct
+    }
+
+    /// Direct TLS and a required channel binding need TLS, as in libpq.
+    fn check_needs_tls(&self, keys: &KeyValues<'_>, problems: &mut Vec<(String, String)>) {
+        let mode = self.mode;
+        if self.negotiation == SslNegotiation::Direct
             && !keys.unix_socket
             && matches!(mode, SslMode::Disable | SslMode::Prefer)
         {
@@ -466,29 +433,99 @@ impl TlsSettings {
                 ),
             ));
         }
-        if channel_binding == ChannelBindingMode::Require {
-            let without_tls = if keys.unix_socket {
-                Some("the URL names a unix socket, where TLS does not apply")
-            } else if mode == SslMode::Disable {
-                Some("sslmode is disable")
-            } else {
-                None
-            };
-            if let Some(why) = without_tls {
-                problems.push((
-                    key_of("channel_binding", keys.channel_binding.is_some()),
-                    format!(
-                        "channel_binding require binds the login to the server's TLS certificate, \
-                         and {why}: connect over TCP with sslmode verify-full, or set channel_binding prefer"
-                    ),
-                ));
-            }
+        if self.channel_binding != ChannelBindingMode::Require {
+            return;
         }
-        if problems.is_empty() {
-            Ok(settings)
+        let without_tls = if keys.unix_socket {
+            Some("the URL names a unix socket, where TLS does not apply")
+        } else if mode == SslMode::Disable {
+            Some("sslmode is disable")
         } else {
-            Err(problems)
+            None
+        };
+        if let Some(why) = without_tls {
+            problems.push((
+                key_of("channel_binding", keys.channel_binding.is_some()),
+                format!(
+                    "channel_binding require binds the login to the server's TLS certificate, \
+                     and {why}: connect over TCP with sslmode verify-full, or set channel_binding prefer"
+                ),
+            ));
         }
+    }
+}
+
+/// The value of one TLS setting, from the URL's `param` or the key
+/// `postgres.{key}`; given both ways, they must agree.
+fn pick(
+    problems: &mut Vec<(String, String)>,
+    key: &str,
+    param: &str,
+    from_url: Option<&str>,
+    from_key: Option<&str>,
+) -> Option<String> {
+    match (from_url, from_key) {
+        (Some(u), Some(k)) if u != k => {
+            problems.push((
+                format!("postgres.{key}"),
+                format!("{k:?} disagrees with {param}={u:?} in postgres.url; set it in one place"),
+            ));
+            None
+        }
+        (u, k) => k.or(u).map(str::to_owned),
+    }
+}
+
+/// The key a problem with a value names: the one it was set with.
+fn key_of(key: &str, set_as_key: bool) -> String {
+    if set_as_key {
+        format!("postgres.{key}")
+    } else {
+        "postgres.url".to_owned()
+    }
+}
+
+/// `value` parsed; a value that does not parse is a problem of `key`.
+fn parsed<T: FromStr<Err = String>>(
+    key: String,
+    value: Option<String>,
+    problems: &mut Vec<(String, String)>,
+) -> Option<T> {
+    match value.as_deref().map(str::parse) {
+        None => None,
+        Some(Ok(value)) => Some(value),
+        Some(Err(message)) => {
+            problems.push((key, message));
+            None
+        }
+    }
+}
+
+/// The mode libpq would use: `sslrootcert=system` makes it verify-full and
+/// refuses anything weaker; `require` with a root certificate checks the
+/// chain (verify-ca).
+fn effective_mode(
+    given: Option<SslMode>,
+    roots: Option<&Roots>,
+    mode_key: &str,
+    problems: &mut Vec<(String, String)>,
+) -> SslMode {
+    match (given, roots) {
+        // The public roots check the host name, or they check nothing worth having.
+        (None, Some(Roots::System)) => SslMode::VerifyFull,
+        (Some(mode), Some(Roots::System)) if mode != SslMode::VerifyFull => {
+            problems.push((
+                mode_key.to_owned(),
+                format!(
+                    "weak sslmode \"{mode}\" may not be used with sslrootcert=system (use \"verify-full\"): \
+                     any public CA signs certificates for any name, so only the host name check makes \
+                     them mean something"
+                ),
+            ));
+            mode
+        }
+        (Some(SslMode::Require), Some(Roots::File(_))) => SslMode::VerifyCa,
+        (mode, _) => mode.unwrap_or_default(),
     }
 }
 
