@@ -616,8 +616,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
 /// algorithm, SHA-256 where that is MD5 or SHA-1. `None` for Ed25519 (no
 /// separate hash: the server cannot compute one either) and for RSA-PSS,
 /// whose hash sits in the algorithm's parameters: the server can bind those
-/// (OpenSSL's `X509_get_signature_info`), the relay does not read them yet,
-/// so under `channel_binding = require` it refuses such a server.
+/// (OpenSSL's `X509_get_signature_info`); the relay does not read them (that
+/// takes parsing `RSASSA-PSS-params`, beyond the walk below), so under
+/// `channel_binding = require` it refuses such a server.
 ///
 /// The signature algorithm is read with a walk of three DER headers
 /// (`Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm
