@@ -261,44 +261,7 @@ fn waiting(look: &Look, holder: &Holder) -> Option<Stall> {
         (None, locktype) => format!("a {} lock ({locktype})", lock.mode),
     };
     if lock.blockers.iter().any(|b| b.pid == 0) {
-        // A prepared transaction holds it: the one whose id is waited for,
-        // else the oldest one there is.
-        let prepared = look
-            .prepared
-            .iter()
-            .find(|p| Some(&p.xid) == lock.xid.as_ref())
-            .or_else(|| look.prepared.first());
-        let (gid, about, fix) = match prepared {
-            Some(p) => (
-                p.gid.clone(),
-                format!(
-                    "prepared transaction {} (database {:?}, owner {:?}, prepared {} ago)",
-                    quote_literal(&p.gid),
-                    p.database,
-                    p.owner,
-                    age(p.age)
-                ),
-                finish_prepared(p),
-            ),
-            None => (
-                String::new(),
-                "a prepared transaction".to_owned(),
-                "COMMIT PREPARED or ROLLBACK PREPARED it (SELECT gid, database FROM pg_prepared_xacts)"
-                    .to_owned(),
-            ),
-        };
-        return Some(Stall {
-            cause: Cause::PreparedTransaction,
-            subject: gid,
-            message: format!(
-                "{who} has waited {} for {what}, held by {about}; nobody is connected to a \
-                 prepared transaction, so it never ends by itself",
-                age(waited)
-            ),
-            fix,
-            seconds: Some(waited),
-            lasting: true,
-        });
+        return Some(held_by_prepared(look, lock, &who, &what, waited));
     }
     let holders: Vec<String> = lock.blockers.iter().map(backend).collect();
     let pids: Vec<String> = lock.blockers.iter().map(|b| b.pid.to_string()).collect();
@@ -338,6 +301,48 @@ fn waiting(look: &Look, holder: &Holder) -> Option<Stall> {
         seconds: Some(waited),
         lasting: true,
     })
+}
+
+/// `who` has waited `waited` seconds for `what`, a lock a prepared
+/// transaction holds (its holder has no PID).
+fn held_by_prepared(look: &Look, lock: &LockWait, who: &str, what: &str, waited: f64) -> Stall {
+    // The one whose id is waited for, else the oldest one there is.
+    let prepared = look
+        .prepared
+        .iter()
+        .find(|p| Some(&p.xid) == lock.xid.as_ref())
+        .or_else(|| look.prepared.first());
+    let (gid, about, fix) = match prepared {
+        Some(p) => (
+            p.gid.clone(),
+            format!(
+                "prepared transaction {} (database {:?}, owner {:?}, prepared {} ago)",
+                quote_literal(&p.gid),
+                p.database,
+                p.owner,
+                age(p.age)
+            ),
+            finish_prepared(p),
+        ),
+        None => (
+            String::new(),
+            "a prepared transaction".to_owned(),
+            "COMMIT PREPARED or ROLLBACK PREPARED it (SELECT gid, database FROM pg_prepared_xacts)"
+                .to_owned(),
+        ),
+    };
+    Stall {
+        cause: Cause::PreparedTransaction,
+        subject: gid,
+        message: format!(
+            "{who} has waited {} for {what}, held by {about}; nobody is connected to a \
+             prepared transaction, so it never ends by itself",
+            age(waited)
+        ),
+        fix,
+        seconds: Some(waited),
+        lasting: true,
+    }
 }
 
 /// The walsender waits for `synchronized_standby_slots`.
