@@ -33,16 +33,16 @@ mod time;
 // What the binary, the end-to-end tests, the benchmarks and the fuzz targets
 // use; everything else is the crate's own.
 pub use cli::main;
+pub use config::tls::percent_decode;
 pub use config::{parse_duration, Config, Secret};
 pub use metrics::get as metrics;
 pub use pipeline::error::ErrorClass;
 pub use pipeline::sink::{Message, Outcome, Sink};
 pub use pipeline::stream::{RelayError, Summary};
-pub use postgres::tls::{percent_decode, CHANNEL_BINDING_NOT_OFFERED};
 pub use postgres::walstream::{WalStream, WireError};
 pub use postgres::{check, setup, ConnInfo};
 pub use relay::run;
-pub use report::Chain;
+pub use report::{Chain, CHANNEL_BINDING_NOT_OFFERED};
 pub use sink::aws::errors::{classify as classify_aws_error, Class as AwsErrorClass};
 pub use sink::aws::json::parse_error as parse_aws_json_error;
 pub use sink::SnsSink;

@@ -25,6 +25,40 @@ fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]
 }
 
+/// Why nothing flows: the `cause` label of `outbox_relay_stall_seconds`
+/// (each one is explained, and found, in [`crate::postgres::stall`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StallCause {
+    /// The walsender waits for a slot of `synchronized_standby_slots`.
+    StandbySlot,
+    /// The slot's process waits for an open transaction to end.
+    OpenTransaction,
+    /// The slot's process waits for another lock.
+    Lock,
+    /// A prepared transaction: too old, or waited for.
+    PreparedTransaction,
+}
+
+impl StallCause {
+    /// Every cause, in the order stalls are reported.
+    pub const ALL: [StallCause; 4] = [
+        StallCause::StandbySlot,
+        StallCause::OpenTransaction,
+        StallCause::Lock,
+        StallCause::PreparedTransaction,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            StallCause::StandbySlot => "standby_slot",
+            StallCause::OpenTransaction => "open_transaction",
+            StallCause::Lock => "lock",
+            StallCause::PreparedTransaction => "prepared_transaction",
+        }
+    }
+}
+
 /// A counter family whose label values are known up front. Each known value
 /// has its counter made once, at start-up: counting on the hot path neither
 /// hashes nor allocates a label set (and every known series is exported
@@ -180,183 +214,186 @@ pub struct Health {
 }
 
 impl Metrics {
+    /// Every metric made and registered, in the order of the exposition.
     fn new() -> Self {
-        let mut registry = Registry::default();
-        let events_received = Labelled::new("path", &["replication", "poller"]);
-        registry.register(
-            "outbox_relay_events_received",
-            "Outbox events received, by path (replication, poller)",
-            events_received.family.clone(),
-        );
-        let envelopes_published =
-            Labelled::new("outcome", &["delivered", "rejected", "retried", "skipped"]);
-        registry.register(
-            "outbox_relay_envelopes_published",
-            "Envelopes by outcome: delivered, rejected (recorded FAILED/DEAD), retried (transient failure), skipped (filtered out)",
-            envelopes_published.family.clone(),
-        );
-        let publish_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        registry.register_with_unit(
-            "outbox_relay_publish_duration",
-            "Duration of one sink call (one PublishBatch)",
-            Unit::Seconds,
-            publish_duration.clone(),
-        );
-        let end_to_end_latency = Latency::new(exponential_buckets(0.001, 2.0, 18));
-        registry.register_with_unit(
-            "outbox_relay_end_to_end_latency",
-            "From the transaction's commit timestamp to the sink's confirmation",
-            Unit::Seconds,
-            end_to_end_latency.clone(),
-        );
-        let in_flight = Gauge::default();
-        registry.register(
-            "outbox_relay_in_flight_envelopes",
-            "Events received and not yet delivered or recorded",
-            in_flight.clone(),
-        );
-        let sink_concurrency_limit = Gauge::default();
-        registry.register(
-            "outbox_relay_sink_concurrency_limit",
-            "Sink calls (batches) allowed in flight now: fixed, or found by the adaptive limiter",
-            sink_concurrency_limit.clone(),
-        );
-        let sink_rtt = Gauge::<f64, AtomicU64>::default();
-        registry.register_with_unit(
-            "outbox_relay_sink_rtt",
-            "Baseline round-trip time of one sink call, as the adaptive limiter measures it",
-            Unit::Seconds,
-            sink_rtt.clone(),
-        );
-        let in_flight_bytes = Gauge::default();
-        registry.register_with_unit(
-            "outbox_relay_in_flight",
-            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope, the sink's copy)",
-            Unit::Bytes,
-            in_flight_bytes.clone(),
-        );
-        let unmarked = Gauge::default();
-        registry.register(
-            "outbox_relay_unmarked_rows",
-            "Rows published or filtered out and not yet marked or deleted in the table",
-            unmarked.clone(),
-        );
-        let confirmed_flush_lag = Gauge::default();
-        registry.register_with_unit(
-            "outbox_relay_confirmed_flush_lag",
-            "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
-            Unit::Bytes,
-            confirmed_flush_lag.clone(),
-        );
-        let retained_wal = Gauge::default();
-        registry.register_with_unit(
-            "outbox_relay_retained_wal",
-            "WAL the slot holds: pg_current_wal_lsn() - restart_lsn",
-            Unit::Bytes,
-            retained_wal.clone(),
-        );
-        let safe_wal_size = Gauge::default();
-        registry.register_with_unit(
-            "outbox_relay_slot_safe_wal_size",
-            "WAL that can still be written before the slot is invalidated (-1: no limit)",
-            Unit::Bytes,
-            safe_wal_size.clone(),
-        );
-        let slot_wal_status = Family::<Labels, Gauge>::default();
-        registry.register(
-            "outbox_relay_slot_wal_status",
-            "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing)",
-            slot_wal_status.clone(),
-        );
-        let streaming = Gauge::default();
-        registry.register(
-            "outbox_relay_streaming",
-            "1 while a replication session streams",
-            streaming.clone(),
-        );
-        let status_updates = Counter::default();
-        registry.register(
-            "outbox_relay_status_updates_sent",
-            "Standby status updates (flush positions) sent to Postgres",
-            status_updates.clone(),
-        );
-        let poller_runs = Counter::default();
-        registry.register(
-            "outbox_relay_poller_runs",
-            "Poller rounds",
-            poller_runs.clone(),
-        );
-        let retention_runs = Counter::default();
-        registry.register(
-            "outbox_relay_retention_runs",
-            "Retention runs",
-            retention_runs.clone(),
-        );
-        let retention_deleted = Counter::default();
-        registry.register(
-            "outbox_relay_retention_deleted_rows",
-            "Published rows deleted by retention",
-            retention_deleted.clone(),
-        );
-        let rows = Family::<Labels, Gauge>::default();
-        registry.register(
-            "outbox_relay_rows",
-            "Outbox rows by publish state (PENDING, FAILED, DEAD)",
-            rows.clone(),
-        );
-        let slot_losses = Counter::default();
-        registry.register(
-            "outbox_relay_slot_losses",
-            "Times the slot was found missing or invalidated",
-            slot_losses.clone(),
-        );
-        let heartbeat_round_trip = Histogram::new(exponential_buckets(0.001, 2.0, 16));
-        registry.register_with_unit(
-            "outbox_relay_heartbeat_round_trip",
-            "From emitting a heartbeat message to receiving it on the replication stream",
-            Unit::Seconds,
-            heartbeat_round_trip.clone(),
-        );
-        let stall_seconds = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        for cause in crate::postgres::stall::Cause::ALL {
-            let _ = stall_seconds.get_or_create(&label("cause", cause.label()));
-        }
-        registry.register_with_unit(
-            "outbox_relay_stall",
-            "How long the stall of each cause (standby_slot, open_transaction, lock, prepared_transaction) has lasted; 0: none",
-            Unit::Seconds,
-            stall_seconds.clone(),
-        );
-        Self {
-            registry,
-            heartbeat_round_trip,
-            stall_seconds,
-            events_received,
-            envelopes_published,
-            publish_duration,
-            end_to_end_latency,
-            in_flight,
-            sink_concurrency_limit,
-            sink_rtt,
-            in_flight_bytes,
-            unmarked,
-            confirmed_flush_lag,
-            retained_wal,
-            safe_wal_size,
-            slot_wal_status,
-            streaming,
-            status_updates,
+        let mut metrics = Self {
+            registry: Registry::default(),
+            events_received: Labelled::new("path", &["replication", "poller"]),
+            envelopes_published: Labelled::new(
+                "outcome",
+                &["delivered", "rejected", "retried", "skipped"],
+            ),
+            publish_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            end_to_end_latency: Latency::new(exponential_buckets(0.001, 2.0, 18)),
+            in_flight: Gauge::default(),
+            sink_concurrency_limit: Gauge::default(),
+            sink_rtt: Gauge::<f64, AtomicU64>::default(),
+            in_flight_bytes: Gauge::default(),
+            unmarked: Gauge::default(),
+            confirmed_flush_lag: Gauge::default(),
+            retained_wal: Gauge::default(),
+            safe_wal_size: Gauge::default(),
+            slot_wal_status: Family::<Labels, Gauge>::default(),
+            streaming: Gauge::default(),
+            status_updates: Counter::default(),
+            poller_runs: Counter::default(),
+            retention_runs: Counter::default(),
+            retention_deleted: Counter::default(),
+            rows: Family::<Labels, Gauge>::default(),
+            slot_losses: Counter::default(),
+            heartbeat_round_trip: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            stall_seconds: Family::<Labels, Gauge<f64, AtomicU64>>::default(),
             status_updates_seen: AtomicU64::new(0),
-            poller_runs,
-            retention_runs,
-            retention_deleted,
-            rows,
-            slot_losses,
             health: Health {
                 lag_bytes: AtomicI64::new(-1),
                 ..Health::default()
             },
+        };
+        metrics.register_delivery();
+        metrics.register_slot();
+        metrics.register_background();
+        metrics.register_readiness();
+        metrics
+    }
+
+    /// Events on their way: received, published, in flight, and the sink's pace.
+    fn register_delivery(&mut self) {
+        self.registry.register(
+            "outbox_relay_events_received",
+            "Outbox events received, by path (replication, poller)",
+            self.events_received.family.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_envelopes_published",
+            "Envelopes by outcome: delivered, rejected (recorded FAILED/DEAD), retried (transient failure), skipped (filtered out)",
+            self.envelopes_published.family.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_publish_duration",
+            "Duration of one sink call (one PublishBatch)",
+            Unit::Seconds,
+            self.publish_duration.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_end_to_end_latency",
+            "From the transaction's commit timestamp to the sink's confirmation",
+            Unit::Seconds,
+            self.end_to_end_latency.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_in_flight_envelopes",
+            "Events received and not yet delivered or recorded",
+            self.in_flight.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_sink_concurrency_limit",
+            "Sink calls (batches) allowed in flight now: fixed, or found by the adaptive limiter",
+            self.sink_concurrency_limit.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_sink_rtt",
+            "Baseline round-trip time of one sink call, as the adaptive limiter measures it",
+            Unit::Seconds,
+            self.sink_rtt.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_in_flight",
+            "Bytes the events received and not yet delivered or recorded hold (row, event, envelope, the sink's copy)",
+            Unit::Bytes,
+            self.in_flight_bytes.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_unmarked_rows",
+            "Rows published or filtered out and not yet marked or deleted in the table",
+            self.unmarked.clone(),
+        );
+    }
+
+    /// The slot's WAL and the replication session.
+    fn register_slot(&mut self) {
+        self.registry.register_with_unit(
+            "outbox_relay_confirmed_flush_lag",
+            "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
+            Unit::Bytes,
+            self.confirmed_flush_lag.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_retained_wal",
+            "WAL the slot holds: pg_current_wal_lsn() - restart_lsn",
+            Unit::Bytes,
+            self.retained_wal.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_slot_safe_wal_size",
+            "WAL that can still be written before the slot is invalidated (-1: no limit)",
+            Unit::Bytes,
+            self.safe_wal_size.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_slot_wal_status",
+            "1 for the slot's current wal_status (reserved, extended, unreserved, lost, missing)",
+            self.slot_wal_status.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_streaming",
+            "1 while a replication session streams",
+            self.streaming.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_status_updates_sent",
+            "Standby status updates (flush positions) sent to Postgres",
+            self.status_updates.clone(),
+        );
+    }
+
+    /// The poller's and retention's runs, and the table's rows.
+    fn register_background(&mut self) {
+        self.registry.register(
+            "outbox_relay_poller_runs",
+            "Poller rounds",
+            self.poller_runs.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_retention_runs",
+            "Retention runs",
+            self.retention_runs.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_retention_deleted_rows",
+            "Published rows deleted by retention",
+            self.retention_deleted.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_rows",
+            "Outbox rows by publish state (PENDING, FAILED, DEAD)",
+            self.rows.clone(),
+        );
+    }
+
+    /// What readiness watches: slot losses, heartbeats, stalls.
+    fn register_readiness(&mut self) {
+        self.registry.register(
+            "outbox_relay_slot_losses",
+            "Times the slot was found missing or invalidated",
+            self.slot_losses.clone(),
+        );
+        self.registry.register_with_unit(
+            "outbox_relay_heartbeat_round_trip",
+            "From emitting a heartbeat message to receiving it on the replication stream",
+            Unit::Seconds,
+            self.heartbeat_round_trip.clone(),
+        );
+        for cause in StallCause::ALL {
+            let _ = self
+                .stall_seconds
+                .get_or_create(&label("cause", cause.label()));
         }
+        self.registry.register_with_unit(
+            "outbox_relay_stall",
+            "How long the stall of each cause (standby_slot, open_transaction, lock, prepared_transaction) has lasted; 0: none",
+            Unit::Seconds,
+            self.stall_seconds.clone(),
+        );
     }
 
     /// `n` events came in by `path` (`replication` or `poller`).
@@ -428,7 +465,7 @@ impl Metrics {
     }
 
     /// How long the stall of `cause` has lasted (0: none).
-    pub fn stall_seconds(&self, cause: crate::postgres::stall::Cause, seconds: f64) {
+    pub fn stall_seconds(&self, cause: StallCause, seconds: f64) {
         self.stall_seconds
             .get_or_create(&label("cause", cause.label()))
             .set(seconds);

@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use super::{connect, EXIT_FAILURE};
 use crate::config::Config;
+use crate::postgres::failover;
+use crate::postgres::monitor::{self, SlotLag};
+use crate::postgres::outbox::table::Table;
+use crate::postgres::stall::{self, PreparedXact, Stall};
 
 /// Print the status; the exit code.
 pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
@@ -15,161 +19,205 @@ pub(super) async fn run(config: &Config, json: bool) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let slot = match crate::postgres::monitor::slot_lag(&client, &config.postgres.slot).await {
-        Ok(s) => s,
+    let status = match Status::read(&client, config).await {
+        Ok(status) => status,
         Err(e) => {
             eprintln!("error: cannot read the slot: {}", crate::report::Chain(&e));
             return ExitCode::from(EXIT_FAILURE);
         }
     };
-    let table = crate::postgres::outbox::table::Table::inspect(&client, config)
-        .await
-        .ok()
-        .flatten();
-    let counts = match &table {
-        Some(t) if t.managed => crate::postgres::monitor::row_counts(&client, t)
-            .await
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    let oldest_pending: Option<f64> = match &table {
-        Some(t) if t.managed && t.created_at.is_some() => client
-            .query_one(
-                &format!(
-                    "SELECT extract(epoch FROM now() - min({}))::float8 FROM {} WHERE publish_state = 'PENDING'",
-                    t.created_at.as_deref().unwrap_or("created_at"),
-                    t.qualified
-                ),
-                &[],
-            )
-            .await
-            .ok()
-            .and_then(|r| r.get(0)),
-        _ => None,
-    };
-    let failover = crate::postgres::failover::State::read(&client, &config.postgres.slot)
-        .await
-        .unwrap_or_default();
-    let look = crate::postgres::stall::look(&client, &config.postgres.slot)
-        .await
-        .unwrap_or_else(|e| {
-            eprintln!(
-                "warning: cannot ask the server what the slot waits for: {}",
-                crate::report::Chain(&e)
-            );
-            crate::postgres::stall::Look::default()
-        });
-    let stalls: Vec<crate::postgres::stall::Stall> =
-        crate::postgres::stall::diagnose(&look, config.stream.prepared_transaction_max_age)
-            .into_iter()
-            .filter(|s| s.lasting)
-            .collect();
-    let oldest_prepared = look.prepared.iter().find(|p| p.here);
-    let max_lag = config.http.ready_max_lag_bytes;
-    let mut problems = Vec::new();
-    match slot.wal_status.as_str() {
-        "missing" => problems.push(format!("slot {:?} does not exist", config.postgres.slot)),
-        "lost" => problems.push("the slot is invalidated (wal_status = lost)".to_owned()),
-        "unreserved" => problems
-            .push("the slot is about to be invalidated (wal_status = unreserved)".to_owned()),
-        _ => {}
-    }
-    if slot.wal_status != "missing" && slot.active_pid.is_none() {
-        problems.push("no relay is streaming from the slot".to_owned());
-    }
-    problems.extend(
-        stalls
-            .iter()
-            .map(|s| format!("stalled ({}): {}", s.cause.label(), s.describe())),
-    );
-    if slot.lag_bytes > max_lag {
-        problems.push(format!(
-            "lag {} bytes is over http.ready_max_lag_bytes ({max_lag})",
-            slot.lag_bytes
-        ));
-    }
+    let problems = status.problems(config);
     if json {
-        let value = serde_json::json!({
-            "slot": config.postgres.slot,
-            "wal_status": slot.wal_status,
-            "active_pid": slot.active_pid,
-            "confirmed_flush_lsn": slot.confirmed_flush_lsn,
-            "lag_bytes": slot.lag_bytes,
-            "lag_seconds": slot.flush_lag_seconds,
-            "retained_wal_bytes": slot.retained_bytes,
-            "safe_wal_size_bytes": slot.safe_wal_size,
-            "oldest_pending_seconds": oldest_pending,
-            "failover": failover.failover,
-            "synchronized_standby_slots": failover.standby_slots,
-            "oldest_prepared_transaction": oldest_prepared.map(|p| serde_json::json!({
-                "gid": p.gid,
-                "database": p.database,
-                "owner": p.owner,
-                "age_seconds": p.age,
-            })),
-            "stalls": stalls.iter().map(|s| serde_json::json!({
-                "cause": s.cause.label(),
-                "subject": s.subject,
-                "seconds": s.seconds,
-                "message": s.message,
-                "fix": s.fix,
-            })).collect::<Vec<_>>(),
-            "rows": counts.iter().map(|(s, n)| (s.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
-            "healthy": problems.is_empty(),
-            "problems": problems,
-        });
-        println!("{value:#}");
+        status.print_json(config, &problems);
     } else {
-        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
-        println!("slot                 {}", config.postgres.slot);
-        println!("wal_status           {}", slot.wal_status);
-        println!(
-            "streaming (pid)      {}",
-            opt(slot.active_pid.map(|p| p.to_string()))
-        );
-        println!(
-            "confirmed_flush_lsn  {}",
-            opt(slot.confirmed_flush_lsn.clone())
-        );
-        println!(
-            "lag                  {} bytes, {} s",
-            slot.lag_bytes,
-            opt(slot.flush_lag_seconds.map(|s| format!("{s:.3}")))
-        );
-        println!("retained WAL         {} bytes", slot.retained_bytes);
-        println!(
-            "safe_wal_size        {}",
-            if slot.safe_wal_size < 0 {
-                "unlimited".to_owned()
-            } else {
-                format!("{} bytes", slot.safe_wal_size)
-            }
-        );
-        println!("failover             {}", failover.describe());
-        println!(
-            "oldest PENDING row   {}",
-            opt(oldest_pending.map(|s| format!("{s:.1} s")))
-        );
-        println!(
-            "oldest prepared tx   {}",
-            opt(oldest_prepared.map(|p| format!(
-                "{} (database {:?}, owner {:?}, prepared {} ago)",
-                crate::postgres::sql::quote_literal(&p.gid),
-                p.database,
-                p.owner,
-                crate::postgres::stall::age(p.age)
-            )))
-        );
-        for (state, n) in &counts {
-            println!("rows {state:<15} {n}");
-        }
-        for p in &problems {
-            println!("problem              {p}");
-        }
+        status.print_table(config, &problems);
     }
     if problems.is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_FAILURE)
     }
+}
+
+/// What one look at the server found.
+struct Status {
+    slot: SlotLag,
+    /// Rows by publish state (a managed table only).
+    counts: Vec<(String, i64)>,
+    /// Age of the oldest PENDING row in seconds (a managed table with `created_at`).
+    oldest_pending: Option<f64>,
+    failover: failover::State,
+    /// The stalls one look can tell ([`Stall::lasting`]).
+    stalls: Vec<Stall>,
+    /// The oldest prepared transaction of the slot's database.
+    oldest_prepared: Option<PreparedXact>,
+}
+
+impl Status {
+    /// Read it; only the slot is needed, the rest is shown when it can be read.
+    async fn read(
+        client: &tokio_postgres::Client,
+        config: &Config,
+    ) -> Result<Status, tokio_postgres::Error> {
+        let slot = monitor::slot_lag(client, &config.postgres.slot).await?;
+        let table = Table::inspect(client, config).await.ok().flatten();
+        let (counts, oldest_pending) = match &table {
+            Some(t) if t.managed => (
+                monitor::row_counts(client, t).await.unwrap_or_default(),
+                oldest_pending(client, t).await,
+            ),
+            _ => (Vec::new(), None),
+        };
+        let failover = failover::State::read(client, &config.postgres.slot)
+            .await
+            .unwrap_or_default();
+        let look = stall::look(client, &config.postgres.slot)
+            .await
+            .unwrap_or_else(|e| {
+                eprintln!(
+                    "warning: cannot ask the server what the slot waits for: {}",
+                    crate::report::Chain(&e)
+                );
+                stall::Look::default()
+            });
+        let stalls = stall::diagnose(&look, config.stream.prepared_transaction_max_age)
+            .into_iter()
+            .filter(|s| s.lasting)
+            .collect();
+        Ok(Status {
+            slot,
+            counts,
+            oldest_pending,
+            failover,
+            stalls,
+            oldest_prepared: look.prepared.into_iter().find(|p| p.here),
+        })
+    }
+
+    /// What is not healthy, in words.
+    fn problems(&self, config: &Config) -> Vec<String> {
+        let max_lag = config.http.ready_max_lag_bytes;
+        let mut problems = Vec::new();
+        match self.slot.wal_status.as_str() {
+            "missing" => problems.push(format!("slot {:?} does not exist", config.postgres.slot)),
+            "lost" => problems.push("the slot is invalidated (wal_status = lost)".to_owned()),
+            "unreserved" => problems
+                .push("the slot is about to be invalidated (wal_status = unreserved)".to_owned()),
+            _ => {}
+        }
+        if self.slot.wal_status != "missing" && self.slot.active_pid.is_none() {
+            problems.push("no relay is streaming from the slot".to_owned());
+        }
+        problems.extend(
+            self.stalls
+                .iter()
+                .map(|s| format!("stalled ({}): {}", s.cause.label(), s.describe())),
+        );
+        if self.slot.lag_bytes > max_lag {
+            problems.push(format!(
+                "lag {} bytes is over http.ready_max_lag_bytes ({max_lag})",
+                self.slot.lag_bytes
+            ));
+        }
+        problems
+    }
+
+    fn print_json(&self, config: &Config, problems: &[String]) {
+        let value = serde_json::json!({
+            "slot": config.postgres.slot,
+            "wal_status": self.slot.wal_status,
+            "active_pid": self.slot.active_pid,
+            "confirmed_flush_lsn": self.slot.confirmed_flush_lsn,
+            "lag_bytes": self.slot.lag_bytes,
+            "lag_seconds": self.slot.flush_lag_seconds,
+            "retained_wal_bytes": self.slot.retained_bytes,
+            "safe_wal_size_bytes": self.slot.safe_wal_size,
+            "oldest_pending_seconds": self.oldest_pending,
+            "failover": self.failover.failover,
+            "synchronized_standby_slots": self.failover.standby_slots,
+            "oldest_prepared_transaction": self.oldest_prepared.as_ref().map(|p| serde_json::json!({
+                "gid": p.gid,
+                "database": p.database,
+                "owner": p.owner,
+                "age_seconds": p.age,
+            })),
+            "stalls": self.stalls.iter().map(|s| serde_json::json!({
+                "cause": s.cause.label(),
+                "subject": s.subject,
+                "seconds": s.seconds,
+                "message": s.message,
+                "fix": s.fix,
+            })).collect::<Vec<_>>(),
+            "rows": self.counts.iter().map(|(s, n)| (s.clone(), *n)).collect::<std::collections::BTreeMap<_, _>>(),
+            "healthy": problems.is_empty(),
+            "problems": problems,
+        });
+        println!("{value:#}");
+    }
+
+    fn print_table(&self, config: &Config, problems: &[String]) {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+        println!("slot                 {}", config.postgres.slot);
+        println!("wal_status           {}", self.slot.wal_status);
+        println!(
+            "streaming (pid)      {}",
+            opt(self.slot.active_pid.map(|p| p.to_string()))
+        );
+        println!(
+            "confirmed_flush_lsn  {}",
+            opt(self.slot.confirmed_flush_lsn.clone())
+        );
+        println!(
+            "lag                  {} bytes, {} s",
+            self.slot.lag_bytes,
+            opt(self.slot.flush_lag_seconds.map(|s| format!("{s:.3}")))
+        );
+        println!("retained WAL         {} bytes", self.slot.retained_bytes);
+        println!(
+            "safe_wal_size        {}",
+            if self.slot.safe_wal_size < 0 {
+                "unlimited".to_owned()
+            } else {
+                format!("{} bytes", self.slot.safe_wal_size)
+            }
+        );
+        println!("failover             {}", self.failover.describe());
+        println!(
+            "oldest PENDING row   {}",
+            opt(self.oldest_pending.map(|s| format!("{s:.1} s")))
+        );
+        println!(
+            "oldest prepared tx   {}",
+            opt(self.oldest_prepared.as_ref().map(|p| format!(
+                "{} (database {:?}, owner {:?}, prepared {} ago)",
+                crate::postgres::sql::quote_literal(&p.gid),
+                p.database,
+                p.owner,
+                stall::age(p.age)
+            )))
+        );
+        for (state, n) in &self.counts {
+            println!("rows {state:<15} {n}");
+        }
+        for p in problems {
+            println!("problem              {p}");
+        }
+    }
+}
+
+/// Seconds since the oldest PENDING row was written; `None` without a
+/// `created_at` column or when it cannot be read.
+async fn oldest_pending(client: &tokio_postgres::Client, table: &Table) -> Option<f64> {
+    let created_at = table.created_at.as_deref()?;
+    client
+        .query_one(
+            &format!(
+                "SELECT extract(epoch FROM now() - min({created_at}))::float8 FROM {} WHERE publish_state = 'PENDING'",
+                table.qualified
+            ),
+            &[],
+        )
+        .await
+        .ok()
+        .and_then(|r| r.get(0))
 }

@@ -23,6 +23,7 @@ use serde::Deserialize;
 pub mod allow;
 pub mod columns;
 pub mod settings;
+pub mod tls;
 pub mod value;
 
 use crate::config::settings::Settings;
@@ -174,11 +175,11 @@ pub struct PostgresConfig {
 
 impl PostgresConfig {
     /// The TLS settings, from the URL and the `ssl_*` keys; problems name their key.
-    pub fn tls(&self) -> Result<crate::postgres::tls::TlsSettings, Vec<(String, String)>> {
+    pub fn tls(&self) -> Result<tls::TlsSettings, Vec<(String, String)>> {
         let (rest, url) = self
             .url
             .as_ref()
-            .map(|u| crate::postgres::tls::split_url(u.expose()))
+            .map(|u| tls::split_url(u.expose()))
             .unwrap_or_default();
         let unix_socket = tokio_postgres::Config::from_str(&rest).is_ok_and(|c| {
             matches!(
@@ -186,9 +187,9 @@ impl PostgresConfig {
                 Some(tokio_postgres::config::Host::Unix(_))
             )
         });
-        crate::postgres::tls::TlsSettings::resolve(
+        tls::TlsSettings::resolve(
             &url,
-            crate::postgres::tls::KeyValues {
+            tls::KeyValues {
                 ssl_mode: self.ssl_mode.as_deref(),
                 ssl_root_cert: self.ssl_root_cert.as_deref(),
                 ssl_cert: self.ssl_cert.as_deref(),
@@ -198,6 +199,52 @@ impl PostgresConfig {
                 unix_socket,
             },
         )
+    }
+
+    /// The `[postgres]` problems: the URL and its TLS, the password, names.
+    fn check(&self, bad: &mut dyn FnMut(&str, String)) {
+        match &self.url {
+            None => bad(
+                "postgres.url",
+                "missing: set it in [postgres] or with OUTBOX_RELAY__POSTGRES__URL, \
+                 e.g. postgres://outbox_relay@localhost:5432/app"
+                    .into(),
+            ),
+            Some(url) => {
+                if let Err(message) = check_url(url.expose()) {
+                    bad("postgres.url", message);
+                }
+                if let Err(problems) = self.tls() {
+                    for (key, message) in problems {
+                        bad(&key, message);
+                    }
+                }
+            }
+        }
+        if self.password.is_some() && self.password_file.is_some() {
+            bad(
+                "postgres.password_file",
+                "set either postgres.password or postgres.password_file, not both".into(),
+            );
+        }
+        for (key, value) in [
+            ("postgres.slot", &self.slot),
+            ("postgres.publication", &self.publication),
+        ] {
+            if let Err(message) = check_identifier(value) {
+                bad(key, message);
+            }
+        }
+        if let Err(message) = TableName::parse(&self.table) {
+            bad("postgres.table", message);
+        }
+        if !self.receive_timeout.is_zero() && self.receive_timeout < Duration::from_secs(2) {
+            bad(
+                "postgres.receive_timeout",
+                "must be at least 2s (a reply is asked for at half of it), or 0s to switch it off"
+                    .into(),
+            );
+        }
     }
 }
 
@@ -464,6 +511,33 @@ pub struct RetryConfig {
     pub jitter: f64,
 }
 
+impl RetryConfig {
+    /// The back-off's bounds, growth and jitter.
+    fn check(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.initial.is_zero() {
+            bad("retry.initial", "must be greater than zero".into());
+        }
+        if self.max > Duration::from_secs(86_400) {
+            bad("retry.max", "must be at most 1d".into());
+        }
+        if self.max < self.initial {
+            bad(
+                "retry.max",
+                format!(
+                    "must be at least retry.initial ({:?}), is {:?}",
+                    self.initial, self.max
+                ),
+            );
+        }
+        if !(self.multiplier >= 1.0 && self.multiplier.is_finite()) {
+            bad("retry.multiplier", "must be a number ≥ 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            bad("retry.jitter", "must be between 0 and 1".into());
+        }
+    }
+}
+
 impl Default for RetryConfig {
     fn default() -> Self {
         Self {
@@ -670,75 +744,23 @@ impl Config {
                 message,
             })
         };
-        let pg = &self.postgres;
-        match &pg.url {
-            None => bad(
-                "postgres.url",
-                "missing: set it in [postgres] or with OUTBOX_RELAY__POSTGRES__URL, \
-                 e.g. postgres://outbox_relay@localhost:5432/app"
-                    .into(),
-            ),
-            Some(url) => {
-                if let Err(message) = check_url(url.expose()) {
-                    bad("postgres.url", message);
-                }
-                if let Err(problems) = pg.tls() {
-                    for (key, message) in problems {
-                        bad(&key, message);
-                    }
-                }
-            }
-        }
-        if pg.password.is_some() && pg.password_file.is_some() {
-            bad(
-                "postgres.password_file",
-                "set either postgres.password or postgres.password_file, not both".into(),
-            );
-        }
-        for (key, value) in [
-            ("postgres.slot", &pg.slot),
-            ("postgres.publication", &pg.publication),
-        ] {
-            if let Err(message) = check_identifier(value) {
-                bad(key, message);
-            }
-        }
-        if let Err(message) = TableName::parse(&pg.table) {
-            bad("postgres.table", message);
-        }
-        if !pg.receive_timeout.is_zero() && pg.receive_timeout < Duration::from_secs(2) {
-            bad(
-                "postgres.receive_timeout",
-                "must be at least 2s (a reply is asked for at half of it), or 0s to switch it off"
-                    .into(),
-            );
-        }
-        for (key, name) in self.columns.required() {
-            if name.is_empty() {
-                bad(
-                    &format!("columns.{key}"),
-                    "must name a column of the outbox table".into(),
-                );
-            }
-        }
-        let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
-        for (key, name) in self
-            .columns
-            .required()
-            .into_iter()
-            .chain(self.columns.optional())
-        {
-            if name.is_empty() {
-                continue;
-            }
-            if let Some(first) = seen.insert(name, key) {
-                bad(
-                    &format!("columns.{key}"),
-                    format!("column {name:?} is already mapped by columns.{first}"),
-                );
-            }
-        }
+        self.postgres.check(&mut bad);
+        check_columns(&self.columns, &mut bad);
         self.destination().validate(&mut bad);
+        self.check_background_work(&mut bad);
+        self.check_limits(&mut bad);
+        self.retry.check(&mut bad);
+        self.check_http_and_log(&mut bad);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The slot's lifecycle, the poller and retention: what they need to
+    /// publish and clean up what the stream cannot.
+    fn check_background_work(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.lifecycle.recreate_slot && self.lifecycle.on_published == OnPublished::None {
             bad(
                 "lifecycle.recreate_slot",
@@ -782,6 +804,10 @@ impl Config {
                 bad("poller.dead_letter_topic", message);
             }
         }
+    }
+
+    /// The bounds on threads, events in flight and pauses.
+    fn check_limits(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.runtime.worker_threads == 0 {
             bad("runtime.worker_threads", "must be at least 1".into());
         }
@@ -804,28 +830,10 @@ impl Config {
                 ),
             );
         }
-        let retry = &self.retry;
-        if retry.initial.is_zero() {
-            bad("retry.initial", "must be greater than zero".into());
-        }
-        if retry.max > Duration::from_secs(86_400) {
-            bad("retry.max", "must be at most 1d".into());
-        }
-        if retry.max < retry.initial {
-            bad(
-                "retry.max",
-                format!(
-                    "must be at least retry.initial ({:?}), is {:?}",
-                    retry.initial, retry.max
-                ),
-            );
-        }
-        if !(retry.multiplier >= 1.0 && retry.multiplier.is_finite()) {
-            bad("retry.multiplier", "must be a number ≥ 1".into());
-        }
-        if !(0.0..=1.0).contains(&retry.jitter) {
-            bad("retry.jitter", "must be between 0 and 1".into());
-        }
+    }
+
+    /// The HTTP listener's address and the log filter.
+    fn check_http_and_log(&self, bad: &mut dyn FnMut(&str, String)) {
         if !self.http.listen.is_empty() && self.http.listen.parse::<std::net::SocketAddr>().is_err()
         {
             bad(
@@ -838,11 +846,6 @@ impl Config {
         }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log.level) {
             bad("log.level", format!("not a tracing filter: {e}"));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems)
         }
     }
 
@@ -857,12 +860,36 @@ impl Config {
     }
 }
 
+/// Every required column named, and no column mapped twice.
+fn check_columns(columns: &ColumnMapping, bad: &mut dyn FnMut(&str, String)) {
+    for (key, name) in columns.required() {
+        if name.is_empty() {
+            bad(
+                &format!("columns.{key}"),
+                "must name a column of the outbox table".into(),
+            );
+        }
+    }
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (key, name) in columns.required().into_iter().chain(columns.optional()) {
+        if name.is_empty() {
+            continue;
+        }
+        if let Some(first) = seen.insert(name, key) {
+            bad(
+                &format!("columns.{key}"),
+                format!("column {name:?} is already mapped by columns.{first}"),
+            );
+        }
+    }
+}
+
 /// Check the URL without echoing it (it may hold a password).
 fn check_url(url: &str) -> Result<(), String> {
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err("must be a URL starting with postgres:// or postgresql://".into());
     }
-    let (url, _) = crate::postgres::tls::split_url(url);
+    let (url, _) = tls::split_url(url);
     let parsed = tokio_postgres::Config::from_str(&url)
         .map_err(|e| format!("not a valid Postgres URL: {e}"))?;
     if parsed.get_user().is_none() {

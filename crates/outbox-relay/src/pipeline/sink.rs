@@ -31,6 +31,8 @@ use bytes::Bytes;
 use crate::event::OutboxEvent;
 use crate::pipeline::ack::Ticket;
 pub use crate::pipeline::concurrency::Concurrency;
+/// Where events come from is a fact about the database; sinks learn it here.
+pub use crate::postgres::Source;
 
 /// One envelope on its way to the sink.
 #[derive(Debug, Clone)]
@@ -75,21 +77,6 @@ impl Message {
             commit_time: 0,
         }
     }
-}
-
-/// Where a relay's events come from: the database cluster (its system
-/// identifier, which a promoted standby keeps), the database and the outbox
-/// table. A sink that names things it stores for later (claim-check objects)
-/// namespaces them by it, so two tables or relays sharing a bucket never name
-/// one object for two events.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Source {
-    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
-    pub system: String,
-    /// The database's name.
-    pub database: String,
-    /// The outbox table, `schema.table`.
-    pub table: String,
 }
 
 /// What a sink says about one message.

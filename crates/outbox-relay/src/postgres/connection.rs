@@ -105,6 +105,78 @@ pub enum ConnInfoError {
     },
 }
 
+/// The password: from `password_file` (its first line), else `password`,
+/// else the URL's.
+fn password(
+    pg: &PostgresConfig,
+    sql: &tokio_postgres::Config,
+) -> Result<Option<Secret>, ConnInfoError> {
+    Ok(match (&pg.password_file, &pg.password) {
+        (Some(path), _) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| ConnInfoError::PasswordFile {
+                    path: path.clone(),
+                    source,
+                })?;
+            Some(Secret::new(text.lines().next().unwrap_or_default()))
+        }
+        (None, Some(password)) => Some(password.clone()),
+        (None, None) => sql
+            .get_password()
+            .map(|p| Secret::new(String::from_utf8_lossy(p))),
+    })
+}
+
+/// The URL's hosts with their ports.
+fn endpoints(sql: &tokio_postgres::Config) -> Vec<(Endpoint, u16)> {
+    let ports = sql.get_ports();
+    sql.get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            // One port for every host, or one each (libpq's rule).
+            let port = match ports.len() {
+                0 => 5432,
+                1 => ports[0],
+                _ => ports.get(i).copied().unwrap_or(5432),
+            };
+            let host = match host {
+                Host::Tcp(h) => Endpoint::Tcp(h.clone()),
+                Host::Unix(p) => Endpoint::Unix(p.clone()),
+            };
+            (host, port)
+        })
+        .collect()
+}
+
+/// Tell tokio-postgres how to ask for TLS, how to start it and whether to
+/// bind; `unix`: the hosts are sockets, where TLS does not apply.
+fn ask_for_tls_as(sql: &mut tokio_postgres::Config, tls: &TlsSettings, unix: bool) {
+    // tokio-postgres only knows whether to ask; verification is the connector's.
+    sql.ssl_mode(match tls.mode {
+        _ if unix => tokio_postgres::config::SslMode::Disable,
+        crate::postgres::tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        crate::postgres::tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    sql.ssl_negotiation(match tls.negotiation {
+        crate::postgres::tls::SslNegotiation::Postgres => {
+            tokio_postgres::config::SslNegotiation::Postgres
+        }
+        crate::postgres::tls::SslNegotiation::Direct => {
+            tokio_postgres::config::SslNegotiation::Direct
+        }
+    });
+    // tokio-postgres binds with what the connector's stream gives
+    // (`RustlsStream::channel_binding`) and, for `require`, refuses every
+    // login that is not SCRAM-SHA-256-PLUS before sending the password.
+    sql.channel_binding(match tls.channel_binding {
+        ChannelBindingMode::Disable => tokio_postgres::config::ChannelBinding::Disable,
+        ChannelBindingMode::Prefer => tokio_postgres::config::ChannelBinding::Prefer,
+        ChannelBindingMode::Require => tokio_postgres::config::ChannelBinding::Require,
+    });
+}
+
 impl ConnInfo {
     /// Resolve `[postgres]`.
     pub fn new(pg: &PostgresConfig) -> Result<Self, ConnInfoError> {
@@ -119,47 +191,15 @@ impl ConnInfo {
         let connector = tls
             .connector()
             .map_err(|(key, message)| ConnInfoError::Tls { key, message })?;
-        let (url, _) = crate::postgres::tls::split_url(url.expose());
+        let (url, _) = crate::config::tls::split_url(url.expose());
         let mut sql = tokio_postgres::Config::from_str(&url)
             .map_err(|e| ConnInfoError::Url(format!("not a valid Postgres URL: {e}")))?;
-        let password = match (&pg.password_file, &pg.password) {
-            (Some(path), _) => {
-                let text = std::fs::read_to_string(path).map_err(|source| {
-                    ConnInfoError::PasswordFile {
-                        path: path.clone(),
-                        source,
-                    }
-                })?;
-                Some(Secret::new(text.lines().next().unwrap_or_default()))
-            }
-            (None, Some(password)) => Some(password.clone()),
-            (None, None) => sql
-                .get_password()
-                .map(|p| Secret::new(String::from_utf8_lossy(p))),
-        };
+        let password = password(pg, &sql)?;
         if let Some(password) = &password {
             sql.password(password.expose());
         }
         sql.application_name(&pg.application_name);
-        let ports = sql.get_ports();
-        let hosts: Vec<(Endpoint, u16)> = sql
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .map(|(i, host)| {
-                // One port for every host, or one each (libpq's rule).
-                let port = match ports.len() {
-                    0 => 5432,
-                    1 => ports[0],
-                    _ => ports.get(i).copied().unwrap_or(5432),
-                };
-                let host = match host {
-                    Host::Tcp(h) => Endpoint::Tcp(h.clone()),
-                    Host::Unix(p) => Endpoint::Unix(p.clone()),
-                };
-                (host, port)
-            })
-            .collect();
+        let hosts = endpoints(&sql);
         let Some((host, _)) = hosts.first() else {
             return Err(ConnInfoError::Url("names no host".into()));
         };
@@ -168,29 +208,7 @@ impl ConnInfo {
         // would ask the connector for a host name a socket does not have).
         let unix = matches!(host, Endpoint::Unix(_));
         let connector = if unix { None } else { connector };
-        // tokio-postgres only knows whether to ask; verification is the connector's.
-        sql.ssl_mode(match tls.mode {
-            _ if unix => tokio_postgres::config::SslMode::Disable,
-            crate::postgres::tls::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-            crate::postgres::tls::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-            _ => tokio_postgres::config::SslMode::Require,
-        });
-        sql.ssl_negotiation(match tls.negotiation {
-            crate::postgres::tls::SslNegotiation::Postgres => {
-                tokio_postgres::config::SslNegotiation::Postgres
-            }
-            crate::postgres::tls::SslNegotiation::Direct => {
-                tokio_postgres::config::SslNegotiation::Direct
-            }
-        });
-        // tokio-postgres binds with what the connector's stream gives
-        // (`RustlsStream::channel_binding`) and, for `require`, refuses every
-        // login that is not SCRAM-SHA-256-PLUS before sending the password.
-        sql.channel_binding(match tls.channel_binding {
-            ChannelBindingMode::Disable => tokio_postgres::config::ChannelBinding::Disable,
-            ChannelBindingMode::Prefer => tokio_postgres::config::ChannelBinding::Prefer,
-            ChannelBindingMode::Require => tokio_postgres::config::ChannelBinding::Require,
-        });
+        ask_for_tls_as(&mut sql, &tls, unix);
         Ok(Self {
             user: sql
                 .get_user()
@@ -515,21 +533,36 @@ pub async fn wal_sender_timeout(
     Ok(crate::config::parse_duration(&text).unwrap_or(Duration::from_secs(60)))
 }
 
+/// Where a relay's events come from: the database cluster (its system
+/// identifier, which a promoted standby keeps), the database and the outbox
+/// table. A sink that names things it stores for later (claim-check objects)
+/// namespaces them by it, so two tables or relays sharing a bucket never name
+/// one object for two events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
+    pub system: String,
+    /// The database's name.
+    pub database: String,
+    /// The outbox table, `schema.table`.
+    pub table: String,
+}
+
 /// Where events on `client`'s connection come from, for the sink
-/// ([`crate::pipeline::sink::Source`]): the cluster's system identifier (which any
-/// role may read), `database` and `table`.
+/// ([`Source`]): the cluster's system identifier (which any role may read),
+/// `database` and `table`.
 pub async fn source(
     client: &tokio_postgres::Client,
     database: &str,
     table: &crate::config::TableName,
-) -> Result<crate::pipeline::sink::Source, tokio_postgres::Error> {
+) -> Result<Source, tokio_postgres::Error> {
     let row = client
         .query_one(
             "SELECT system_identifier::text FROM pg_control_system()",
             &[],
         )
         .await?;
-    Ok(crate::pipeline::sink::Source {
+    Ok(Source {
         system: row.get(0),
         database: database.to_owned(),
         table: table.to_string(),

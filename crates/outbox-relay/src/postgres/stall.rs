@@ -61,38 +61,9 @@ pub const STALL_AFTER: Duration = Duration::from_secs(10);
 /// The wait event of a walsender that waits for `synchronized_standby_slots`.
 pub const WAIT_FOR_STANDBY: &str = "WaitForStandbyConfirmation";
 
-/// Why nothing flows: the `cause` label of `outbox_relay_stall_seconds`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Cause {
-    /// The walsender waits for a slot of `synchronized_standby_slots`.
-    StandbySlot,
-    /// The slot's process waits for an open transaction to end.
-    OpenTransaction,
-    /// The slot's process waits for another lock.
-    Lock,
-    /// A prepared transaction: too old, or waited for.
-    PreparedTransaction,
-}
-
-impl Cause {
-    /// Every cause, in the order stalls are reported.
-    pub const ALL: [Cause; 4] = [
-        Cause::StandbySlot,
-        Cause::OpenTransaction,
-        Cause::Lock,
-        Cause::PreparedTransaction,
-    ];
-
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Cause::StandbySlot => "standby_slot",
-            Cause::OpenTransaction => "open_transaction",
-            Cause::Lock => "lock",
-            Cause::PreparedTransaction => "prepared_transaction",
-        }
-    }
-}
+/// The metric's label vocabulary is the causes' names: it lives with the
+/// metric, below this wing.
+pub use crate::metrics::StallCause as Cause;
 
 /// One stall: its cause, what it is about, and what to do.
 #[derive(Debug, Clone, PartialEq)]
@@ -290,44 +261,7 @@ fn waiting(look: &Look, holder: &Holder) -> Option<Stall> {
         (None, locktype) => format!("a {} lock ({locktype})", lock.mode),
     };
     if lock.blockers.iter().any(|b| b.pid == 0) {
-        // A prepared transaction holds it: the one whose id is waited for,
-        // else the oldest one there is.
-        let prepared = look
-            .prepared
-            .iter()
-            .find(|p| Some(&p.xid) == lock.xid.as_ref())
-            .or_else(|| look.prepared.first());
-        let (gid, about, fix) = match prepared {
-            Some(p) => (
-                p.gid.clone(),
-                format!(
-                    "prepared transaction {} (database {:?}, owner {:?}, prepared {} ago)",
-                    quote_literal(&p.gid),
-                    p.database,
-                    p.owner,
-                    age(p.age)
-                ),
-                finish_prepared(p),
-            ),
-            None => (
-                String::new(),
-                "a prepared transaction".to_owned(),
-                "COMMIT PREPARED or ROLLBACK PREPARED it (SELECT gid, database FROM pg_prepared_xacts)"
-                    .to_owned(),
-            ),
-        };
-        return Some(Stall {
-            cause: Cause::PreparedTransaction,
-            subject: gid,
-            message: format!(
-                "{who} has waited {} for {what}, held by {about}; nobody is connected to a \
-                 prepared transaction, so it never ends by itself",
-                age(waited)
-            ),
-            fix,
-            seconds: Some(waited),
-            lasting: true,
-        });
+        return Some(held_by_prepared(look, lock, &who, &what, waited));
     }
     let holders: Vec<String> = lock.blockers.iter().map(backend).collect();
     let pids: Vec<String> = lock.blockers.iter().map(|b| b.pid.to_string()).collect();
@@ -367,6 +301,48 @@ fn waiting(look: &Look, holder: &Holder) -> Option<Stall> {
         seconds: Some(waited),
         lasting: true,
     })
+}
+
+/// `who` has waited `waited` seconds for `what`, a lock a prepared
+/// transaction holds (its holder has no PID).
+fn held_by_prepared(look: &Look, lock: &LockWait, who: &str, what: &str, waited: f64) -> Stall {
+    // The one whose id is waited for, else the oldest one there is.
+    let prepared = look
+        .prepared
+        .iter()
+        .find(|p| Some(&p.xid) == lock.xid.as_ref())
+        .or_else(|| look.prepared.first());
+    let (gid, about, fix) = match prepared {
+        Some(p) => (
+            p.gid.clone(),
+            format!(
+                "prepared transaction {} (database {:?}, owner {:?}, prepared {} ago)",
+                quote_literal(&p.gid),
+                p.database,
+                p.owner,
+                age(p.age)
+            ),
+            finish_prepared(p),
+        ),
+        None => (
+            String::new(),
+            "a prepared transaction".to_owned(),
+            "COMMIT PREPARED or ROLLBACK PREPARED it (SELECT gid, database FROM pg_prepared_xacts)"
+                .to_owned(),
+        ),
+    };
+    Stall {
+        cause: Cause::PreparedTransaction,
+        subject: gid,
+        message: format!(
+            "{who} has waited {} for {what}, held by {about}; nobody is connected to a \
+             prepared transaction, so it never ends by itself",
+            age(waited)
+        ),
+        fix,
+        seconds: Some(waited),
+        lasting: true,
+    }
 }
 
 /// The walsender waits for `synchronized_standby_slots`.

@@ -1073,7 +1073,7 @@ mod tests {
             match refused {
                 Err(WireError::Auth(text)) => {
                     assert!(
-                        text.starts_with(crate::postgres::tls::CHANNEL_BINDING_NOT_OFFERED)
+                        text.starts_with(crate::report::CHANNEL_BINDING_NOT_OFFERED)
                             && text.contains(what)
                             && text.contains("postgres.channel_binding"),
                         "{text}"
@@ -1113,7 +1113,7 @@ mod tests {
         assert_eq!(pick(plain, Prefer, hash(), true).unwrap(), "SCRAM-SHA-256");
         let text = pick(plain, Require, hash(), true).unwrap_err().to_string();
         assert!(
-            text.contains(crate::postgres::tls::CHANNEL_BINDING_NOT_OFFERED),
+            text.contains(crate::report::CHANNEL_BINDING_NOT_OFFERED),
             "{text}"
         );
         let text = pick(plain, Require, None, false).unwrap_err().to_string();
