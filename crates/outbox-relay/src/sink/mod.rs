@@ -12,6 +12,7 @@ use crate::config::settings::{Settings, Unnamed};
 use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink, Source};
 
 pub mod aws;
+mod http;
 
 pub use sns::{SnsConfig, SnsSink};
 pub use stdout::StdoutSink;

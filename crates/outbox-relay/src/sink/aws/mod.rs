@@ -12,9 +12,8 @@
 //! * [`Client`]: signed requests (`aws-sigv4`) on hyper-util's pooled
 //!   HTTP/1.1 client, with cached credentials, the endpoint's clock when this
 //!   host's is off, and a bound on every call.
-//! * [`connect`]: TCP, proxies from the standard variables (hyper-util's
-//!   tunnel and matcher), TLS with `AWS_CA_BUNDLE` or the system's roots
-//!   (hyper-rustls).
+//! * [`connect`]: the relay's plain-HTTP egress ([`crate::sink::http`]: TCP,
+//!   proxies, TLS, pooling) set up for one service's endpoint.
 //!
 //! What a destination adds in its own folder: its wire protocol (request
 //! bodies, answers), its error classes and its limits. The concurrency
@@ -36,7 +35,7 @@ pub mod known;
 #[cfg(test)]
 pub mod local;
 
-pub use client::{CallError, Client, Request, AGENT, IDLE};
+pub use client::{CallError, Client, Request};
 
 /// An AWS service as the layer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
