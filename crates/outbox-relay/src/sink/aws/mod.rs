@@ -35,6 +35,7 @@ pub mod known;
 #[cfg(test)]
 pub mod local;
 
+pub use crate::config::settings::SetupError;
 pub use client::{CallError, Client, Request};
 
 /// An AWS service as the layer needs to know it.
@@ -234,16 +235,6 @@ pub fn check_calls(
     if let Err(message) = crate::config::value::check_endpoint_url(endpoint_url) {
         bad(&format!("{section}.endpoint_url"), message);
     }
-}
-
-/// An AWS client cannot be built from the configuration.
-#[derive(Debug, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SetupError {
-    /// The configuration key (or environment variable).
-    pub key: &'static str,
-    /// What to do.
-    pub message: String,
 }
 
 /// The AWS settings for a destination: the standard chain, `region` (a

@@ -41,10 +41,10 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, StatusCode, Uri};
 
+use crate::config::settings::SetupError;
 use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::sink::http;
-use crate::sink::aws::errors::UnknownSince;
-use crate::sink::aws::SetupError;
+use crate::sink::unknown::UnknownSince;
 
 pub mod config;
 mod sign;
