@@ -448,4 +448,97 @@ mod tests {
             assert_eq!(error.class(), class, "{error}");
         }
     }
+
+    /// The words a user reads (logs, `check`, the exit message) for the
+    /// errors this module words itself, to the byte.
+    #[test]
+    fn every_message_reads_as_its_variant_words_it() {
+        let stream = |code: &str, message: &str| {
+            RelayError::Replication(WireError::Server {
+                code: code.into(),
+                message: message.into(),
+            })
+        };
+        let cases: Vec<(RelayError, &str)> = vec![
+            (
+                stream(
+                    "22021",
+                    "character with byte sequence 0xe9 in encoding \"SQL_ASCII\" has no equivalent in encoding \"UTF8\"",
+                ),
+                "replication stream: server error: character with byte sequence 0xe9 in encoding \"SQL_ASCII\" \
+                 has no equivalent in encoding \"UTF8\" (SQLSTATE 22021). A row holds text that is not valid \
+                 UTF-8 (a SQL_ASCII database), and PostgreSQL cannot send it: the slot cannot move past that \
+                 change. Nothing after it was acknowledged. Correct the row's text, then drop the slot and \
+                 start the relay with lifecycle.recreate_slot = true, or run `outbox-relay replay --state \
+                 PENDING` after recreating it (docs/recovery.md)",
+            ),
+            (
+                stream("55006", "replication slot \"outbox\" is active for PID 7"),
+                "replication stream: server error: replication slot \"outbox\" is active for PID 7 (SQLSTATE 55006)",
+            ),
+            (
+                RelayError::Replication(WireError::Closed),
+                "replication stream: the server closed the connection",
+            ),
+            (
+                RelayError::Replication(WireError::Auth("no password".into())),
+                "replication stream: authentication: no password",
+            ),
+            (
+                RelayError::Tls {
+                    message: "TLS: the certificate expired".into(),
+                    fatal: true,
+                },
+                "replication connection: TLS: the certificate expired",
+            ),
+            (
+                RelayError::Unusable {
+                    message: "replication slot \"outbox\" does not exist".into(),
+                    transient: false,
+                    lost: true,
+                },
+                "replication slot \"outbox\" does not exist",
+            ),
+            (
+                RelayError::ConnInfo(ConnInfoError::Url("names no host".into())),
+                "postgres.url: names no host",
+            ),
+            (
+                RelayError::Listen("http.listen: 127.0.0.1:9187 is in use".into()),
+                "http.listen: 127.0.0.1:9187 is in use",
+            ),
+            (
+                RelayError::Decode {
+                    lsn: "0/16B3748".into(),
+                    source: pgoutput::DecodeError::Empty,
+                },
+                "undecodable pgoutput message at 0/16B3748: empty pgoutput message; this is a bug or a \
+                 protocol mismatch, please report it",
+            ),
+            (
+                RelayError::Framing(FramingError::NestedBegin),
+                "replication stream framing: Begin received while a transaction is open",
+            ),
+            (
+                RelayError::UnknownRelation(16384),
+                "Insert for relation oid 16384 arrived before its Relation message",
+            ),
+            (
+                RelayError::StreamEnded,
+                "the server ended the replication stream",
+            ),
+            (
+                RelayError::SqlSessionClosed,
+                "the relay's SQL session closed (the server is shutting down, or the connection broke); \
+                 the replication session ends with it",
+            ),
+            (
+                RelayError::PublisherStopped,
+                "the publisher stopped unexpectedly",
+            ),
+        ];
+        for (error, message) in cases {
+            assert_eq!(error.to_string(), message);
+        }
+    }
 }
