@@ -29,6 +29,17 @@ pub trait Settings {
     }
 }
 
+/// A destination's sink cannot be built from its settings (or the
+/// environment variables it reads).
+#[derive(Debug, thiserror::Error)]
+#[error("{key}: {message}")]
+pub struct SetupError {
+    /// The configuration key (or environment variable).
+    pub key: &'static str,
+    /// What to do.
+    pub message: String,
+}
+
 /// A destination's routing rules.
 #[derive(Clone)]
 pub struct Routes {

@@ -11,10 +11,24 @@
 //!   rejection has nowhere to be recorded. The relay stops, acknowledging
 //!   nothing more, with a message that says what to change.
 //!
-//! [`RelayError::class`] decides by type, never by message text: a server's
-//! error by its SQLSTATE ([`sqlstate_class`], PostgreSQL's Appendix A), a TLS
-//! failure by rustls's error type ([`crate::postgres::tls::TlsFailure`]), everything else
-//! by its variant. `error::tests` pins every class.
+//! # Kinds, policy and advice
+//!
+//! [`RelayError::kind`] names the [`ErrorKind`], deciding by type, never by
+//! message text: a server's error by its SQLSTATE ([`sqlstate_kind`],
+//! PostgreSQL's Appendix A), a TLS failure by rustls's error type
+//! ([`TlsFailure`]), everything else by its variant. One table, the
+//! `kinds!` list below, gives each kind its [`Policy`]: the [`Action`]
+//! (retry after a backoff, stand by, stop, or stop unless the slot may be
+//! recreated) and the operator's advice (what to do, which doc says more).
+//! [`RelayError::class`] is the action's [`ErrorClass`].
+//!
+//! A message ends with its kind's advice where the error knows nothing more
+//! specific than its kind (a row PostgreSQL cannot send, a message that
+//! cannot be decoded). Where the code that found the problem knows the exact
+//! key, certificate or object (the slot's readiness, the TLS handshake, the
+//! recording of a rejection), its message names the fix in those terms, and
+//! the table's advice is the general rule behind it. `error::tests` pins
+//! every kind's policy, every class and every message this module words.
 
 use crate::event::MappingError;
 use crate::pipeline::ack::FramingError;
@@ -23,56 +37,6 @@ use crate::postgres::tls::TlsFailure;
 use crate::postgres::walstream::WireError;
 use crate::postgres::{ConnInfoError, SqlError};
 
-/// A replication error, with what to do when the cause is known.
-fn with_advice(error: &WireError) -> String {
-    let text = error.to_string();
-    match error {
-        // The walsender converts text to the client's UTF-8 and cannot.
-        WireError::Server { code, .. } if code == "22021" => format!(
-            "{text}. A row holds text that is not valid UTF-8 (a SQL_ASCII database), and PostgreSQL cannot \
-             send it: the slot cannot move past that change. Nothing after it was acknowledged. Correct the \
-             row's text, then drop the slot and start the relay with lifecycle.recreate_slot = true, or \
-             run `outbox-relay replay --state PENDING` after recreating it (docs/recovery.md)"
-        ),
-        _ => text,
-    }
-}
-
-/// The class of a server error by its SQLSTATE (PostgreSQL's Appendix A).
-///
-/// Transient: connection exceptions (08; a pooler such as PgBouncer reports
-/// its own passing states, "server login has been failing, try again later",
-/// as 08P01), transaction rollbacks (40: serialization, deadlock),
-/// insufficient resources (53: too many connections, out of memory or disk),
-/// operator intervention (57: shutdown, crash, cancel, not yet accepting
-/// connections, but a dropped database stays dropped), system errors (58), an
-/// object in use (55006: the slot is busy), a lock not available (55P03: the
-/// relay's `lock_timeout`) and a read-only transaction (25006: a standby,
-/// perhaps about to be promoted). Everything else is about the request or the
-/// data (authentication 28, the catalog 3D and 42, data 22, invalidated
-/// slots 55000, internal errors XX) and needs a person.
-pub fn sqlstate_class(code: &str) -> ErrorClass {
-    match code {
-        "57P04" => ErrorClass::Fatal,
-        "55006" | "55P03" | "25006" => ErrorClass::Transient,
-        _ if ["08", "40", "53", "57", "58"]
-            .iter()
-            .any(|class| code.starts_with(class)) =>
-        {
-            ErrorClass::Transient
-        }
-        _ => ErrorClass::Fatal,
-    }
-}
-
-fn tls_class(failure: TlsFailure) -> ErrorClass {
-    if failure.needs_a_person() {
-        ErrorClass::Fatal
-    } else {
-        ErrorClass::Transient
-    }
-}
-
 /// Whether an error ends the relay or only the session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -80,6 +44,161 @@ pub enum ErrorClass {
     Transient,
     /// Stop: a person must change something first.
     Fatal,
+}
+
+/// What the relay does about an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// End the session, acknowledging nothing more, and start another after
+    /// the `[retry]` backoff.
+    Retry,
+    /// Another session streams from the slot: look again every few seconds
+    /// and take over when it is free, acknowledging nothing meanwhile.
+    StandBy,
+    /// Stop the relay, acknowledging nothing more: a person must change
+    /// something first.
+    Stop,
+    /// The slot is gone. The session's start recreates it when
+    /// `lifecycle.recreate_slot` is set and a poller can publish what it held
+    /// (`pipeline::stream`); an error of this kind means it did not, and the
+    /// relay stops as for [`Action::Stop`].
+    Recreate,
+}
+
+impl Action {
+    /// Whether the action ends only the session or the relay.
+    pub const fn class(self) -> ErrorClass {
+        match self {
+            Action::Retry | Action::StandBy => ErrorClass::Transient,
+            Action::Stop | Action::Recreate => ErrorClass::Fatal,
+        }
+    }
+}
+
+/// An [`ErrorKind`]'s row of the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// What the relay does.
+    pub action: Action,
+    /// What a person does about it, and which doc says more.
+    pub advice: &'static str,
+}
+
+/// The kinds of error, one line each:
+/// `Kind => Action, "advice";`. From the list come [`ErrorKind`],
+/// [`ErrorKind::ALL`] and [`ErrorKind::policy`], so a kind cannot be added
+/// without its policy and advice.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $kind:ident => $action:ident, $advice:expr;)+) => {
+        /// What went wrong, as far as deciding what to do about it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)+
+        }
+
+        impl ErrorKind {
+            /// Every kind, in the table's order.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind),+];
+
+            /// What the relay does about an error of this kind, and what a
+            /// person can do.
+            pub const fn policy(self) -> Policy {
+                match self {
+                    $(ErrorKind::$kind => Policy { action: Action::$action, advice: $advice },)+
+                }
+            }
+        }
+    };
+}
+
+kinds! {
+    /// The connection broke, closed or went silent (in TLS too), the server
+    /// ended the stream, or it is not serving: shutting down or restarting,
+    /// not yet accepting connections, a query canceled, an I/O error on its
+    /// side (SQLSTATE 08, 57 but 57P04, 58; PgBouncer's passing states,
+    /// "server login has been failing, try again later", come as 08P01).
+    ConnectionLost => Retry,
+        "none while it passes: the relay reconnects after a backoff ([retry]); if it goes on, check that \
+         the server is up and reachable, and what closes idle connections on the way (docs/operations.md, \
+         Dead connections)";
+    /// The server is short of resources, or the request lost a race: too
+    /// many connections, out of memory or disk (53), a serialization failure
+    /// or deadlock (40), the relay's `lock_timeout` (55P03), an object in use
+    /// (55006 on an ordinary session).
+    Contention => Retry,
+        "none while it passes: retried after a backoff ([retry]); if it goes on, look at max_connections, \
+         the server's memory and disk, and long transactions holding locks (docs/operations.md, Stalls)";
+    /// The server accepts no writes: a standby, perhaps about to be promoted
+    /// (25006, or no host of the URL is the primary).
+    ReadOnly => Retry,
+        "none during a failover: the relay looks for the primary again; otherwise point postgres.url at \
+         the primary, or list every host with target_session_attrs=read-write (docs/recovery.md, \
+         Database failover)";
+    /// The publisher task stopped without saying why.
+    PublisherStopped => Retry,
+        "none: a new session starts after a backoff; if it repeats, the log before it says why, and a \
+         panic is a bug: please report it";
+    /// Another session streams from the slot (55006 on the stream, or the
+    /// slot is active).
+    SlotBusy => StandBy,
+        "none when another relay holds it: this one takes over when it stops; otherwise end the session \
+         that holds it (pg_stat_replication) (docs/operations.md, High availability and restarts)";
+    /// The connection settings are unusable.
+    Settings => Stop,
+        "correct postgres.url or postgres.password_file as the message says (docs/configuration.md, \
+         [postgres])";
+    /// Authentication failed, or cannot proceed on the relay's side (28; a
+    /// method, SASL mechanism or channel binding the relay cannot meet).
+    Authentication => Stop,
+        "check the role, its password (postgres.url, postgres.password_file) and the pg_hba.conf line \
+         for the relay's host (docs/operations.md, TLS and authentication)";
+    /// A certificate, or TLS the server or the relay refuses: retrying does
+    /// not mend it.
+    Certificate => Stop,
+        "change the certificate or the TLS setting the message names (sslmode, sslrootcert, sslcert, \
+         sslkey in postgres.url) (docs/operations.md, TLS and authentication)";
+    /// The database was dropped or does not exist (57P04, 3D).
+    NoDatabase => Stop,
+        "point postgres.url at the database that holds the outbox table (docs/configuration.md, \
+         [postgres])";
+    /// The slot, publication or table, or the role's rights on them, do not
+    /// fit (42: an undefined object, insufficient privilege).
+    Unusable => Stop,
+        "make them fit as the message says: `outbox-relay check` lists every problem with its fix, and \
+         `outbox-relay setup` prints the SQL (docs/operations.md, `outbox-relay check`)";
+    /// The slot is missing or invalidated.
+    SlotLost => Recreate,
+        "set lifecycle.recreate_slot = true to have the relay recreate it and the poller publish what it \
+         held, or recreate it and run `outbox-relay replay` (docs/recovery.md, The slot is missing or \
+         invalidated)";
+    /// The table does not fit the column mapping.
+    Mapping => Stop,
+        "set the [columns] key the message names to the table's column, or add the column \
+         (docs/configuration.md, [columns])";
+    /// A row holds text the walsender cannot convert to UTF-8 (22021 on the
+    /// stream).
+    UnsendableText => Stop,
+        "A row holds text that is not valid UTF-8 (a SQL_ASCII database), and PostgreSQL cannot send \
+         it: the slot cannot move past that change. Nothing after it was acknowledged. Correct the row's \
+         text, then drop the slot and start the relay with lifecycle.recreate_slot = true, or run \
+         `outbox-relay replay --state PENDING` after recreating it (docs/recovery.md)";
+    /// The server refused the request or its data for a reason no retry
+    /// mends (data 22, constraints 23, an invalidated object 55000, internal
+    /// XX, and every SQLSTATE not named above).
+    Refused => Stop,
+        "the server's message and SQLSTATE say what (PostgreSQL's Appendix A); an internal error (XX) is \
+         the server's to look into";
+    /// The metrics and health listener cannot start.
+    Listen => Stop,
+        "set http.listen to a free address, or stop what holds it (docs/configuration.md, [http])";
+    /// A rejected event has nowhere to be recorded.
+    Unrecordable => Stop,
+        "create the dead-letter table (`outbox-relay setup --apply`) or give the table the \
+         relay-managed columns, then start the relay again (docs/bad-input.md)";
+    /// The stream broke the protocol: a message that cannot be decoded, out
+    /// of its transaction's frame, or naming a relation never described.
+    Undecodable => Stop,
+        "this is a bug or a protocol mismatch, please report it";
 }
 
 /// Why a replication session ended.
@@ -102,7 +221,7 @@ pub enum RelayError {
     #[error("postgres: {}", crate::report::Chain(.0))]
     Connect(#[source] crate::postgres::SqlError),
     /// The replication session failed.
-    #[error("replication stream: {}", with_advice(.0))]
+    #[error("replication stream: {}", stream_text(.0))]
     Replication(#[source] WireError),
     /// The replication connection's TLS failed (the message says why).
     #[error("replication connection: {message}")]
@@ -133,7 +252,7 @@ pub enum RelayError {
     #[error("{0}")]
     Record(#[from] crate::postgres::outbox::record::RecordError),
     /// A pgoutput message could not be decoded.
-    #[error("undecodable pgoutput message at {lsn}: {source}; this is a bug or a protocol mismatch, please report it")]
+    #[error("undecodable pgoutput message at {lsn}: {source}; {}", ErrorKind::Undecodable.policy().advice)]
     Decode {
         /// Where.
         lsn: String,
@@ -163,92 +282,144 @@ pub enum RelayError {
     PublisherStopped,
 }
 
+/// A replication error's text, ending with its kind's advice when the error
+/// says nothing more specific (a row PostgreSQL cannot send).
+fn stream_text(error: &WireError) -> String {
+    match stream_kind(error) {
+        kind @ ErrorKind::UnsendableText => format!("{error}. {}", kind.policy().advice),
+        _ => error.to_string(),
+    }
+}
+
 impl RelayError {
-    /// What to do about it.
+    /// What to do about it: the class of its kind's [`Action`].
     pub fn class(&self) -> ErrorClass {
-        use ErrorClass::*;
-        match self {
-            RelayError::Sql { source, .. } => sql_class(source),
-            RelayError::Replication(e) => match e {
-                WireError::Auth(_) => Fatal,
-                WireError::Server { code, .. } => sqlstate_class(code),
-                WireError::Tls(tls) if tls.fatal => Fatal,
-                // The server refused our client certificate after the
-                // handshake (TLS 1.3): its alert arrives with the first read.
-                WireError::Io(io) => tls_class(TlsFailure::of(io)),
-                WireError::Closed
-                | WireError::Ended
-                | WireError::Silent(_)
-                | WireError::Tls(_)
-                | WireError::Protocol(_)
-                | WireError::ReadOnly => Transient,
-            },
-            RelayError::Unusable { transient, .. } => {
-                if *transient {
-                    Transient
-                } else {
-                    Fatal
-                }
-            }
-            RelayError::Tls { fatal: true, .. } => Fatal,
-            RelayError::Tls { fatal: false, .. } => Transient,
-            RelayError::StreamEnded
-            | RelayError::SqlSessionClosed
-            | RelayError::PublisherStopped => Transient,
-            RelayError::Connect(SqlError::Tls(tls)) if tls.fatal => Fatal,
-            RelayError::Connect(SqlError::Postgres(source)) => sql_class(source),
-            RelayError::Connect(_) => Transient,
-            RelayError::Record(RecordError::Nowhere { .. } | RecordError::RowGone { .. }) => Fatal,
-            RelayError::Record(RecordError::Sql(source) | RecordError::Failed { source, .. }) => {
-                sql_class(source)
-            }
-            RelayError::ConnInfo(_)
-            | RelayError::Listen(_)
-            | RelayError::Mapping(_)
-            | RelayError::Decode { .. }
-            | RelayError::Framing(_)
-            | RelayError::UnknownRelation(_) => Fatal,
-        }
+        self.kind().policy().action.class()
     }
 
     /// Another session streams from the slot: stand by and look again soon.
     pub fn is_slot_busy(&self) -> bool {
+        self.kind().policy().action == Action::StandBy
+    }
+
+    /// What went wrong, by type: the table ([`ErrorKind::policy`]) says
+    /// what follows.
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind::*;
         match self {
-            RelayError::Unusable { transient, .. } => *transient,
-            RelayError::Replication(WireError::Server { code, .. }) => code == "55006",
-            _ => false,
+            RelayError::Sql { source, .. } => sql_kind(source),
+            RelayError::Replication(e) => stream_kind(e),
+            RelayError::Unusable {
+                transient: true, ..
+            } => SlotBusy,
+            RelayError::Unusable { lost: true, .. } => SlotLost,
+            RelayError::Unusable { .. } => Unusable,
+            RelayError::Tls { fatal, .. } => tls_error_kind(*fatal),
+            RelayError::StreamEnded | RelayError::SqlSessionClosed => ConnectionLost,
+            RelayError::PublisherStopped => PublisherStopped,
+            RelayError::Connect(SqlError::Tls(tls)) => tls_error_kind(tls.fatal),
+            RelayError::Connect(SqlError::Postgres(source)) => sql_kind(source),
+            RelayError::Connect(SqlError::ReadOnly { .. }) => ReadOnly,
+            RelayError::Connect(SqlError::Socket { .. }) => ConnectionLost,
+            RelayError::Record(RecordError::Nowhere { .. } | RecordError::RowGone { .. }) => {
+                Unrecordable
+            }
+            RelayError::Record(RecordError::Sql(source) | RecordError::Failed { source, .. }) => {
+                sql_kind(source)
+            }
+            RelayError::ConnInfo(_) => Settings,
+            RelayError::Listen(_) => Listen,
+            RelayError::Mapping(_) => Mapping,
+            RelayError::Decode { .. } | RelayError::Framing(_) | RelayError::UnknownRelation(_) => {
+                Undecodable
+            }
         }
     }
 }
 
-/// The class of an ordinary SQL session's error: the server's SQLSTATE,
-/// else what its TLS says, else (the connection broke) transient.
-fn sql_class(source: &tokio_postgres::Error) -> ErrorClass {
+/// The kind of a server error by its SQLSTATE (PostgreSQL's Appendix A).
+///
+/// Passing: connection exceptions (08), transaction rollbacks (40:
+/// serialization, deadlock), insufficient resources (53: too many
+/// connections, out of memory or disk), operator intervention (57: shutdown,
+/// crash, cancel, not yet accepting connections, but a dropped database
+/// stays dropped), system errors (58), an object in use (55006), a lock not
+/// available (55P03: the relay's `lock_timeout`) and a read-only transaction
+/// (25006: a standby, perhaps about to be promoted). Everything else is about
+/// the request or the data (authentication 28, the database 3D, the catalog
+/// 42, data 22, invalidated slots 55000, internal errors XX) and needs a
+/// person.
+pub fn sqlstate_kind(code: &str) -> ErrorKind {
+    let class = code.get(..2).unwrap_or(code);
+    match (code, class) {
+        ("57P04", _) | (_, "3D") => ErrorKind::NoDatabase,
+        ("55006" | "55P03", _) | (_, "40" | "53") => ErrorKind::Contention,
+        ("25006", _) => ErrorKind::ReadOnly,
+        (_, "08" | "57" | "58") => ErrorKind::ConnectionLost,
+        (_, "28") => ErrorKind::Authentication,
+        (_, "42") => ErrorKind::Unusable,
+        _ => ErrorKind::Refused,
+    }
+}
+
+/// The kind of a replication error. On the stream two SQLSTATEs are about
+/// the slot: 55006 is another session streaming from it, 22021 a row the
+/// walsender cannot convert to UTF-8, which the slot cannot move past.
+fn stream_kind(error: &WireError) -> ErrorKind {
+    match error {
+        WireError::Auth(_) => ErrorKind::Authentication,
+        WireError::Server { code, .. } if code == "55006" => ErrorKind::SlotBusy,
+        WireError::Server { code, .. } if code == "22021" => ErrorKind::UnsendableText,
+        WireError::Server { code, .. } => sqlstate_kind(code),
+        WireError::Tls(tls) => tls_error_kind(tls.fatal),
+        // The server refused our client certificate after the handshake
+        // (TLS 1.3): its alert arrives with the first read.
+        WireError::Io(io) => tls_failure_kind(TlsFailure::of(io)),
+        WireError::Closed | WireError::Ended | WireError::Silent(_) | WireError::Protocol(_) => {
+            ErrorKind::ConnectionLost
+        }
+        WireError::ReadOnly => ErrorKind::ReadOnly,
+    }
+}
+
+/// A TLS error's kind: a certificate problem (`fatal`), or a connection
+/// that broke during the handshake.
+fn tls_error_kind(fatal: bool) -> ErrorKind {
+    if fatal {
+        ErrorKind::Certificate
+    } else {
+        ErrorKind::ConnectionLost
+    }
+}
+
+fn tls_failure_kind(failure: TlsFailure) -> ErrorKind {
+    tls_error_kind(failure.needs_a_person())
+}
+
+/// The kind of an ordinary SQL session's error: the server's SQLSTATE,
+/// else what its TLS says, else (the connection broke) passing.
+fn sql_kind(source: &tokio_postgres::Error) -> ErrorKind {
     if let Some(code) = source.code() {
-        return sqlstate_class(code.code());
+        return sqlstate_kind(code.code());
     }
     if let Some(tls) = crate::postgres::tls::TlsError::behind(source) {
-        return if tls.fatal {
-            ErrorClass::Fatal
-        } else {
-            ErrorClass::Transient
-        };
+        return tls_error_kind(tls.fatal);
     }
     match TlsFailure::of(source) {
         TlsFailure::Broken => {}
-        failure => return tls_class(failure),
+        failure => return tls_failure_kind(failure),
     }
     // The connection broke (closed, or an I/O error behind it: refused,
-    // reset, timed out): transient. Without either, tokio-postgres refused
+    // reset, timed out): passing. Without either, tokio-postgres refused
     // on the relay's side (no password for the method asked, an
     // authentication method or SASL mechanism it does not speak, a SCRAM
     // server proof that does not match, channel binding required and not
     // offered): a person must change something, as on the replication
     // connection (WireError::Auth).
     if source.is_closed() || has_io_cause(source) {
-        ErrorClass::Transient
+        ErrorKind::ConnectionLost
     } else {
-        ErrorClass::Fatal
+        ErrorKind::Authentication
     }
 }
 
@@ -296,6 +467,11 @@ mod tests {
 
     use super::*;
     use ErrorClass::{Fatal, Transient};
+
+    /// The class of a server error by its SQLSTATE alone.
+    fn sqlstate_class(code: &str) -> ErrorClass {
+        sqlstate_kind(code).policy().action.class()
+    }
 
     fn server(code: &str) -> RelayError {
         RelayError::Replication(WireError::Server {
@@ -447,5 +623,234 @@ mod tests {
         for (error, class) in cases {
             assert_eq!(error.class(), class, "{error}");
         }
+    }
+
+    /// The words a user reads (logs, `check`, the exit message) for the
+    /// errors this module words itself, to the byte.
+    #[test]
+    fn every_message_reads_as_its_variant_words_it() {
+        let stream = |code: &str, message: &str| {
+            RelayError::Replication(WireError::Server {
+                code: code.into(),
+                message: message.into(),
+            })
+        };
+        let cases: Vec<(RelayError, &str)> = vec![
+            (
+                stream(
+                    "22021",
+                    "character with byte sequence 0xe9 in encoding \"SQL_ASCII\" has no equivalent in encoding \"UTF8\"",
+                ),
+                "replication stream: server error: character with byte sequence 0xe9 in encoding \"SQL_ASCII\" \
+                 has no equivalent in encoding \"UTF8\" (SQLSTATE 22021). A row holds text that is not valid \
+                 UTF-8 (a SQL_ASCII database), and PostgreSQL cannot send it: the slot cannot move past that \
+                 change. Nothing after it was acknowledged. Correct the row's text, then drop the slot and \
+                 start the relay with lifecycle.recreate_slot = true, or run `outbox-relay replay --state \
+                 PENDING` after recreating it (docs/recovery.md)",
+            ),
+            (
+                stream("55006", "replication slot \"outbox\" is active for PID 7"),
+                "replication stream: server error: replication slot \"outbox\" is active for PID 7 (SQLSTATE 55006)",
+            ),
+            (
+                RelayError::Replication(WireError::Closed),
+                "replication stream: the server closed the connection",
+            ),
+            (
+                RelayError::Replication(WireError::Auth("no password".into())),
+                "replication stream: authentication: no password",
+            ),
+            (
+                RelayError::Tls {
+                    message: "TLS: the certificate expired".into(),
+                    fatal: true,
+                },
+                "replication connection: TLS: the certificate expired",
+            ),
+            (
+                RelayError::Unusable {
+                    message: "replication slot \"outbox\" does not exist".into(),
+                    transient: false,
+                    lost: true,
+                },
+                "replication slot \"outbox\" does not exist",
+            ),
+            (
+                RelayError::ConnInfo(ConnInfoError::Url("names no host".into())),
+                "postgres.url: names no host",
+            ),
+            (
+                RelayError::Listen("http.listen: 127.0.0.1:9187 is in use".into()),
+                "http.listen: 127.0.0.1:9187 is in use",
+            ),
+            (
+                RelayError::Decode {
+                    lsn: "0/16B3748".into(),
+                    source: pgoutput::DecodeError::Empty,
+                },
+                "undecodable pgoutput message at 0/16B3748: empty pgoutput message; this is a bug or a \
+                 protocol mismatch, please report it",
+            ),
+            (
+                RelayError::Framing(FramingError::NestedBegin),
+                "replication stream framing: Begin received while a transaction is open",
+            ),
+            (
+                RelayError::UnknownRelation(16384),
+                "Insert for relation oid 16384 arrived before its Relation message",
+            ),
+            (
+                RelayError::StreamEnded,
+                "the server ended the replication stream",
+            ),
+            (
+                RelayError::SqlSessionClosed,
+                "the relay's SQL session closed (the server is shutting down, or the connection broke); \
+                 the replication session ends with it",
+            ),
+            (
+                RelayError::PublisherStopped,
+                "the publisher stopped unexpectedly",
+            ),
+        ];
+        for (error, message) in cases {
+            assert_eq!(error.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn every_kind_has_its_policy_and_advice() {
+        use Action::{Recreate, Retry, StandBy, Stop};
+        use ErrorKind::*;
+        let table = [
+            (ConnectionLost, Retry),
+            (Contention, Retry),
+            (ReadOnly, Retry),
+            (PublisherStopped, Retry),
+            (SlotBusy, StandBy),
+            (Settings, Stop),
+            (Authentication, Stop),
+            (Certificate, Stop),
+            (NoDatabase, Stop),
+            (Unusable, Stop),
+            (SlotLost, Recreate),
+            (Mapping, Stop),
+            (UnsendableText, Stop),
+            (Refused, Stop),
+            (Listen, Stop),
+            (Unrecordable, Stop),
+            (Undecodable, Stop),
+        ];
+        assert_eq!(ErrorKind::ALL, table.map(|(kind, _)| kind));
+        let mut advice = std::collections::HashSet::new();
+        for (kind, action) in table {
+            let policy = kind.policy();
+            assert_eq!(policy.action, action, "{kind:?}");
+            assert!(!policy.advice.trim().is_empty(), "{kind:?} has no advice");
+            assert!(
+                advice.insert(policy.advice),
+                "{kind:?} repeats another's advice"
+            );
+            // What a person does says where to read more, but for what only
+            // the server (its SQLSTATE) or the project (a report) can say.
+            if action.class() == Fatal && !matches!(kind, Refused | Undecodable) {
+                assert!(policy.advice.contains("docs/"), "{kind:?} names no doc");
+            }
+        }
+        assert_eq!(Retry.class(), Transient);
+        assert_eq!(StandBy.class(), Transient);
+        assert_eq!(Stop.class(), Fatal);
+        assert_eq!(Recreate.class(), Fatal);
+    }
+
+    #[test]
+    fn every_error_has_its_kind() {
+        use ErrorKind::*;
+        for (code, kind) in [
+            ("08006", ConnectionLost),
+            ("57P01", ConnectionLost),
+            ("58030", ConnectionLost),
+            ("40001", Contention),
+            ("53300", Contention),
+            ("55P03", Contention),
+            ("25006", ReadOnly),
+            ("57P04", NoDatabase),
+            ("3D000", NoDatabase),
+            ("28P01", Authentication),
+            ("42501", Unusable),
+            ("55000", Refused),
+            ("23502", Refused),
+            ("XX000", Refused),
+        ] {
+            assert_eq!(sqlstate_kind(code), kind, "{code}");
+            assert_eq!(server(code).kind(), kind, "{code} on the stream");
+        }
+        // On the stream, two SQLSTATEs are about the slot.
+        assert_eq!(sqlstate_kind("55006"), Contention);
+        assert_eq!(server("55006").kind(), SlotBusy);
+        assert_eq!(sqlstate_kind("22021"), Refused);
+        assert_eq!(server("22021").kind(), UnsendableText);
+        let unusable = |transient, lost| RelayError::Unusable {
+            message: "…".into(),
+            transient,
+            lost,
+        };
+        let tls = |fatal| crate::postgres::tls::TlsError {
+            message: "TLS …".into(),
+            fatal,
+        };
+        let cases: Vec<(RelayError, ErrorKind)> = vec![
+            (unusable(true, false), SlotBusy),
+            (unusable(false, true), SlotLost),
+            (unusable(false, false), Unusable),
+            (RelayError::from(WireError::Tls(tls(true))), Certificate),
+            (RelayError::from(WireError::Tls(tls(false))), ConnectionLost),
+            (RelayError::from(SqlError::Tls(tls(true))), Certificate),
+            (
+                RelayError::from(SqlError::ReadOnly {
+                    endpoint: "db:5432/app".into(),
+                }),
+                ReadOnly,
+            ),
+            (
+                RelayError::Replication(WireError::Auth("no password".into())),
+                Authentication,
+            ),
+            (RelayError::Replication(WireError::ReadOnly), ReadOnly),
+            (RelayError::from(WireError::Ended), ConnectionLost),
+            (RelayError::SqlSessionClosed, ConnectionLost),
+            (RelayError::PublisherStopped, PublisherStopped),
+            (
+                RelayError::ConnInfo(ConnInfoError::Url("names no host".into())),
+                Settings,
+            ),
+            (RelayError::Listen("in use".into()), Listen),
+            (
+                RelayError::Record(RecordError::Nowhere {
+                    table: "public.outbox".into(),
+                    dead_letter: "'outbox_dead_letter'".into(),
+                }),
+                Unrecordable,
+            ),
+            (RelayError::Framing(FramingError::NestedBegin), Undecodable),
+            (RelayError::UnknownRelation(16384), Undecodable),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error}");
+            assert_eq!(error.class(), kind.policy().action.class(), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_message_that_carries_advice_ends_with_its_kinds() {
+        let unsendable = server("22021").to_string();
+        assert!(unsendable.ends_with(ErrorKind::UnsendableText.policy().advice));
+        let undecodable = RelayError::Decode {
+            lsn: "0/0".into(),
+            source: pgoutput::DecodeError::Empty,
+        };
+        assert!(undecodable
+            .to_string()
+            .ends_with(ErrorKind::Undecodable.policy().advice));
     }
 }

@@ -4,14 +4,17 @@
 //! Each destination implements the contract of [`crate::pipeline::sink`]
 //! and owns its settings section ([`crate::config::settings::Settings`]).
 //! The AWS destinations share [`aws`]: the signed client, the error table
-//! and the batch loop.
+//! and the batch loop. Every destination that speaks HTTP goes out through
+//! [`http`], the relay's plain-HTTP egress.
 
 use std::time::Duration;
 
-use crate::config::settings::{Settings, Unnamed};
+use crate::config::settings::{Settings, SetupError, Unnamed};
 use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink, Source};
 
 pub mod aws;
+mod http;
+mod unknown;
 
 pub use sns::{SnsConfig, SnsSink};
 pub use stdout::StdoutSink;
@@ -84,7 +87,7 @@ macro_rules! destinations {
 
         impl Configured {
             /// Build the sink `kind` names from its section of `sections`.
-            pub async fn new(kind: Kind, sections: &Sections) -> Result<Self, crate::sink::aws::SetupError> {
+            pub async fn new(kind: Kind, sections: &Sections) -> Result<Self, SetupError> {
                 Ok(match kind {
                     $(Kind::$variant => {
                         let $section = &sections.$name;

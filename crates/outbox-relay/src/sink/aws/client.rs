@@ -16,7 +16,7 @@
 //! * Requests are signed with the endpoint's time once an answer's `Date`
 //!   shows this host's clock is off by a minute or more ([`Clock`]).
 //! * A request goes on an idle pooled connection last used less than
-//!   [`IDLE`] ago, or a new one. When an idle connection turns out to be
+//!   [`http::IDLE`] ago, or a new one. When an idle connection turns out to be
 //!   closed *before the request was written to it*, hyper-util's client sends
 //!   it on another (`retry_canceled_requests`): nothing was sent, so nothing
 //!   can be published twice. Any failure after the request was written is
@@ -43,16 +43,12 @@ use hyper::{Method, StatusCode};
 use super::connect;
 use super::endpoint::Endpoint;
 use super::{Service, SetupError};
-
-/// How long an idle connection is kept for the next request.
-pub const IDLE: Duration = Duration::from_secs(20);
+use crate::sink::http::{self, AGENT};
 /// Credentials are refreshed this long before they expire.
 const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
 /// The largest answer read (a 10-entry answer is about 2 KiB).
 const MAX_ANSWER: usize = 1 << 20;
 const FORM: &str = "application/x-www-form-urlencoded; charset=utf-8";
-/// The `User-Agent` of the relay's HTTP requests.
-pub const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
 
 /// Why a call got no answer.
 #[derive(Debug, thiserror::Error)]
@@ -139,9 +135,7 @@ pub struct Client {
     region: String,
     credentials: Credentials,
     clock: Clock,
-    pooled: connect::Pooled,
-    /// `Proxy-Authorization` for requests an `http` proxy forwards.
-    forwarded_authorization: Option<HeaderValue>,
+    transport: connect::Transport,
     attempt_timeout: Duration,
 }
 
@@ -185,38 +179,14 @@ impl Client {
             key,
             message: format!("{url:?} is not a usable endpoint: {message}"),
         })?;
-        let proxy = connect::proxy_for(&endpoint.uri, env)
-            .map_err(|(key, message)| SetupError { key, message })?;
-        if let Some(proxy) = &proxy {
-            tracing::info!(
-                proxy = %proxy.uri,
-                variable = proxy.variable,
-                service = service.signing_name,
-                "AWS requests go through a proxy"
-            );
-        }
-        let https = endpoint.is_https();
-        let connector = connect::connector(
-            proxy.as_ref(),
-            https,
-            attempt_timeout.min(Duration::from_secs(3)),
-            attempt_timeout,
-        )
-        .map_err(|message| SetupError {
-            key: "AWS_CA_BUNDLE",
-            message,
-        })?;
-        let pooled = connect::pooled(connector, max_idle);
+        let transport = connect::transport(service, &endpoint, max_idle, attempt_timeout, env)?;
         Ok(Self {
             service,
             endpoint,
             region: region.to_owned(),
             credentials: Credentials::new(provider),
             clock: Clock::default(),
-            pooled,
-            forwarded_authorization: proxy
-                .filter(|_| !https)
-                .and_then(|proxy| proxy.authorization),
+            transport,
             attempt_timeout,
         })
     }
@@ -293,7 +263,7 @@ impl Client {
         instructions.apply_to_request_http1x(&mut http);
         http.headers_mut()
             .insert(USER_AGENT, HeaderValue::from_static(AGENT));
-        if let Some(authorization) = &self.forwarded_authorization {
+        if let Some(authorization) = &self.transport.forwarded_authorization {
             http.headers_mut()
                 .insert(PROXY_AUTHORIZATION, authorization.clone());
         }
@@ -311,26 +281,25 @@ impl Client {
         &self,
         request: hyper::Request<Full<Bytes>>,
     ) -> Result<(StatusCode, Bytes), CallError> {
-        let answer = self.pooled.request(request).await.map_err(|error| {
-            // The client's own words ("client error (Connect)") say less
-            // than its sources.
-            let cause = std::error::Error::source(&error).unwrap_or(&error);
-            let mut text = connect::with_sources(cause);
-            if error.is_connect() {
-                if connect::is_tls(&error) {
-                    text = format!("TLS: {text} (trusted are the CAs of AWS_CA_BUNDLE when it is set, else the system's)");
+        let answer = self
+            .transport
+            .pooled
+            .request(request)
+            .await
+            .map_err(|error| {
+                let text = connect::failure(&error);
+                if error.is_connect() {
+                    CallError::Connect {
+                        endpoint: self.endpoint.text.clone(),
+                        error: text,
+                    }
+                } else {
+                    CallError::Io {
+                        endpoint: self.endpoint.text.clone(),
+                        error: text,
+                    }
                 }
-                CallError::Connect {
-                    endpoint: self.endpoint.text.clone(),
-                    error: text,
-                }
-            } else {
-                CallError::Io {
-                    endpoint: self.endpoint.text.clone(),
-                    error: text,
-                }
-            }
-        })?;
+            })?;
         let status = answer.status();
         if let Some(date) = answer.headers().get(hyper::header::DATE) {
             self.clock.learn(date);
@@ -413,7 +382,7 @@ impl Credentials {
                 Ok(identity)
             }
             Err(error) => {
-                let error = connect::with_sources(&error);
+                let error = http::with_sources(&error);
                 match cached.as_ref() {
                     Some(c) if c.expiry.is_none_or(|expiry| now < expiry) => {
                         tracing::warn!(%error, "cannot refresh the AWS credentials; using the current ones while they last");

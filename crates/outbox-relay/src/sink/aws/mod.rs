@@ -12,9 +12,8 @@
 //! * [`Client`]: signed requests (`aws-sigv4`) on hyper-util's pooled
 //!   HTTP/1.1 client, with cached credentials, the endpoint's clock when this
 //!   host's is off, and a bound on every call.
-//! * [`connect`]: TCP, proxies from the standard variables (hyper-util's
-//!   tunnel and matcher), TLS with `AWS_CA_BUNDLE` or the system's roots
-//!   (hyper-rustls).
+//! * [`connect`]: the relay's plain-HTTP egress ([`crate::sink::http`]: TCP,
+//!   proxies, TLS, pooling) set up for one service's endpoint.
 //!
 //! What a destination adds in its own folder: its wire protocol (request
 //! bodies, answers), its error classes and its limits. The concurrency
@@ -36,7 +35,8 @@ pub mod known;
 #[cfg(test)]
 pub mod local;
 
-pub use client::{CallError, Client, Request, AGENT, IDLE};
+pub use crate::config::settings::SetupError;
+pub use client::{CallError, Client, Request};
 
 /// An AWS service as the layer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,16 +235,6 @@ pub fn check_calls(
     if let Err(message) = crate::config::value::check_endpoint_url(endpoint_url) {
         bad(&format!("{section}.endpoint_url"), message);
     }
-}
-
-/// An AWS client cannot be built from the configuration.
-#[derive(Debug, thiserror::Error)]
-#[error("{key}: {message}")]
-pub struct SetupError {
-    /// The configuration key (or environment variable).
-    pub key: &'static str,
-    /// What to do.
-    pub message: String,
 }
 
 /// The AWS settings for a destination: the standard chain, `region` (a

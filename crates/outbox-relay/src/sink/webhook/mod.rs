@@ -30,8 +30,8 @@
 //! * Where requests go: only URLs whose origin the configuration allows
 //!   (`crate::config::allow`); the router has refused any other before a
 //!   request is formed.
-//! * Connections: the AWS layer's connector ([`crate::sink::aws::connect`]): proxies
-//!   from the standard variables, TLS with the system's roots (or
+//! * Connections: the relay's plain-HTTP egress ([`crate::sink::http`]):
+//!   proxies from the standard variables, TLS with the system's roots (or
 //!   `AWS_CA_BUNDLE`), `TCP_USER_TIMEOUT`; pooled by hyper-util.
 
 use std::time::Duration;
@@ -41,10 +41,10 @@ use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::header::{HeaderValue, CONTENT_TYPE, USER_AGENT};
 use hyper::{Method, StatusCode, Uri};
 
+use crate::config::settings::SetupError;
 use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
-use crate::sink::aws::connect;
-use crate::sink::aws::errors::UnknownSince;
-use crate::sink::aws::SetupError;
+use crate::sink::http;
+use crate::sink::unknown::UnknownSince;
 
 pub mod config;
 mod sign;
@@ -56,7 +56,7 @@ const MAX_ANSWER: usize = 64 << 10;
 
 /// POSTs envelopes to webhook endpoints.
 pub struct WebhookSink {
-    pooled: connect::Pooled,
+    pooled: http::Pooled,
     key: ring::hmac::Key,
     batch: bool,
     max_batch: usize,
@@ -84,9 +84,9 @@ impl WebhookSink {
         let base = config.base();
         let https = base.starts_with("https://");
         let probe: Uri = base.parse().unwrap_or_default();
-        let proxy = connect::proxy_for(&probe, |name| std::env::var(name).ok())
+        let proxy = http::proxy_for(&probe, |name| std::env::var(name).ok())
             .map_err(|(key, message)| SetupError { key, message })?;
-        let connector = connect::connector(
+        let connector = http::connector(
             proxy.as_ref(),
             https,
             config.timeout.min(Duration::from_secs(3)),
@@ -97,7 +97,7 @@ impl WebhookSink {
             message,
         })?;
         Ok(Self {
-            pooled: connect::pooled(connector, config.max_in_flight),
+            pooled: http::pooled(connector, config.max_in_flight),
             key,
             batch: config.batch,
             max_batch: if config.batch { config.max_batch } else { 1 },
@@ -120,7 +120,7 @@ impl WebhookSink {
             .method(Method::POST)
             .uri(uri)
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, HeaderValue::from_static(crate::sink::aws::AGENT))
+            .header(USER_AGENT, HeaderValue::from_static(http::AGENT))
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)
@@ -136,7 +136,7 @@ impl WebhookSink {
         let exchange = async {
             let answer = self.pooled.request(request).await.map_err(|error| {
                 let cause = std::error::Error::source(&error).unwrap_or(&error);
-                connect::with_sources(cause)
+                http::with_sources(cause)
             })?;
             let status = answer.status();
             let body = Limited::new(answer.into_body(), MAX_ANSWER)
