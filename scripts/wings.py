@@ -15,7 +15,11 @@ config/ naming the destinations' settings sections through the registry
 tree holds every section.
 
 Prints the wing-to-wing import counts, every climb, and every cycle between
-files (Tarjan's strongly connected components). Code of `#[cfg(test)]`
+files (Tarjan's strongly connected components). A parent naming its own child
+module (`mod.rs` re-exporting or calling into a file it declares) is the
+module tree, not an import: every child is reached through its parent, so
+those are counted apart and left out of the cycles; a child using its parent
+(`super::`) is an import. Code of `#[cfg(test)]`
 modules and comments are left out: tests may reach anywhere, and a doc link
 is not an import. Exits 1 on a climb that is not allowed or a cycle.
 
@@ -94,7 +98,55 @@ def main():
                 return hit, parts[n:]
         return None, parts
 
+    # What each file hands on from elsewhere (`pub use x::Name;`, `pub use x::{A, b::C}`,
+    # `pub use x::*`): a path through the re-export is an import of the file that defines it.
+    reexports = {p: {} for p in files}
+    globs = {p: [] for p in files}
+    for path, text in files.items():
+        here = module_of(path)
+        for line in code_lines(text):
+            m = re.match(r"\s*pub(?:\([a-z]+\))? use (.*);", line)
+            if not m:
+                continue
+            spec = m.group(1)
+            if "{" in spec:
+                base, inner = spec.split("{", 1)
+                names = [x.strip() for x in inner.rstrip("}").split(",") if x.strip()]
+            else:
+                base, _, last = spec.rpartition("::")
+                names = [last]
+            segs = [x for x in base.strip(":").split("::") if x]
+            if segs[:1] == ["crate"]:
+                mod = segs[1:]
+            elif segs[:1] == ["super"]:
+                mod = here[: len(here) - segs.count("super")] + [x for x in segs if x != "super"]
+            else:
+                mod = here + [x for x in segs if x != "self"]
+            for name in names:
+                if name == "*":
+                    globs[path].append(mod)
+                elif name != "self":
+                    orig, _, alias = name.partition(" as ")
+                    reexports[path][(alias or orig).strip()] = mod + orig.strip().split("::")
+
+    def defines(path, name):
+        pattern = r"\b(fn|struct|enum|trait|type|const|static|mod)\s+" + re.escape(name) + r"\b"
+        return re.search(pattern, files[path]) is not None
+
+    def resolve_item(parts, depth=0):
+        target, rest = resolve(parts)
+        if target is None or not rest or depth > 8:
+            return target
+        if rest[0] in reexports[target]:
+            return resolve_item(reexports[target][rest[0]] + rest[1:], depth + 1) or target
+        for mod in globs[target]:
+            inner, _ = resolve(mod)
+            if inner and defines(inner, rest[0]):
+                return resolve_item(mod + rest, depth + 1) or target
+        return target
+
     edges = {p: {} for p in files}
+    children = {p: set() for p in files}
     path_re = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+|::\{)")
     for path, text in files.items():
         here = module_of(path)
@@ -106,16 +158,25 @@ def main():
                 else:
                     ups = 1 + segs.count("super")
                     parts = here[: len(here) - ups] + [s for s in segs if s != "super"]
-                # Only the module part of a path; the item name is dropped.
-                parts = [s for s in parts if s[:1].islower() or s[:1] == "_"]
-                target, _ = resolve(parts)
+                target = resolve_item(parts)
                 if target and target != path:
-                    edges[path][target] = edges[path].get(target, 0) + 1
+                    if module_of(target)[:-1] == here:
+                        children[path].add(target)
+                    else:
+                        edges[path][target] = edges[path].get(target, 0) + 1
                 # `use crate::{a, b::c}` groups
+            # A parent naming its child's items by a relative path (`use sns::SnsSink`,
+            # `sqs::SqsSink::new(..)` in the registry) imports that child too.
+            # Kept apart from the imports: a parent reaches every child it declares, so
+            # counting those would make each child that uses its parent a "cycle".
+            for m in re.finditer(r"(?<![:\w])(?:self::)?([a-z_][a-z0-9_]*)::", line):
+                target = by_module.get(tuple(here + [m.group(1)]))
+                if target and target != path:
+                    children[path].add(target)
             for m in re.finditer(r"\buse crate::\{([^}]*)\}", line):
                 for item in m.group(1).split(","):
-                    parts = [s for s in item.strip().split("::") if s and (s[:1].islower() or s[:1] == "_")]
-                    target, _ = resolve(parts)
+                    parts = [s for s in item.strip().split("::") if s and s != "self"]
+                    target = resolve_item(parts)
                     if target and target != path:
                         edges[path][target] = edges[path].get(target, 0) + 1
 
@@ -160,7 +221,10 @@ def main():
         if v not in index:
             strong(v)
 
-    print(f"{len(files)} files, {sum(len(t) for t in edges.values())} file-to-file imports")
+    print(
+        f"{len(files)} files, {sum(len(t) for t in edges.values())} file-to-file imports "
+        f"(besides {sum(len(c) for c in children.values())} uses of a module by its own parent)"
+    )
     print("\nimports by wing (from -> to: paths):")
     for (wa, wb), n in sorted(wings.items(), key=lambda kv: (-LEVEL[kv[0][0]], -LEVEL[kv[0][1]])):
         print(f"  {wa:>11} -> {wb:<11} {n}")
