@@ -35,6 +35,7 @@ pub mod json;
 pub mod known;
 #[cfg(test)]
 pub mod local;
+pub mod query;
 
 pub use client::{CallError, Client, Request, AGENT, IDLE};
 

@@ -60,7 +60,7 @@ use self::protocol::{Entry, EntryResult};
 use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink};
 use crate::sink::aws::batch::{self, fifo_id, retrying, Verdict};
 use crate::sink::aws::errors::{self, Class};
-use crate::sink::aws::{self, CallError, Client, SetupError};
+use crate::sink::aws::{self, query, CallError, Client, SetupError};
 
 pub mod claim_check;
 pub mod config;
@@ -268,7 +268,7 @@ impl SnsSink {
                 )),
             };
         }
-        let error = protocol::parse_error(&body);
+        let error = query::parse_error(&body);
         let code = error.as_ref().map(|(code, _)| code.as_str());
         let reason = match &error {
             Some((code, message)) => format!(
@@ -386,10 +386,10 @@ impl SnsSink {
             status,
             self.client.endpoint(),
             &body,
-            protocol::parse_error(&body),
+            query::parse_error(&body),
         );
         if code.is_some() {
-            if let Some(id) = protocol::request_id(&body) {
+            if let Some(id) = query::request_id(&body) {
                 reason.push_str(&format!(" (request id {id})"));
             }
         }
