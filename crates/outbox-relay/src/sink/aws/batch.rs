@@ -1,14 +1,17 @@
-//! Batches of entries to one AWS destination over a JSON protocol
-//! (SQS `SendMessageBatch`, EventBridge `PutEvents`, Kinesis `PutRecords`):
-//! what is the same for all of them, once. A destination's folder says only
-//! how an entry is written and counted and how an answer lists the entries
-//! ([`Protocol`]).
+//! Batches of entries to one AWS destination (SNS `PublishBatch` over the
+//! Query protocol; SQS `SendMessageBatch`, EventBridge `PutEvents`, Kinesis
+//! `PutRecords` over AWS JSON): what is the same for all of them, once. A
+//! destination's folder says only how an entry is written and counted and
+//! how an answer lists the entries ([`Protocol`], whose [`Wire`] says how a
+//! call is made and a refusal read).
 //!
 //! * A batch (one destination) is split into requests of at most
 //!   [`Protocol::MAX_ENTRIES`] entries and [`Protocol::MAX_REQUEST_BYTES`],
 //!   counted as the service counts (and, where [`Protocol::one_per_group`]
 //!   says so, one entry of each ordering group); an entry over the
-//!   destination's limit alone is rejected before anything is sent.
+//!   destination's limit alone is rejected before anything is sent, unless
+//!   the [`Gate`] stores it elsewhere and a stand-in goes in its place (SNS's
+//!   claim check), or the limit is not known yet (then it is retried).
 //! * Requests go one after the other; once one is to be retried, the later
 //!   ones are not sent (retried with it), so no entry overtakes an earlier one.
 //! * Every refusal is classified by its typed parts ([`crate::sink::aws::errors`]):
@@ -22,6 +25,9 @@
 //! * Nothing that may have reached the service is sent again here: the
 //!   publisher retries, and keeps each group in order (after a partial
 //!   failure the failed entry and the later ones of its group go again).
+//!   The one exception is the gate's: an entry refused that only a learned
+//!   limit let through is retried when the gate learns the limit again
+//!   ([`Gate::relearn`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,17 +37,21 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use hyper::StatusCode;
 
 use super::errors::{self, Class, UnknownSince};
-use super::{json, CallError, Client};
-use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
+use super::{json, query, CallError, Client, Request};
+use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink, Source};
 
 /// How a destination writes, counts and reads back the entries of a batch.
 pub trait Protocol: Send + Sync + 'static {
     /// What a destination is, in messages: "queue", "event bus", "stream".
     const WHAT: &'static str;
-    /// The operation, for `X-Amz-Target` (`AmazonSQS.SendMessageBatch`).
+    /// The operation: for the JSON protocols its `X-Amz-Target`
+    /// (`AmazonSQS.SendMessageBatch`); a Query protocol's body names it.
     const TARGET: &'static str;
-    /// `Content-Type` ([`json::JSON_10`] or [`json::JSON_11`]).
+    /// `Content-Type` ([`json::JSON_10`] or [`json::JSON_11`]; a form's for
+    /// the Query protocol).
     const CONTENT_TYPE: &'static str;
+    /// How calls are made and refusals read.
+    const WIRE: Wire = Wire::Json;
     /// Most entries in one request.
     const MAX_ENTRIES: usize;
     /// Most bytes of one request's entries, as the service counts them.
@@ -59,6 +69,47 @@ pub trait Protocol: Send + Sync + 'static {
     /// (`None`: the answer does not mention it).
     fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String>;
 
+    /// What is said of an entry a successful answer does not mention.
+    const UNMENTIONED: &'static str = "the answer does not mention the entry";
+
+    /// The size of `entry` as the service counts it. Only a protocol whose
+    /// gate stores entries elsewhere ([`Gate::offload`]) sees stand-ins and
+    /// says how they count; for the others this is [`Protocol::size`].
+    fn entry_size(&self, entry: Entry<'_>) -> Result<usize, String> {
+        self.size(entry.message)
+    }
+
+    /// The body of a request of `entries` to `destination`: as
+    /// [`Protocol::entry_size`] is to [`Protocol::size`], so this is to
+    /// [`Protocol::body`].
+    fn entry_body(&self, destination: &str, entries: &[Entry<'_>]) -> Vec<u8> {
+        let messages: Vec<&Message> = entries.iter().map(|entry| entry.message).collect();
+        self.body(destination, &messages)
+    }
+
+    /// Most bytes of one request to a destination whose entries take at
+    /// most `limit`: [`Protocol::MAX_REQUEST_BYTES`], unless the service
+    /// holds a whole request to the destination's limit (SNS).
+    fn max_request_bytes(&self, limit: usize) -> usize {
+        let _ = limit;
+        Self::MAX_REQUEST_BYTES
+    }
+
+    /// Why an entry of `size` bytes is rejected where `limit` is the most
+    /// the destination takes.
+    fn too_large(&self, size: usize, limit: usize) -> String {
+        format!(
+            "message too large: {size} bytes as the service counts them; the {} takes at most {limit}",
+            Self::WHAT
+        )
+    }
+
+    /// Log `alarm` about `destination` with `error` (every attempt, at error
+    /// level: an operator fixes it), in the service's words.
+    fn alarm(&self, alarm: Alarm, destination: &str, error: &str) {
+        alarm.log(destination, error);
+    }
+
     /// Whether a request to `destination` holds at most one entry of each
     /// ordering group. Where the service may take a later entry of a request
     /// and fail an earlier one of the same group, and its consumers rely on
@@ -72,6 +123,101 @@ pub trait Protocol: Send + Sync + 'static {
     fn one_per_group(&self, destination: &str) -> bool {
         let _ = destination;
         false
+    }
+}
+
+/// The AWS protocol a service speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// AWS JSON 1.0 or 1.1 ([`json`]): the operation in `X-Amz-Target`,
+    /// answers and errors in JSON.
+    Json,
+    /// The AWS Query protocol ([`query`]): a form naming its `Action`,
+    /// answers and errors in XML.
+    Query,
+}
+
+impl Wire {
+    /// A call of `operation` (named by `target`, [`json::target`]) with `body`.
+    fn request<'a>(
+        self,
+        content_type: &'static str,
+        target: &'a [(hyper::header::HeaderName, hyper::header::HeaderValue)],
+        body: Vec<u8>,
+    ) -> Request<'a> {
+        match self {
+            Self::Json => json::request(content_type, target, body),
+            Self::Query => Request {
+                content_type,
+                ..Request::form(body)
+            },
+        }
+    }
+
+    /// The error code and message of a refusal's `body`.
+    fn parse_error(self, body: &[u8]) -> Option<(String, Option<String>)> {
+        match self {
+            Self::Json => json::parse_error(body),
+            Self::Query => query::parse_error(body),
+        }
+    }
+
+    /// The request id a refusal's `body` names, for its reason (AWS support
+    /// asks for it); the JSON protocols name it in a header only.
+    fn request_id(self, body: &[u8]) -> Option<&str> {
+        match self {
+            Self::Json => None,
+            Self::Query => query::request_id(body),
+        }
+    }
+}
+
+/// One entry of a request: a message, and the body sent in its place when
+/// the gate stored the message elsewhere ([`Gate::offload`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Entry<'a> {
+    /// The message.
+    pub message: &'a Message,
+    /// What is sent instead of its body, if anything.
+    pub stand_in: Option<&'a str>,
+}
+
+impl<'a> Entry<'a> {
+    /// `message` as it is.
+    pub fn plain(message: &'a Message) -> Self {
+        Self {
+            message,
+            stand_in: None,
+        }
+    }
+}
+
+/// What the loop logs at error level on every attempt (the entries are
+/// retried; an operator fixes the cause).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alarm {
+    /// The credential chain gave no credentials.
+    NoCredentials,
+    /// A request could not be signed.
+    Signing,
+    /// The service refused the credentials or permissions.
+    Refused,
+}
+
+impl Alarm {
+    /// Log it in the AWS layer's words, naming `destination`.
+    pub fn log(self, destination: &str, error: &str) {
+        match self {
+            Self::NoCredentials => {
+                tracing::error!(destination, error = %error, "the AWS credential chain gave no credentials; retrying")
+            }
+            Self::Signing => {
+                tracing::error!(destination, error = %error, "cannot sign the requests; retrying")
+            }
+            Self::Refused => {
+                tracing::error!(destination, error = %error, "AWS refused the credentials or permissions; retrying")
+            }
+        }
     }
 }
 
@@ -178,22 +324,35 @@ impl<P: Protocol> Batches<P> {
     }
 
     /// Ask the service `operation` (a question about a destination, not a
-    /// batch) with the JSON `body`, within the operation timeout: the answer
-    /// when it came with a success, else why not ([`Question`]).
+    /// batch) with `body` (as the protocol's [`Wire`] writes it), within the
+    /// operation timeout: the answer when it came with a success, else why
+    /// not ([`Question`]).
     pub async fn ask(
         &self,
         operation: &'static str,
         body: Vec<u8>,
     ) -> Result<bytes::Bytes, Question> {
+        self.question(operation, body)
+            .await
+            .map_err(|(_, question)| question)
+    }
+
+    /// [`Batches::ask`], with the class of a failure, for a caller that
+    /// retries entries by it (throttling, an outage, credentials).
+    pub async fn question(
+        &self,
+        operation: &'static str,
+        body: Vec<u8>,
+    ) -> Result<bytes::Bytes, (Class, Question)> {
         let identity = self
             .client
             .identity()
             .await
-            .map_err(|e| Question::Unanswered(e.to_string()))?;
+            .map_err(|e| (Class::Access, Question::Unanswered(e.to_string())))?;
         let (status, body) = self
             .call(&identity, operation, body)
             .await
-            .map_err(|e| Question::Unanswered(e.to_string()))?;
+            .map_err(|e| (Class::of(&e), Question::Unanswered(e.to_string())))?;
         if status.is_success() {
             return Ok(body);
         }
@@ -203,26 +362,29 @@ impl<P: Protocol> Batches<P> {
             operation.rsplit('.').next().unwrap_or(operation)
         );
         let code = code.as_deref();
-        Err(match class {
-            Class::Missing => Question::Missing(reason),
-            // Only a denied permission or a call the endpoint does not know
-            // is an answer worth keeping; expired or unknown credentials, a
-            // bad signature or a skewed clock are asked about again soon.
-            Class::Access if code.is_some_and(errors::permission_denied) => {
-                Question::Refused(reason)
-            }
-            Class::Invalid if code.is_some() => Question::Refused(reason),
-            Class::Access => {
-                if code.is_some_and(errors::stale_credentials) {
-                    self.client.forget_credentials().await;
+        Err((
+            class,
+            match class {
+                Class::Missing => Question::Missing(reason),
+                // Only a denied permission or a call the endpoint does not know
+                // is an answer worth keeping; expired or unknown credentials, a
+                // bad signature or a skewed clock are asked about again soon.
+                Class::Access if code.is_some_and(errors::permission_denied) => {
+                    Question::Refused(reason)
                 }
-                Question::Unanswered(reason)
-            }
-            _ => Question::Unanswered(reason),
-        })
+                Class::Invalid if code.is_some() => Question::Refused(reason),
+                Class::Access => {
+                    if code.is_some_and(errors::stale_credentials) {
+                        self.client.forget_credentials().await;
+                    }
+                    Question::Unanswered(reason)
+                }
+                _ => Question::Unanswered(reason),
+            },
+        ))
     }
 
-    /// One call of `operation` with the JSON `body`, signed with `identity`,
+    /// One call of `operation` with `body`, signed with `identity`,
     /// within the operation timeout: the answer's status and body.
     async fn call(
         &self,
@@ -233,7 +395,7 @@ impl<P: Protocol> Batches<P> {
         let target = json::target(operation);
         let call = self
             .client
-            .send(identity, json::request(P::CONTENT_TYPE, &target, body));
+            .send(identity, P::WIRE.request(P::CONTENT_TYPE, &target, body));
         match tokio::time::timeout(self.operation_timeout, call).await {
             Ok(answer) => answer,
             Err(_) => Err(CallError::Timeout {
@@ -250,49 +412,156 @@ impl<P: Protocol> Batches<P> {
             status,
             self.client.endpoint(),
             body,
-            json::parse_error(body),
+            P::WIRE.parse_error(body),
         )
     }
 
     /// Deliver `batch` (one destination) with entries of at most `limit`
-    /// bytes; one outcome per message, in order.
+    /// bytes and no gate; one outcome per message, in order.
+    #[cfg(test)]
     pub async fn publish(&self, batch: &[Message], limit: usize) -> Vec<Outcome> {
+        self.deliver(batch, Admission::sure(limit), &Fixed(limit))
+            .await
+    }
+
+    /// Deliver `batch` (one destination) as `admission` says, with `gate`'s
+    /// hooks for entries over the limit and for refusals; one outcome per
+    /// message, in order.
+    pub async fn deliver<G: Gate<P>>(
+        &self,
+        batch: &[Message],
+        admission: Admission,
+        gate: &G,
+    ) -> Vec<Outcome> {
         let Some(first) = batch.first() else {
             return Vec::new();
         };
         let destination = &*first.destination;
-        let mut verdicts = vec![None; batch.len()];
+        let mut round = Round {
+            verdicts: vec![None; batch.len()],
+            sizes: vec![None; batch.len()],
+            stand_ins: vec![None; batch.len()],
+        };
+        let over = self.measure(batch, admission.limit, &mut round);
+        self.over_limit(batch, &admission, gate, over, &mut round)
+            .await;
+        let Round {
+            mut verdicts,
+            sizes,
+            stand_ins,
+        } = round;
+        for request in self.requests(destination, batch, admission.limit, &sizes) {
+            // An earlier request is to be sent again: later ones wait unsent,
+            // so nothing overtakes it.
+            if !retrying(&verdicts) {
+                let entries = (batch, &stand_ins[..]);
+                self.send(destination, entries, &request, &mut verdicts)
+                    .await;
+            }
+        }
+        retry_relearned(gate, destination, &sizes, &mut verdicts);
+        settle(&self.unknown, batch, verdicts)
+    }
+
+    /// Each message's size as the service counts it, kept in `round` for
+    /// those within `limit`; a message the service can never take is
+    /// rejected; the others (index and size) are over the limit.
+    fn measure(&self, batch: &[Message], limit: usize, round: &mut Round) -> Vec<(usize, usize)> {
+        let mut over = Vec::new();
+        for (i, message) in batch.iter().enumerate() {
+            debug_assert_eq!(
+                *message.destination, *batch[0].destination,
+                "one destination per batch"
+            );
+            match self.protocol.entry_size(Entry::plain(message)) {
+                Ok(size) if size > limit => over.push((i, size)),
+                Ok(size) => round.sizes[i] = Some(size),
+                Err(reason) => round.verdicts[i] = Some(Verdict::Rejected(reason)),
+            }
+        }
+        over
+    }
+
+    /// The messages over the limit (`over`: index and size): retried while
+    /// the limit is not known ([`Admission::unsure`]), else stored elsewhere
+    /// by the gate and sent as their stand-ins ([`Gate::offload`]), else
+    /// rejected as too large. A failure to store one holds the batch: nothing
+    /// is sent before its payload is stored, and every undecided message is
+    /// retried with that failure.
+    async fn over_limit<G: Gate<P>>(
+        &self,
+        batch: &[Message],
+        admission: &Admission,
+        gate: &G,
+        over: Vec<(usize, usize)>,
+        round: &mut Round,
+    ) {
+        let limit = admission.limit;
+        for (i, size) in over {
+            if let Some((class, reason)) = &admission.unsure {
+                round.verdicts[i] = Some(Verdict::Retry(*class, reason.clone()));
+                continue;
+            }
+            let stand_in = match gate.offload(&batch[i]).await {
+                None => {
+                    let reason = self.protocol.too_large(size, limit);
+                    round.verdicts[i] = Some(Verdict::Rejected(reason));
+                    continue;
+                }
+                Some(Ok(stand_in)) => stand_in,
+                Some(Err((class, reason))) => {
+                    for verdict in round.verdicts.iter_mut().filter(|v| v.is_none()) {
+                        *verdict = Some(Verdict::Retry(class, reason.clone()));
+                    }
+                    round.sizes.fill(None);
+                    return;
+                }
+            };
+            let entry = Entry {
+                message: &batch[i],
+                stand_in: Some(&stand_in),
+            };
+            match self.protocol.entry_size(entry) {
+                Ok(size) if size > limit => {
+                    round.verdicts[i] =
+                        Some(Verdict::Rejected(self.protocol.too_large(size, limit)));
+                }
+                Ok(size) => {
+                    round.sizes[i] = Some(size);
+                    round.stand_ins[i] = Some(stand_in);
+                }
+                Err(reason) => round.verdicts[i] = Some(Verdict::Rejected(reason)),
+            }
+        }
+    }
+
+    /// The requests the messages of `sizes` (index: size; `None` for those
+    /// not sent) make, in order: at most [`Protocol::MAX_ENTRIES`] and
+    /// [`Protocol::max_request_bytes`] a request, and where
+    /// [`Protocol::one_per_group`] says so one message of each group.
+    fn requests(
+        &self,
+        destination: &str,
+        batch: &[Message],
+        limit: usize,
+        sizes: &[Option<usize>],
+    ) -> Vec<Vec<usize>> {
+        let max_bytes = self.protocol.max_request_bytes(limit);
+        let one_per_group = self.protocol.one_per_group(destination);
+        let mut groups = std::collections::HashSet::new();
         let mut requests: Vec<Vec<usize>> = Vec::new();
         let mut request = Vec::new();
         let mut bytes = 0;
-        let one_per_group = self.protocol.one_per_group(destination);
-        let mut groups = std::collections::HashSet::new();
-        for (i, message) in batch.iter().enumerate() {
-            debug_assert_eq!(
-                *message.destination, *destination,
-                "one destination per batch"
-            );
-            let size = match self.protocol.size(message) {
-                Ok(size) if size > limit => {
-                    verdicts[i] = Some(Verdict::Rejected(format!(
-                        "message too large: {size} bytes as the service counts them; the {} takes at most {limit}",
-                        P::WHAT
-                    )));
-                    continue;
-                }
-                Ok(size) => size,
-                Err(reason) => {
-                    verdicts[i] = Some(Verdict::Rejected(reason));
-                    continue;
-                }
-            };
-            let group_again = one_per_group && !groups.insert(message.event.group());
-            let full = request.len() == P::MAX_ENTRIES || bytes + size > P::MAX_REQUEST_BYTES;
+        for (i, size) in sizes.iter().enumerate() {
+            let Some(size) = *size else { continue };
+            let group = batch[i].event.group();
+            let group_again = one_per_group && !groups.insert(group);
+            let full = request.len() == P::MAX_ENTRIES || bytes + size > max_bytes;
             if !request.is_empty() && (full || group_again) {
                 requests.push(std::mem::take(&mut request));
                 bytes = 0;
                 groups.clear();
-                groups.insert(message.event.group());
+                groups.insert(group);
             }
             request.push(i);
             bytes += size;
@@ -300,22 +569,15 @@ impl<P: Protocol> Batches<P> {
         if !request.is_empty() {
             requests.push(request);
         }
-        for request in requests {
-            // An earlier request is to be sent again: later ones wait unsent,
-            // so nothing overtakes it.
-            if !retrying(&verdicts) {
-                self.send(destination, batch, &request, &mut verdicts).await;
-            }
-        }
-        settle(&self.unknown, batch, verdicts)
+        requests
     }
 
-    /// Send one request of the messages of `batch` at `indices`; fill their
-    /// verdicts.
+    /// Send one request of the messages of `batch` at `indices` (each as
+    /// itself or its stand-in); fill their verdicts.
     async fn send(
         &self,
         destination: &str,
-        batch: &[Message],
+        (batch, stand_ins): (&[Message], &[Option<String>]),
         indices: &[usize],
         verdicts: &mut [Option<Verdict>],
     ) {
@@ -325,19 +587,26 @@ impl<P: Protocol> Batches<P> {
             Ok(identity) => identity,
             Err(error) => {
                 let reason = error.to_string();
-                tracing::error!(destination, error = %reason, "the AWS credential chain gave no credentials; retrying");
+                self.protocol
+                    .alarm(Alarm::NoCredentials, destination, &reason);
                 retry_all(indices, verdicts, Class::Access, &reason);
                 return;
             }
         };
-        let entries: Vec<&Message> = indices.iter().map(|&i| &batch[i]).collect();
-        let body = self.protocol.body(destination, &entries);
+        let entries: Vec<Entry<'_>> = indices
+            .iter()
+            .map(|&i| Entry {
+                message: &batch[i],
+                stand_in: stand_ins[i].as_deref(),
+            })
+            .collect();
+        let body = self.protocol.entry_body(destination, &entries);
         let (status, body) = match self.call(&identity, P::TARGET, body).await {
             Ok(answer) => answer,
             Err(error) => {
                 let reason = error.to_string();
                 if let CallError::Signing(_) = error {
-                    tracing::error!(destination, error = %reason, "cannot sign the requests; retrying");
+                    self.protocol.alarm(Alarm::Signing, destination, &reason);
                 }
                 retry_all(indices, verdicts, Class::of(&error), &reason);
                 return;
@@ -347,7 +616,12 @@ impl<P: Protocol> Batches<P> {
             self.read_answers(destination, &body, indices, verdicts);
             return;
         }
-        let (class, code, reason) = self.refusal(status, &body);
+        let (class, code, mut reason) = self.refusal(status, &body);
+        if code.is_some() {
+            if let Some(id) = P::WIRE.request_id(&body) {
+                reason.push_str(&format!(" (request id {id})"));
+            }
+        }
         match class {
             Class::Missing => {
                 let reason = missing::<P>(destination, &reason);
@@ -363,7 +637,7 @@ impl<P: Protocol> Batches<P> {
                     if retrying(verdicts) {
                         break;
                     }
-                    Box::pin(self.send(destination, batch, &[i], verdicts)).await;
+                    Box::pin(self.send(destination, (batch, stand_ins), &[i], verdicts)).await;
                 }
             }
             Class::Invalid => {
@@ -372,7 +646,7 @@ impl<P: Protocol> Batches<P> {
                 }
             }
             Class::Access => {
-                tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                self.protocol.alarm(Alarm::Refused, destination, &reason);
                 if code.as_deref().is_some_and(errors::stale_credentials) {
                     self.client.forget_credentials().await;
                 }
@@ -415,17 +689,63 @@ impl<P: Protocol> Batches<P> {
                         Class::Missing => Verdict::Rejected(missing::<P>(destination, &reason)),
                         Class::Invalid => Verdict::Rejected(reason),
                         Class::Access => {
-                            tracing::error!(destination, error = %reason, "AWS refused the credentials or permissions; retrying");
+                            self.protocol.alarm(Alarm::Refused, destination, &reason);
                             Verdict::Retry(Class::Access, reason)
                         }
                         class => Verdict::Retry(class, reason),
                     }
                 }
-                None => Verdict::Retry(
-                    Class::Unknown,
-                    "the answer does not mention the entry".into(),
-                ),
+                None => Verdict::Retry(Class::Unknown, P::UNMENTIONED.into()),
             });
+        }
+    }
+}
+
+/// A batch's messages on their way: each one's verdict once decided, its
+/// size when it is to be sent, and what is sent in its place if anything.
+struct Round {
+    verdicts: Vec<Option<Verdict>>,
+    sizes: Vec<Option<usize>>,
+    stand_ins: Vec<Option<String>>,
+}
+
+/// The rejections of messages the gate's learned limit let through (of
+/// `sizes`, as sent) that the gate answers by learning the limit again
+/// ([`Gate::relearn`]): those are retried under the new limit.
+fn retry_relearned<P, G: Gate<P>>(
+    gate: &G,
+    destination: &str,
+    sizes: &[Option<usize>],
+    verdicts: &mut [Option<Verdict>],
+) {
+    for (verdict, size) in verdicts.iter_mut().zip(sizes) {
+        let (Some(Verdict::Rejected(reason)), Some(size)) = (&*verdict, *size) else {
+            continue;
+        };
+        if let Some(note) = gate.relearn(destination, size) {
+            let reason = format!("{reason} ({note})");
+            *verdict = Some(Verdict::Retry(Class::Unknown, reason));
+        }
+    }
+}
+
+/// What a gate admits of a batch: the size limit of its entries, and
+/// whether that is only a floor while the real limit is not known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// Entries of at most this many bytes are sent.
+    pub limit: usize,
+    /// Why the limit is not known now: larger entries are then retried for
+    /// it, not rejected (class and reason).
+    pub unsure: Option<(Class, String)>,
+}
+
+impl Admission {
+    /// Entries of at most `limit` bytes; larger ones are over the limit.
+    pub fn sure(limit: usize) -> Self {
+        Self {
+            limit,
+            unsure: None,
         }
     }
 }
@@ -443,6 +763,43 @@ pub trait Gate<P>: Send + Sync + 'static {
         batches: &Batches<P>,
         destination: &Arc<str>,
     ) -> impl Future<Output = Result<usize, Outcome>> + Send;
+
+    /// [`Gate::admit`], with whether the limit is only a floor for now
+    /// ([`Admission::unsure`]). A gate that can be unsure says so here.
+    fn admission(
+        &self,
+        batches: &Batches<P>,
+        destination: &Arc<str>,
+    ) -> impl Future<Output = Result<Admission, Outcome>> + Send {
+        let admit = self.admit(batches, destination);
+        async move { admit.await.map(Admission::sure) }
+    }
+
+    /// Store `message`, which is over the limit, elsewhere: the body sent in
+    /// its place, or why it could not be stored now (class and reason: it is
+    /// retried). `None`: the gate stores nothing and the message is rejected
+    /// as too large.
+    fn offload(
+        &self,
+        message: &Message,
+    ) -> impl Future<Output = Option<Result<String, (Class, String)>>> + Send {
+        let _ = message;
+        std::future::ready(None)
+    }
+
+    /// The service rejected an entry of `size` bytes to `destination` that
+    /// the gate's limit let through. `Some(why)`: the limit it learned may be
+    /// stale and is learned again, and the entry is retried, its reason
+    /// noting why; `None`: the rejection stands.
+    fn relearn(&self, destination: &str, size: usize) -> Option<&'static str> {
+        let _ = (destination, size);
+        None
+    }
+
+    /// The events come from `source` ([`Sink::source`]).
+    fn source(&self, source: &Source) {
+        let _ = source;
+    }
 }
 
 /// A fixed entry limit, asked of nobody (Kinesis).
@@ -455,7 +812,7 @@ impl<P: Sync> Gate<P> for Fixed {
 }
 
 /// A sink that is a batch protocol and a gate: the publisher's concurrency
-/// and linger, at most `max_run` messages of a group a batch (SQS,
+/// and linger, at most `max_run` messages of a group a batch (SNS, SQS,
 /// EventBridge, Kinesis).
 pub struct BatchSink<P, G> {
     name: &'static str,
@@ -514,12 +871,16 @@ impl<P: Protocol, G: Gate<P>> Sink for BatchSink<P, G> {
         self.linger
     }
 
+    fn source(&self, source: &Source) {
+        self.gate.source(source);
+    }
+
     async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
         let Some(first) = batch.first() else {
             return Vec::new();
         };
-        match self.gate.admit(&self.batches, &first.destination).await {
-            Ok(limit) => self.batches.publish(batch, limit).await,
+        match self.gate.admission(&self.batches, &first.destination).await {
+            Ok(admission) => self.batches.deliver(batch, admission, &self.gate).await,
             Err(outcome) => vec![outcome; batch.len()],
         }
     }

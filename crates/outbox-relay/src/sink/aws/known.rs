@@ -1,7 +1,7 @@
 //! What a sink learned of each destination by asking the service (an SQS
-//! queue's `MaximumMessageSize`, whether an EventBridge bus exists), kept for
-//! a while so that a batch rarely waits for it and a change on the service is
-//! still seen.
+//! queue's or SNS topic's `MaximumMessageSize`, whether an EventBridge bus
+//! exists), kept for a while so that a batch rarely waits for it and a change
+//! on the service is still seen.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,6 +14,12 @@ pub const KNOWN_FOR: Duration = Duration::from_secs(60);
 /// How long a stand-in is used when the service did not answer, so that an
 /// outage does not make every batch ask again, one at a time.
 pub const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+
+/// How long a fact is used that only a sign from the service ends
+/// ([`Known::forget_if`]): an SNS topic's limit, learned again when SNS
+/// refuses what it let through. For a process, forever (yet an `Instant`
+/// can still be this far ahead).
+pub const UNTIL_FORGOTTEN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Most destinations a sink remembers facts of. A row may name any
 /// destination its sink allows (`crate::config::allow`), so an application can
@@ -86,6 +92,17 @@ impl<T: Clone> Known<T> {
         fact
     }
 
+    /// Forget `destination`'s fact if `stale` says so of it (it is asked
+    /// again when next needed); whether it was forgotten.
+    pub fn forget_if(&self, destination: &str, stale: impl FnOnce(&T) -> bool) -> bool {
+        let mut facts = self.lock();
+        let forget = facts.get(destination).is_some_and(|(fact, _)| stale(fact));
+        if forget {
+            facts.remove(destination);
+        }
+        forget
+    }
+
     fn fresh(&self, destination: &str) -> Option<T> {
         self.lock()
             .get(destination)
@@ -151,6 +168,20 @@ mod tests {
             (2, Some(1)),
             "expired: asked again, given the fact it replaces"
         );
+    }
+
+    #[tokio::test]
+    async fn a_fact_held_until_forgotten_is_asked_again_once_forgotten() {
+        let known = Known::default();
+        let topic: Arc<str> = Arc::from("t");
+        let ask = |n: usize| move |_| async move { (n, UNTIL_FORGOTTEN) };
+        assert_eq!(known.get(&topic, ask(1)).await, 1);
+        assert_eq!(known.get(&topic, ask(2)).await, 1, "held");
+        assert!(!known.forget_if(&topic, |n| *n == 2), "not stale");
+        assert_eq!(known.get(&topic, ask(3)).await, 1);
+        assert!(known.forget_if(&topic, |n| *n == 1));
+        assert!(!known.forget_if(&topic, |_| true), "already forgotten");
+        assert_eq!(known.get(&topic, ask(4)).await, 4, "asked again");
     }
 
     #[tokio::test]

@@ -34,6 +34,7 @@ pub mod json;
 pub mod known;
 #[cfg(test)]
 pub mod local;
+pub mod query;
 
 pub use crate::config::settings::SetupError;
 pub use client::{CallError, Client, Request};

@@ -19,7 +19,7 @@
 //!
 //! # Failure classes
 //!
-//! By the error's typed parts, never its text ([`errors`], one table):
+//! By the error's typed parts, never its text ([`crate::sink::aws::errors`], one table):
 //!
 //! | what SNS says | outcome |
 //! |---|---|
@@ -29,7 +29,7 @@
 //! | topic `NotFound` | rejected, every entry |
 //! | anything else (an entry failure of an unknown code, not the sender's fault) | retried for `sns.retry_unknown_errors_for`, then rejected |
 //!
-//! A retry carries its [`Cause`] ([`errors::Class::cause`]): throttling is
+//! A retry carries its [`Cause`] ([`Class::cause`]): throttling is
 //! [`Cause::Throttled`], a timeout [`Cause::TimedOut`], a 5xx or a connection
 //! failure [`Cause::Unavailable`]: the load signals on which the publisher's
 //! concurrency limit shrinks. Credential, signing and unknown client errors
@@ -43,24 +43,27 @@
 //! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
 //! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
 //!
-//! The calls go through the AWS layer ([`crate::sink::aws`]: endpoint settings,
-//! credentials, signing, pooled connections, proxies); this folder adds the
-//! Query protocol's request bodies and answers (`protocol.rs`, one buffer
-//! per request), SNS's error classes ([`errors`]) and limits ([`limits`]).
+//! All of that is the batch loop every AWS destination shares
+//! ([`crate::sink::aws::batch`]), over the AWS layer ([`crate::sink::aws`]:
+//! endpoint settings, credentials, signing, pooled connections, proxies) and
+//! its Query protocol ([`crate::sink::aws::query`]). This folder adds SNS's
+//! `PublishBatch` ([`PublishBatch`]: entries and answers, `protocol.rs`, one
+//! buffer per request) and what SNS learns or keeps of each topic
+//! ([`Topics`]: its size limit, [`limits`]; large payloads, [`claim_check`]).
 //! SNS's own endpoint rules (every partition, FIPS, dual-stack) come from the
 //! SNS SDK's resolver when no endpoint is configured ([`rules`]).
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
 
 use aws_config::SdkConfig;
 
-use self::protocol::{Entry, EntryResult};
-use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink};
-use crate::sink::aws::batch::{self, fifo_id, retrying, Verdict};
-use crate::sink::aws::errors::{self, Class};
-use crate::sink::aws::{self, CallError, Client, SetupError};
+use crate::pipeline::sink::{Message, Outcome, Source};
+use crate::sink::aws::batch::{
+    fifo_id, Admission, Alarm, Answer, BatchSink, Batches, Entry, Gate, Protocol, Wire,
+};
+use crate::sink::aws::errors::Class;
+use crate::sink::aws::{self, Client, SetupError};
 
 pub mod claim_check;
 pub mod config;
@@ -92,26 +95,8 @@ async fn rules(sdk: &SdkConfig, region: &str) -> Result<String, SetupError> {
     Ok(endpoint.url().to_owned())
 }
 
-/// SNS's limit of entries in one PublishBatch.
-pub const MAX_BATCH_ENTRIES: usize = 10;
-
 /// Publishes to SNS.
-pub struct SnsSink {
-    client: Client,
-    attributes: Vec<String>,
-    concurrency: Concurrency,
-    linger: Duration,
-    operation_timeout: Duration,
-    unknown: errors::UnknownSince,
-    limits: limits::TopicLimits,
-    /// Held while a topic's limit is asked of SNS, so batches that start
-    /// meanwhile wait for that answer instead of asking again; holds the
-    /// last ask's failure, which is theirs too.
-    asking: tokio::sync::Mutex<Option<(Arc<str>, Class, String)>>,
-    claim_check: Option<claim_check::ClaimCheck>,
-    /// Most messages of a group a batch: 1 when the configured topic is FIFO.
-    max_run: usize,
-}
+pub type SnsSink = BatchSink<PublishBatch, Topics>;
 
 impl SnsSink {
     /// Build the clients: the standard AWS region, endpoint and credential
@@ -141,169 +126,135 @@ impl SnsSink {
             config.attempt_timeout,
         )?;
         tracing::debug!(endpoint = client.endpoint(), region = %region, "SNS client ready");
-        let claim_check = if config.large_payload_bucket.is_empty() {
-            None
-        } else {
-            let (key, url) = aws::endpoint::s3_bucket(
-                &sdk,
-                &region,
-                (
-                    "sns.large_payload_endpoint_url",
-                    &config.large_payload_endpoint_url,
-                ),
-                &config.large_payload_bucket,
-                "sns.large_payload_bucket",
-            );
-            let s3 = Client::new(
-                &sdk,
-                aws::S3,
-                &region,
-                (key, &url),
-                config.max_in_flight_batches,
-                config.attempt_timeout,
-            )?;
-            tracing::debug!(endpoint = s3.endpoint(), "large payloads go to S3");
-            Some(claim_check::ClaimCheck::new(
-                s3,
-                config.large_payload_bucket.clone(),
-            ))
-        };
-        Ok(Self {
-            client,
-            attributes: config.attributes.clone(),
-            concurrency: config.concurrency(),
-            linger: config.linger,
-            operation_timeout: config.operation_timeout,
-            unknown: errors::UnknownSince::new(config.retry_unknown_errors_for),
+        let topics = Topics {
             limits: limits::TopicLimits::new(config.max_message_size),
-            asking: tokio::sync::Mutex::new(None),
-            claim_check,
-            // Batches of distinct groups when the configured topic is FIFO;
-            // a row routed to another FIFO topic is still sent one entry a
-            // group a call (`plan`).
-            max_run: if config.topic_arn.ends_with(".fifo") || config.topic_template.ends_with(".fifo") {
-                1
-            } else {
-                usize::MAX
-            },
+            claim_check: claim_check(config, &sdk, &region)?,
+        };
+        let batches = Batches::new(
+            client,
+            PublishBatch::new(config.attributes.clone()),
+            config.operation_timeout,
+            config.retry_unknown_errors_for,
+        );
+        // Batches of distinct groups when the configured topic is FIFO; a
+        // row routed to another FIFO topic is still sent one entry a group a
+        // call (`PublishBatch::one_per_group`).
+        let fifo = config.topic_arn.ends_with(".fifo") || config.topic_template.ends_with(".fifo");
+        Ok(BatchSink::assemble(
+            "sns",
+            batches,
+            (config.concurrency(), config.linger),
+            topics,
+            if fifo { 1 } else { usize::MAX },
+        ))
+    }
+}
+
+/// Where large payloads go, with `sns.large_payload_bucket`.
+fn claim_check(
+    config: &SnsConfig,
+    sdk: &SdkConfig,
+    region: &str,
+) -> Result<Option<claim_check::ClaimCheck>, SetupError> {
+    if config.large_payload_bucket.is_empty() {
+        return Ok(None);
+    }
+    let (key, url) = aws::endpoint::s3_bucket(
+        sdk,
+        region,
+        (
+            "sns.large_payload_endpoint_url",
+            &config.large_payload_endpoint_url,
+        ),
+        &config.large_payload_bucket,
+        "sns.large_payload_bucket",
+    );
+    let s3 = Client::new(
+        sdk,
+        aws::S3,
+        region,
+        (key, &url),
+        config.max_in_flight_batches,
+        config.attempt_timeout,
+    )?;
+    tracing::debug!(endpoint = s3.endpoint(), "large payloads go to S3");
+    Ok(Some(claim_check::ClaimCheck::new(
+        s3,
+        config.large_payload_bucket.clone(),
+    )))
+}
+
+/// What the sink keeps of each topic: its size limit ([`limits`]), and
+/// where payloads over it go ([`claim_check`]).
+pub struct Topics {
+    limits: limits::TopicLimits,
+    claim_check: Option<claim_check::ClaimCheck>,
+}
+
+impl Gate<PublishBatch> for Topics {
+    async fn admit(&self, batches: &Batches<PublishBatch>, topic: &Arc<str>) -> Result<usize, Outcome> {
+        Ok(self.admission(batches, topic).await?.limit)
+    }
+
+    /// The learned limit matters only to messages over the default one:
+    /// while it cannot be learned, batches without them go as usual (a
+    /// credential or endpoint problem shows in their publish) and those wait.
+    async fn admission(&self, batches: &Batches<PublishBatch>, topic: &Arc<str>) -> Result<Admission, Outcome> {
+        Ok(match self.limits.get(batches, topic).await {
+            Ok(limit) => Admission::sure(limit),
+            Err((class, reason)) => {
+                let reason = format!("cannot learn the size limit of topic {topic}: {reason}");
+                tracing::debug!(topic = %topic, error = %reason, "publishing what fits the default limit");
+                Admission {
+                    limit: limits::DEFAULT_LIMIT,
+                    unsure: Some((class, reason)),
+                }
+            }
         })
     }
 
-    /// The message size limit of `topic` ([`limits`]): configured, known, or
-    /// asked of SNS now (one ask at a time: batches that start meanwhile wait
-    /// for its answer). An error means the limit is unknown: the caller
-    /// sends what fits the default limit and retries the larger entries.
-    async fn topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
-        if let Some(limit) = self.limits.known(topic) {
-            return Ok(limit);
-        }
-        let mut asking = match self.asking.try_lock() {
-            Ok(asking) => asking,
-            Err(_) => {
-                // Another batch is asking: its answer, not a second call.
-                let failed = self.asking.lock().await;
-                return match (self.limits.known(topic), failed.as_ref()) {
-                    (Some(limit), _) => Ok(limit),
-                    (None, Some((asked, class, reason))) if asked == topic => {
-                        Err((*class, reason.clone()))
-                    }
-                    // It asked for another topic.
-                    _ => {
-                        drop(failed);
-                        Box::pin(self.topic_limit(topic)).await
-                    }
-                };
-            }
-        };
-        if let Some(limit) = self.limits.known(topic) {
-            return Ok(limit);
-        }
-        let answer = self.ask_topic_limit(topic).await;
-        *asking = answer
-            .as_ref()
-            .err()
-            .map(|(class, reason)| (Arc::clone(topic), *class, reason.clone()));
-        answer
+    /// With a bucket, an envelope over the limit is stored first and its
+    /// message points at it.
+    async fn offload(&self, message: &Message) -> Option<Result<String, (Class, String)>> {
+        let claim_check = self.claim_check.as_ref()?;
+        Some(claim_check.store(message.event.id(), &message.body).await)
     }
 
-    /// [`Self::topic_limit`]'s call to SNS.
-    async fn ask_topic_limit(&self, topic: &Arc<str>) -> Result<usize, (Class, String)> {
-        let identity = self
-            .client
-            .identity()
-            .await
-            .map_err(|error| (Class::Access, error.to_string()))?;
-        let call = self.client.send(
-            &identity,
-            aws::Request::form(protocol::get_topic_attributes_body(topic)),
-        );
-        let (status, body) = match tokio::time::timeout(self.operation_timeout, call).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(error)) => {
-                return Err((Class::of(&error), error.to_string()));
-            }
-            Err(_) => {
-                return Err((
-                    Class::TimedOut,
-                    format!(
-                        "no answer from {} within {:?}",
-                        self.client.endpoint(),
-                        self.operation_timeout
-                    ),
-                ))
-            }
-        };
-        if status.is_success() {
-            return match protocol::parse_topic_attribute(&body, "MaximumMessageSize") {
-                Ok(value) => {
-                    let limit = value.and_then(|v| v.trim().parse::<usize>().ok());
-                    let limit = self.limits.learn(topic, limit);
-                    tracing::debug!(topic = %topic, limit, "learned the topic's MaximumMessageSize");
-                    Ok(limit)
-                }
-                // An SNS-compatible endpoint that does not know the call.
-                Err(error) => Ok(self.limits.denied(
-                    topic,
-                    &format!("unreadable GetTopicAttributes answer: {error}"),
-                )),
-            };
-        }
-        let error = protocol::parse_error(&body);
-        let code = error.as_ref().map(|(code, _)| code.as_str());
-        let reason = match &error {
-            Some((code, message)) => format!(
-                "GetTopicAttributes: {code}: {}",
-                message.as_deref().unwrap_or("no message")
-            ),
-            None => format!("GetTopicAttributes: HTTP {status}"),
-        };
-        match errors::classify(Some(status.as_u16()), code, None) {
-            // Not allowed, or not known to the endpoint.
-            Class::Access if code.is_some_and(errors::permission_denied) => {
-                Ok(self.limits.denied(topic, &reason))
-            }
-            Class::Invalid => Ok(self.limits.denied(topic, &reason)),
-            // The publish says so (and the topic is recorded missing); its
-            // limit is learned once it exists.
-            Class::Missing => Ok(limits::DEFAULT_LIMIT),
-            class => Err((class, reason)),
-        }
+    /// A refusal of what only a learned limit above the default let through:
+    /// the topic's limit may have been lowered; learn it again.
+    fn relearn(&self, topic: &str, size: usize) -> Option<&'static str> {
+        (size > limits::DEFAULT_LIMIT && self.limits.refused(topic))
+            .then_some("the topic's MaximumMessageSize is read again")
     }
 
-    /// The request entry for `message` (at `index` in its batch) and its
-    /// size in bytes as SNS counts it: body and attributes.
-    fn entry<'a>(
-        &'a self,
-        index: usize,
-        message: &'a Message,
-        fifo: bool,
-        limit: usize,
-        pointer: Option<&'a str>,
-    ) -> Result<(Entry<'a>, usize), String> {
+    fn source(&self, source: &Source) {
+        if let Some(claim_check) = &self.claim_check {
+            claim_check.source(source);
+        }
+    }
+}
+
+/// SNS's `PublishBatch`: each message an entry with its attributes (and, on
+/// a FIFO topic, its group and deduplication ids).
+pub struct PublishBatch {
+    /// The headers sent as attributes (`sns.attributes`).
+    attributes: Vec<String>,
+}
+
+impl PublishBatch {
+    /// Entries carrying the headers named in `attributes`.
+    pub fn new(attributes: Vec<String>) -> Self {
+        Self { attributes }
+    }
+
+    /// The request entry of `entry` with the id `index`, and its size in
+    /// bytes as SNS counts it: body (or stand-in) and attributes.
+    fn entry<'a>(&'a self, index: usize, entry: Entry<'a>, fifo: bool) -> (protocol::Entry<'a>, usize) {
+        let Entry { message, stand_in } = entry;
         let event = &message.event;
-        let body = pointer.map_or(&message.body[..], str::as_bytes);
+        let body = stand_in.map_or(&message.body[..], str::as_bytes);
         let mut size = body.len();
-        let numbers = match pointer {
+        let numbers = match stand_in {
             Some(_) => {
                 let stored = message.body.len().to_string();
                 size += claim_check::SIZE_ATTRIBUTE.len() + "Number".len() + stored.len();
@@ -326,376 +277,173 @@ impl SnsSink {
         for (name, value) in aws::header_values(event.headers(), &self.attributes) {
             attribute(name, Cow::Owned(value));
         }
-        if size > limit {
-            return Err(format!(
-                "message too large: {size} bytes with attributes; the topic accepts at most {limit} \
-                 (its MaximumMessageSize, or sns.max_message_size)"
-            ));
-        }
         let fifo = fifo.then(|| (fifo_id(event.group()), fifo_id(event.id())));
-        let entry = Entry {
+        let entry = protocol::Entry {
             index,
             message: body,
             attributes,
             fifo,
             numbers,
         };
-        Ok((entry, size))
+        (entry, size)
+    }
+}
+
+impl Protocol for PublishBatch {
+    const WHAT: &'static str = "topic";
+    const TARGET: &'static str = "PublishBatch";
+    const CONTENT_TYPE: &'static str = "application/x-www-form-urlencoded; charset=utf-8";
+    const WIRE: Wire = Wire::Query;
+    /// SNS's limit of entries in one `PublishBatch`.
+    const MAX_ENTRIES: usize = 10;
+    const MAX_REQUEST_BYTES: usize = limits::MAX_LIMIT;
+    const UNMENTIONED: &'static str = "SNS did not answer for the entry";
+
+    fn size(&self, message: &Message) -> Result<usize, String> {
+        self.entry_size(Entry::plain(message))
     }
 
-    /// Send one request of `entries`; fill `verdicts` for them (at the
-    /// entries' indices).
-    async fn send(&self, topic: &str, entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>]) {
-        // Outside the call's timeout: a credential fetch is bounded by the
-        // providers' own timeouts and must not be cut off halfway.
-        let identity = match self.client.identity().await {
-            Ok(identity) => identity,
-            Err(error) => {
-                let reason = error.to_string();
-                tracing::error!(topic, error = %reason, "the AWS credential chain gave no credentials; retrying");
-                retry_all(entries, verdicts, Class::Access, &reason);
-                return;
-            }
-        };
-        let body = protocol::publish_batch_body(topic, entries);
-        let call = self.client.send(&identity, aws::Request::form(body));
-        let answer = match tokio::time::timeout(self.operation_timeout, call).await {
-            Ok(answer) => answer,
-            Err(_) => Err(CallError::Timeout {
-                endpoint: self.client.endpoint().to_owned(),
-                timeout: self.operation_timeout,
-            }),
-        };
-        let (status, body) = match answer {
-            Ok(answer) => answer,
-            Err(error) => {
-                let reason = error.to_string();
-                if let CallError::Signing(_) = error {
-                    tracing::error!(topic, error = %reason, "cannot sign SNS requests; retrying");
-                }
-                let class = Class::of(&error);
-                retry_all(entries, verdicts, class, &reason);
-                return;
-            }
-        };
-        if status.is_success() {
-            self.read_results(topic, &body, entries, verdicts);
-            return;
-        }
-        let (class, code, mut reason) = errors::refusal(
-            status,
-            self.client.endpoint(),
-            &body,
-            protocol::parse_error(&body),
-        );
-        if code.is_some() {
-            if let Some(id) = protocol::request_id(&body) {
-                reason.push_str(&format!(" (request id {id})"));
-            }
-        }
-        match class {
-            Class::Missing => {
-                let reason = format!(
-                    "topic {topic} does not exist ({reason}): create it or fix the routing"
-                );
-                for entry in entries {
-                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
-                }
-            }
-            _ if class.narrows() && entries.len() > 1 => {
-                // Find the culprit: each entry alone, in order; after a
-                // failure that is retried the rest wait unsent, so nothing
-                // overtakes it.
-                for entry in entries {
-                    if retrying(verdicts) {
-                        break;
-                    }
-                    Box::pin(self.send(topic, std::slice::from_ref(entry), verdicts)).await;
-                }
-            }
-            Class::Invalid => {
-                for entry in entries {
-                    verdicts[entry.index] = Some(Verdict::Rejected(reason.clone()));
-                }
-            }
-            Class::Access => {
-                tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                if code.as_deref().is_some_and(errors::stale_credentials) {
-                    self.client.forget_credentials().await;
-                }
-                retry_all(entries, verdicts, class, &reason);
-            }
-            _ => retry_all(entries, verdicts, class, &reason),
-        }
+    fn body(&self, topic: &str, messages: &[&Message]) -> Vec<u8> {
+        let entries: Vec<Entry<'_>> = messages.iter().map(|m| Entry::plain(m)).collect();
+        self.entry_body(topic, &entries)
     }
 
-    /// The verdicts a successful `PublishBatch` answer gives `entries`.
-    fn read_results(
-        &self,
-        topic: &str,
-        body: &[u8],
-        entries: &[Entry<'_>],
-        verdicts: &mut [Option<Verdict>],
-    ) {
-        let results = match protocol::parse_publish_batch(body) {
-            Ok(results) => results,
-            Err(error) => {
-                // As aws::batch: retried for `retry_unknown_errors_for`, then recorded.
-                let reason = format!("unreadable answer from {}: {error}", self.client.endpoint());
-                retry_all(entries, verdicts, Class::Unknown, &reason);
-                return;
-            }
-        };
-        let ours = |id: Option<usize>| id.filter(|i| entries.iter().any(|e| e.index == *i));
+    fn entry_size(&self, entry: Entry<'_>) -> Result<usize, String> {
+        Ok(self.entry(0, entry, false).1)
+    }
+
+    fn entry_body(&self, topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
+        let fifo = topic.ends_with(".fifo");
+        let entries: Vec<protocol::Entry<'_>> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| self.entry(i, *entry, fifo).0)
+            .collect();
+        protocol::publish_batch_body(topic, &entries)
+    }
+
+    fn answers(&self, body: &[u8], entries: usize) -> Result<Vec<Option<Answer>>, String> {
+        let results = protocol::parse_publish_batch(body).map_err(|e| e.to_string())?;
+        let mut answers = vec![None; entries];
         for result in results {
-            match result {
-                EntryResult::Published { id } => {
-                    if let Some(i) = ours(id) {
-                        verdicts[i] = Some(Verdict::Delivered);
-                    }
-                }
-                EntryResult::Failed {
+            let (id, answer) = match result {
+                protocol::EntryResult::Published { id } => (id, Answer::Accepted),
+                protocol::EntryResult::Failed {
                     id,
                     code,
                     message,
                     sender_fault,
                 } => {
-                    let Some(i) = ours(id) else { continue };
-                    let reason = format!("{code}: {}", message.as_deref().unwrap_or("no message"));
-                    let class = errors::classify(None, Some(&code), Some(sender_fault));
-                    verdicts[i] = Some(match class {
-                        Class::Missing => Verdict::Rejected(format!(
-                            "topic {topic} does not exist ({reason}): create it or fix the routing"
-                        )),
-                        Class::Invalid => Verdict::Rejected(reason),
-                        Class::Access => {
-                            tracing::error!(topic, error = %reason, "SNS refused the credentials or permissions; retrying");
-                            Verdict::Retry(class, reason)
-                        }
-                        _ => Verdict::Retry(class, reason),
-                    });
+                    let sender_fault = Some(sender_fault);
+                    (id, Answer::Failed { code, message, sender_fault })
                 }
+            };
+            // Ids that are not ours are left out; of an entry listed twice,
+            // the last word counts.
+            if let Some(slot) = id.and_then(|i| answers.get_mut(i)) {
+                *slot = Some(answer);
             }
         }
-        for entry in entries {
-            if verdicts[entry.index].is_none() {
-                verdicts[entry.index] = Some(Verdict::Retry(
-                    Class::Unknown,
-                    "SNS did not answer for the entry".into(),
-                ));
-            }
+        Ok(answers)
+    }
+
+    /// On a FIFO topic at most one entry of a group a call: SNS may fail an
+    /// entry and take a later one of its group in the same call, which the
+    /// consumer would then get first (the repeat that follows the retried
+    /// entry is deduplicated away).
+    fn one_per_group(&self, topic: &str) -> bool {
+        topic.ends_with(".fifo")
+    }
+
+    /// SNS holds the sum of a `PublishBatch`'s entries to the topic's limit.
+    fn max_request_bytes(&self, limit: usize) -> usize {
+        limit
+    }
+
+    fn too_large(&self, size: usize, limit: usize) -> String {
+        format!(
+            "message too large: {size} bytes with attributes; the topic accepts at most {limit} \
+             (its MaximumMessageSize, or sns.max_message_size)"
+        )
+    }
+
+    fn alarm(&self, alarm: Alarm, topic: &str, error: &str) {
+        match alarm {
+            Alarm::NoCredentials => tracing::error!(topic, error = %error, "the AWS credential chain gave no credentials; retrying"),
+            Alarm::Signing => tracing::error!(topic, error = %error, "cannot sign SNS requests; retrying"),
+            Alarm::Refused => tracing::error!(topic, error = %error, "SNS refused the credentials or permissions; retrying"),
         }
-    }
-}
-
-/// Every one of `entries` is to be sent again, for `reason`.
-fn retry_all(entries: &[Entry<'_>], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
-    for entry in entries {
-        verdicts[entry.index] = Some(Verdict::Retry(class, reason.to_owned()));
-    }
-}
-
-impl Sink for SnsSink {
-    fn name(&self) -> &'static str {
-        "sns"
-    }
-
-    fn max_batch(&self) -> usize {
-        MAX_BATCH_ENTRIES
-    }
-
-    fn max_run(&self) -> usize {
-        self.max_run
-    }
-
-    fn concurrency(&self) -> Concurrency {
-        self.concurrency
-    }
-
-    fn linger(&self) -> Duration {
-        self.linger
-    }
-
-    fn source(&self, source: &crate::pipeline::sink::Source) {
-        if let Some(claim_check) = &self.claim_check {
-            claim_check.source(source);
-        }
-    }
-
-    async fn publish(&self, batch: &[Message]) -> Vec<Outcome> {
-        let Some(first) = batch.first() else {
-            return Vec::new();
-        };
-        let topic = first.destination.clone();
-        let fifo = topic.ends_with(".fifo");
-        // The learned limit matters only to messages over the default one:
-        // while it cannot be learned, the others go as usual (a credential
-        // or endpoint problem shows in their publish) and those wait.
-        let (limit, unsure) = match self.topic_limit(&topic).await {
-            Ok(limit) => (limit, None),
-            Err((class, reason)) => {
-                let reason = format!("cannot learn the size limit of topic {topic}: {reason}");
-                tracing::debug!(topic = %topic, error = %reason, "publishing what fits the default limit");
-                (limits::DEFAULT_LIMIT, Some((class, reason)))
-            }
-        };
-        let no_pointers = vec![None; batch.len()];
-        let mut plan = self.plan(batch, fifo, limit, &no_pointers);
-        // With a bucket, the envelopes over the limit are stored first and
-        // their messages point at them; nothing is sent before.
-        let mut pointers = vec![None; batch.len()];
-        if let Some((class, reason)) = &unsure {
-            for &i in &plan.too_large {
-                plan.verdicts[i] = Some(Verdict::Retry(*class, reason.clone()));
-            }
-        } else if let (Some(claim_check), false) = (&self.claim_check, plan.too_large.is_empty()) {
-            for &i in &plan.too_large {
-                let message = &batch[i];
-                match claim_check.store(message.event.id(), &message.body).await {
-                    Ok(pointer) => pointers[i] = Some(pointer),
-                    Err((class, reason)) => {
-                        let verdicts = vec![Some(Verdict::Retry(class, reason)); batch.len()];
-                        return batch::settle(&self.unknown, batch, verdicts);
-                    }
-                }
-            }
-            plan = self.plan(batch, fifo, limit, &pointers);
-        }
-        let Plan {
-            requests,
-            mut verdicts,
-            sizes,
-            ..
-        } = plan;
-        for request in requests {
-            // An earlier request is to be sent again: later ones wait unsent,
-            // so nothing overtakes it.
-            if !retrying(&verdicts) {
-                self.send(&topic, &request, &mut verdicts).await;
-            }
-        }
-        // A refusal of what only a learned limit above the default let
-        // through: the topic's limit may have been lowered; learn it again.
-        for (verdict, size) in verdicts.iter_mut().zip(sizes) {
-            if let Some(Verdict::Rejected(reason)) = verdict {
-                if size > limits::DEFAULT_LIMIT && self.limits.refused(&topic) {
-                    let reason = format!("{reason} (the topic's MaximumMessageSize is read again)");
-                    *verdict = Some(Verdict::Retry(Class::Unknown, reason));
-                }
-            }
-        }
-        batch::settle(&self.unknown, batch, verdicts)
-    }
-}
-
-/// The requests a batch makes.
-struct Plan<'a> {
-    /// Of at most 10 entries and the topic's limit, in the batch's order.
-    requests: Vec<Vec<Entry<'a>>>,
-    /// Those of the messages decided already (too large).
-    verdicts: Vec<Option<Verdict>>,
-    /// Each message's size as sent, 0 for those not sent.
-    sizes: Vec<usize>,
-    /// The messages over the topic's limit, by index.
-    too_large: Vec<usize>,
-}
-
-impl SnsSink {
-    /// Split `batch` into requests; `pointers` are the bodies that replace
-    /// envelopes stored in S3.
-    fn plan<'a>(
-        &'a self,
-        batch: &'a [Message],
-        fifo: bool,
-        limit: usize,
-        pointers: &'a [Option<String>],
-    ) -> Plan<'a> {
-        let mut plan = Plan {
-            requests: Vec::new(),
-            verdicts: vec![None; batch.len()],
-            sizes: vec![0; batch.len()],
-            too_large: Vec::new(),
-        };
-        let mut request = Vec::new();
-        let mut request_bytes = 0;
-        // On a FIFO topic at most one entry of a group a call: SNS may fail
-        // an entry and take a later one of its group in the same call, which
-        // the consumer would then get first (the repeat that follows the
-        // retried entry is deduplicated away).
-        let mut groups = std::collections::HashSet::new();
-        for (i, message) in batch.iter().enumerate() {
-            debug_assert_eq!(
-                *message.destination, *batch[0].destination,
-                "one destination per batch"
-            );
-            match self.entry(i, message, fifo, limit, pointers[i].as_deref()) {
-                Ok((entry, size)) => {
-                    plan.sizes[i] = size;
-                    let repeated = fifo && groups.contains(message.event.group());
-                    if request_bytes + size > limit || request.len() == MAX_BATCH_ENTRIES || repeated {
-                        plan.requests.push(std::mem::take(&mut request));
-                        request_bytes = 0;
-                        groups.clear();
-                    }
-                    if fifo {
-                        groups.insert(message.event.group());
-                    }
-                    request.push(entry);
-                    request_bytes += size;
-                }
-                Err(reason) => {
-                    plan.verdicts[i] = Some(Verdict::Rejected(reason));
-                    plan.too_large.push(i);
-                }
-            }
-        }
-        if !request.is_empty() {
-            plan.requests.push(request);
-        }
-        plan
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
-    /// A sink for the local endpoint at `url`, without a claim check.
-    fn sink_at(url: &str) -> SnsSink {
-        SnsSink {
-            client: crate::sink::aws::local::client(aws::SNS, url),
-            attributes: Vec::new(),
-            concurrency: Concurrency::Fixed(1),
-            linger: Duration::ZERO,
-            operation_timeout: Duration::from_secs(5),
-            unknown: errors::UnknownSince::new(Duration::from_secs(600)),
-            limits: limits::TopicLimits::new(0),
-            asking: tokio::sync::Mutex::new(None),
-            claim_check: None,
-            max_run: 1,
-        }
+    #[tokio::test]
+    async fn a_fifo_call_holds_at_most_one_entry_of_a_group() {
+        // Every entry an answer could name is listed as published.
+        let (url, seen) = aws::local::endpoint(|_| {
+            let members: String = (0..10)
+                .map(|i| format!("<member><Id>{i}</Id><MessageId>m</MessageId></member>"))
+                .collect();
+            let body = format!(
+                "<PublishBatchResponse><PublishBatchResult><Successful>{members}</Successful>\
+                 <Failed/></PublishBatchResult></PublishBatchResponse>"
+            );
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/xml\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        })
+        .await;
+        let batches = Batches::new(
+            aws::local::client(aws::SNS, &url),
+            PublishBatch::new(Vec::new()),
+            Duration::from_secs(5),
+            Duration::from_secs(600),
+        );
+        let runs = |topic: &'static str| {
+            let (batches, seen) = (&batches, &seen);
+            async move {
+                let batch = [
+                    Message::for_test("a", "g1", "{}", topic),
+                    Message::for_test("b", "g2", "{}", topic),
+                    Message::for_test("c", "g1", "{}", topic),
+                    Message::for_test("d", "g3", "{}", topic),
+                ];
+                let outcomes = batches.publish(&batch, 262_144).await;
+                assert!(outcomes.iter().all(|o| *o == Outcome::Delivered), "{outcomes:?}");
+                let bodies = std::mem::take(&mut *seen.bodies.lock().unwrap());
+                bodies
+                    .iter()
+                    .map(|body| body.matches(".Message=").count())
+                    .collect::<Vec<_>>()
+            }
+        };
+        let fifo = "arn:aws:sns:us-east-1:123456789012:t.fifo";
+        assert_eq!(runs(fifo).await, [2, 2], "g1's second entry starts a call");
+        assert_eq!(runs("arn:aws:sns:us-east-1:123456789012:t").await, [4]);
     }
 
     #[test]
-    fn a_fifo_call_holds_at_most_one_entry_of_a_group() {
-        let sink = sink_at("http://127.0.0.1:9");
-        let topic = "arn:aws:sns:us-east-1:123456789012:t.fifo";
-        let batch = [
-            Message::for_test("a", "g1", "{}", topic),
-            Message::for_test("b", "g2", "{}", topic),
-            Message::for_test("c", "g1", "{}", topic),
-            Message::for_test("d", "g3", "{}", topic),
-        ];
-        let no_pointers = vec![None; batch.len()];
-        let runs = |fifo| {
-            sink.plan(&batch, fifo, 262_144, &no_pointers)
-                .requests
-                .iter()
-                .map(Vec::len)
-                .collect::<Vec<_>>()
+    fn a_stand_in_counts_as_sns_counts_it() {
+        let sns = PublishBatch::new(Vec::new());
+        let message = Message::for_test("e-1", "g", &"x".repeat(300_000), "t");
+        let plain = sns.entry_size(Entry::plain(&message)).unwrap();
+        let pointer = claim_check::pointer("b", "k");
+        let stand_in = Entry {
+            message: &message,
+            stand_in: Some(&pointer),
         };
-        assert_eq!(runs(true), [2, 2], "g1's second entry starts a call");
-        assert_eq!(runs(false), [4]);
+        assert_eq!(
+            sns.entry_size(stand_in).unwrap(),
+            plain - 300_000 + pointer.len() + "ExtendedPayloadSizeNumber300000".len()
+        );
+        let body = String::from_utf8(sns.entry_body("t", &[stand_in])).unwrap();
+        assert!(body.contains("Value.StringValue=300000"), "{body}");
+        assert!(!body.contains("xxx"), "the payload stays in S3");
     }
 
     #[tokio::test]
