@@ -25,6 +25,7 @@ is not an import. Exits 1 on a climb that is not allowed or a cycle.
 
     python3 scripts/wings.py            # summary
     python3 scripts/wings.py --edges    # every file-to-file import too
+    python3 scripts/wings.py --tree     # cycles counting a parent's uses of its children too
 """
 
 import os
@@ -199,7 +200,7 @@ def main():
         counter[0] += 1
         stack.append(v)
         on.add(v)
-        for w in edges[v]:
+        for w in list(edges[v]) + (sorted(children[v]) if "--tree" in sys.argv else []):
             if w not in index:
                 strong(w)
                 low[v] = min(low[v], low[w])

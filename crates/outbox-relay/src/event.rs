@@ -773,6 +773,21 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
+/// Where a relay's events come from: the database cluster (its system
+/// identifier, which a promoted standby keeps), the database and the outbox
+/// table. A sink that names things it stores for later (claim-check objects)
+/// namespaces them by it, so two tables or relays sharing a bucket never name
+/// one object for two events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
+    pub system: String,
+    /// The database's name.
+    pub database: String,
+    /// The outbox table, `schema.table`.
+    pub table: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -29,10 +29,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::event::OutboxEvent;
+/// Where events come from is a fact about the database; sinks learn it here.
+pub use crate::event::Source;
 use crate::pipeline::ack::Ticket;
 pub use crate::pipeline::concurrency::Concurrency;
-/// Where events come from is a fact about the database; sinks learn it here.
-pub use crate::postgres::Source;
 
 /// One envelope on its way to the sink.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 //! only streams; slot inspection, lag queries and table writes go through the
 //! ordinary one.
 
+use crate::event::Source;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -531,21 +532,6 @@ pub async fn wal_sender_timeout(
     let row = client.query_one("SHOW wal_sender_timeout", &[]).await?;
     let text: String = row.get(0);
     Ok(crate::config::parse_duration(&text).unwrap_or(Duration::from_secs(60)))
-}
-
-/// Where a relay's events come from: the database cluster (its system
-/// identifier, which a promoted standby keeps), the database and the outbox
-/// table. A sink that names things it stores for later (claim-check objects)
-/// namespaces them by it, so two tables or relays sharing a bucket never name
-/// one object for two events.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Source {
-    /// `pg_control_system().system_identifier` / `IDENTIFY_SYSTEM`'s systemid.
-    pub system: String,
-    /// The database's name.
-    pub database: String,
-    /// The outbox table, `schema.table`.
-    pub table: String,
 }
 
 /// Where events on `client`'s connection come from, for the sink
