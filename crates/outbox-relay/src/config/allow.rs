@@ -347,8 +347,8 @@ mod tests {
             assert!(!matches(pattern, &name));
         }
         assert!(!matches("*", &"a".repeat(MAX_NAME + 1)), "too long to read");
-        // Not a timing assertion on the result: a quadratic matcher took
-        // seconds for one such name; this prints what the linear one takes.
+        // Not a timing assertion on the result: a quadratic matcher takes
+        // seconds on one such name; this prints what the linear one takes.
         eprintln!("100 crafted names in {:?}", started.elapsed());
     }
 

@@ -606,6 +606,11 @@ impl<S: Sink> Publisher<S> {
 
     /// Handle a finished batch (its messages, their verdicts and group keys,
     /// in order); false when the replication loop is gone.
+    ///
+    /// The steps keep the publisher's per-outcome bookkeeping in this order:
+    /// outcomes reported (deliveries counted first), failed entries back at
+    /// their groups' fronts, then each group blocked for its backoff or
+    /// released, then the retries counted and logged.
     fn settle(
         &mut self,
         messages: Vec<Message>,
@@ -613,34 +618,60 @@ impl<S: Sink> Publisher<S> {
         keys: Vec<GroupKey>,
         seqs: Vec<u64>,
     ) -> bool {
-        let mut retry: Vec<(Message, GroupKey, u64)> = Vec::new();
-        let mut failed: ByGroup<Retry> = ByGroup::default();
-        // The batch's groups, each once (a set: batches hold up to 1024 messages).
-        let mut groups = GroupSet::with_capacity_and_hasher(messages.len(), Default::default());
-        let mut completions = Vec::with_capacity(messages.len());
-        let metrics = crate::metrics::get();
-        // One clock reading and one counter update a batch, not a message.
-        let delivered_at = crate::time::unix_micros_now();
-        let mut delivered = 0;
-        // Events of one transaction (one commit time) side by side are
-        // observed together.
-        let mut run: (i64, u64) = (0, 0);
+        let sorted = self.sort(messages, verdicts, keys, seqs);
+        if !sorted.completions.is_empty() && self.done.send(sorted.completions).is_err() {
+            return false;
+        }
+        let now = Instant::now();
+        let retried = sorted.retry.len();
+        self.requeue(sorted.retry, now);
+        let worst = self.reschedule(sorted.groups, &sorted.failed, now);
+        if retried > 0 {
+            crate::metrics::get().published("retried", retried as u64);
+        }
+        if let Some(reason) = sorted.failed.values().next() {
+            tracing::warn!(
+                sink = self.sink.name(),
+                attempt = worst,
+                groups = sorted.failed.len(),
+                messages = retried,
+                error = %reason,
+                "publish failed, retrying with backoff"
+            );
+        }
+        true
+    }
+
+    /// A finished batch by outcome: every delivered or rejected entry as a
+    /// completion (deliveries marked and counted), and every entry to send
+    /// again; an entry behind a failed entry of its group is sent again
+    /// whatever the sink said of it, so a group never overtakes itself.
+    fn sort(
+        &self,
+        messages: Vec<Message>,
+        verdicts: Vec<Verdict>,
+        keys: Vec<GroupKey>,
+        seqs: Vec<u64>,
+    ) -> Sorted {
+        let mut sorted = Sorted {
+            retry: Vec::new(),
+            failed: ByGroup::default(),
+            // A set: batches hold up to 1024 messages.
+            groups: GroupSet::with_capacity_and_hasher(messages.len(), Default::default()),
+            completions: Vec::with_capacity(messages.len()),
+        };
+        let mut delivered = Deliveries::new();
         for (((message, verdict), group), seq) in
             messages.into_iter().zip(verdicts).zip(keys).zip(seqs)
         {
-            groups.insert(group);
-            if failed.contains_key(&group) {
-                retry.push((message, group, seq)); // behind a failed entry of its group: send again, in order
+            sorted.groups.insert(group);
+            if sorted.failed.contains_key(&group) {
+                sorted.retry.push((message, group, seq)); // behind a failed entry of its group: send again, in order
                 continue;
             }
             let completion = match verdict {
                 Verdict::Delivered => {
-                    delivered += 1;
-                    if run.0 != message.commit_time {
-                        metrics.delivered_after_commit_at(run.0, delivered_at, run.1);
-                        run = (message.commit_time, 0);
-                    }
-                    run.1 += 1;
+                    delivered.count(message.commit_time);
                     if let Some(marker) = &self.marker {
                         marker.send(Mark::Published(message.event.id().to_owned()));
                     }
@@ -652,24 +683,21 @@ impl<S: Sink> Publisher<S> {
                     reason,
                 },
                 Verdict::Retry(reason) => {
-                    failed.insert(group, reason);
-                    retry.push((message, group, seq));
+                    sorted.failed.insert(group, reason);
+                    sorted.retry.push((message, group, seq));
                     continue;
                 }
             };
-            completions.push(completion);
+            sorted.completions.push(completion);
         }
-        metrics.delivered_after_commit_at(run.0, delivered_at, run.1);
-        if delivered > 0 {
-            metrics.published("delivered", delivered);
-        }
-        if !completions.is_empty() && self.done.send(completions).is_err() {
-            return false;
-        }
-        let now = Instant::now();
-        // Back to the front of their groups, in order, before the groups
-        // are unblocked below.
-        let retried = retry.len();
+        delivered.finish();
+        sorted
+    }
+
+    /// Entries to send again back at the front of their groups, in batch
+    /// order, ahead of anything that arrived meanwhile; before the groups
+    /// are unblocked, so none can be picked without them.
+    fn requeue(&mut self, retry: Vec<(Message, GroupKey, u64)>, now: Instant) {
         for (message, key, seq) in retry.into_iter().rev() {
             self.queued += 1;
             self.groups
@@ -682,6 +710,12 @@ impl<S: Sink> Publisher<S> {
                     message,
                 });
         }
+    }
+
+    /// Each of a batch's groups blocked for its next backoff when one of its
+    /// entries failed, otherwise its failures forgotten and the group
+    /// released; the most attempts any failed group has made.
+    fn reschedule(&mut self, groups: GroupSet, failed: &ByGroup<Retry>, now: Instant) -> u32 {
         let mut worst = 0;
         for group in groups {
             match failed.get(&group) {
@@ -700,20 +734,61 @@ impl<S: Sink> Publisher<S> {
                 }
             }
         }
-        if retried > 0 {
-            metrics.published("retried", retried as u64);
+        worst
+    }
+}
+
+/// A finished batch sorted by outcome ([`Publisher::sort`]).
+struct Sorted {
+    /// Entries to send again, in batch order.
+    retry: Vec<(Message, GroupKey, u64)>,
+    /// Groups with a failed entry, each with its first failure.
+    failed: ByGroup<Retry>,
+    /// The batch's groups, each once.
+    groups: GroupSet,
+    /// Delivered and rejected entries, in batch order.
+    completions: Vec<Completion>,
+}
+
+/// A batch's deliveries as the metrics see them: one clock reading and one
+/// counter update a batch, not a message; events of one transaction (one
+/// commit time) side by side observed together.
+struct Deliveries {
+    metrics: &'static crate::metrics::Metrics,
+    at: i64,
+    total: u64,
+    /// The current run of one commit time: the time and its count.
+    run: (i64, u64),
+}
+
+impl Deliveries {
+    fn new() -> Self {
+        Self {
+            metrics: crate::metrics::get(),
+            at: crate::time::unix_micros_now(),
+            total: 0,
+            run: (0, 0),
         }
-        if let Some(reason) = failed.values().next() {
-            tracing::warn!(
-                sink = self.sink.name(),
-                attempt = worst,
-                groups = failed.len(),
-                messages = retried,
-                error = %reason,
-                "publish failed, retrying with backoff"
-            );
+    }
+
+    /// One more delivered message, committed at `commit_time`.
+    fn count(&mut self, commit_time: i64) {
+        self.total += 1;
+        if self.run.0 != commit_time {
+            self.metrics
+                .delivered_after_commit_at(self.run.0, self.at, self.run.1);
+            self.run = (commit_time, 0);
         }
-        true
+        self.run.1 += 1;
+    }
+
+    /// The last run observed and the deliveries counted.
+    fn finish(self) {
+        self.metrics
+            .delivered_after_commit_at(self.run.0, self.at, self.run.1);
+        if self.total > 0 {
+            self.metrics.published("delivered", self.total);
+        }
     }
 }
 

@@ -224,8 +224,43 @@ pub async fn run<S: Sink>(
     rate: Option<f64>,
 ) -> Result<Replayed, ReplayError> {
     let q = build(config, table, selection)?;
-    // Names claim-check objects as the stream does; a database that revoked
-    // pg_control_system() leaves only such large payloads unable to go.
+    name_source(client, config, database, sink).await;
+    let ids = select_ids(client, table, selection, &q).await?;
+    let mut done = Replayed {
+        selected: ids.len(),
+        ..Replayed::default()
+    };
+    let mut rows_to_messages =
+        Rows::new(config, table, database).map_err(|e| ReplayError::Invalid(e.to_string()))?;
+    let pass = Pass {
+        sink,
+        backoff: Backoff::new(&config.retry),
+        rate,
+        started: Instant::now(),
+    };
+    let progress = std::io::stderr().is_terminal();
+    let statements = Statements::new(config, table);
+    for page in ids.chunks(PAGE) {
+        let rows = fetch(client, &statements.fetch, page).await?;
+        let (messages, mut rejected) = prepare(&mut rows_to_messages, &rows, &mut done);
+        let published = pass.publish(&messages, &mut rejected, &done).await?;
+        statements.record(client, &published, &rejected).await?;
+        done.published += published.len();
+        done.rejected += rejected.len();
+        if progress {
+            show_progress(&done, pass.started);
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    Ok(done)
+}
+
+/// The sink told the source's identity, so claim-check objects are named as
+/// the stream names them; a database that revoked pg_control_system() only
+/// leaves payloads over their topic's limit unable to go.
+async fn name_source<S: Sink>(client: &Client, config: &Config, database: &str, sink: &S) {
     match crate::postgres::source(client, database, &config.table()).await {
         Ok(source) => sink.source(&source),
         Err(e) => tracing::warn!(
@@ -233,10 +268,21 @@ pub async fn run<S: Sink>(
             "cannot read the system identifier (pg_control_system()): a payload over its topic's limit cannot be stored in S3"
         ),
     }
+}
+
+/// The ids of the selected rows, oldest first, at most the selection's
+/// limit: read first (about 50 bytes each), the rows then fetched page by
+/// page by id.
+async fn select_ids(
+    client: &Client,
+    table: &Table,
+    selection: &Selection,
+    q: &Query,
+) -> Result<Vec<String>, ReplayError> {
     let limit = selection
         .limit
         .map_or(String::new(), |l| format!(" LIMIT {l}"));
-    let ids: Vec<String> = client
+    Ok(client
         .query(
             &format!(
                 "SELECT o.{}::text FROM {} AS o WHERE {} ORDER BY {}{limit}",
@@ -250,112 +296,190 @@ pub async fn run<S: Sink>(
         .await?
         .iter()
         .map(|r| r.get(0))
-        .collect();
-    let mut done = Replayed {
-        selected: ids.len(),
-        ..Replayed::default()
-    };
-    let mut rows_to_messages =
-        Rows::new(config, table, database).map_err(|e| ReplayError::Invalid(e.to_string()))?;
-    let backoff = Backoff::new(&config.retry);
-    let started = Instant::now();
-    let progress = std::io::stderr().is_terminal();
-    let fetch = format!(
-        "SELECT {} FROM {} AS o WHERE o.{} ORDER BY {}",
-        table.text_columns("o"),
-        table.qualified,
-        table.id_in(1),
-        order(table)
-    );
-    let mode = config.lifecycle.on_published;
-    let published_sql = match mode {
-        OnPublished::Mark if !table.managed => None,
-        _ => table.published_sql(mode),
-    };
-    let rejected_sql = table
-        .managed
-        .then(|| table.failure_sql(config.poller.max_attempts));
-    let retry_in = config.poller.backoff_initial.as_secs_f64();
-    for page in ids.chunks(PAGE) {
-        let page: Vec<String> = page.to_vec();
-        let tx = client.transaction().await?;
-        tx.batch_execute(TEXT_SETTINGS).await?;
-        let rows = tx.query(&fetch, &[&page]).await?;
-        tx.commit().await?;
-        let mut messages: Vec<Message> = Vec::new();
-        let mut rejected: Vec<(String, String)> = Vec::new();
-        for row in &rows {
-            match rows_to_messages.prepare(row) {
-                Prepared::Publish(m) => messages.push(m),
-                Prepared::Skip(_) => done.skipped += 1,
-                Prepared::Fail(id, reason) => rejected.push((id, reason)),
+        .collect())
+}
+
+/// The SQL a replay runs for each page: the rows of a page of ids, and how
+/// published and rejected rows are recorded (none where the table keeps no
+/// state for them).
+struct Statements {
+    fetch: String,
+    published: Option<String>,
+    rejected: Option<String>,
+    /// When a rejected row is due again, in seconds.
+    retry_in: f64,
+}
+
+impl Statements {
+    fn new(config: &Config, table: &Table) -> Self {
+        let fetch = format!(
+            "SELECT {} FROM {} AS o WHERE o.{} ORDER BY {}",
+            table.text_columns("o"),
+            table.qualified,
+            table.id_in(1),
+            order(table)
+        );
+        let mode = config.lifecycle.on_published;
+        let published = match mode {
+            OnPublished::Mark if !table.managed => None,
+            _ => table.published_sql(mode),
+        };
+        let rejected = table
+            .managed
+            .then(|| table.failure_sql(config.poller.max_attempts));
+        Self {
+            fetch,
+            published,
+            rejected,
+            retry_in: config.poller.backoff_initial.as_secs_f64(),
+        }
+    }
+
+    /// A page's outcomes in the table: the published rows marked (or
+    /// deleted) together, then each rejected row printed and recorded as a
+    /// failed attempt.
+    async fn record(
+        &self,
+        client: &Client,
+        published: &[String],
+        rejected: &[(String, String)],
+    ) -> Result<(), ReplayError> {
+        if let (Some(sql), false) = (&self.published, published.is_empty()) {
+            client.execute(sql.as_str(), &[&published]).await?;
+        }
+        for (id, reason) in rejected {
+            eprintln!("rejected {id}: {reason}");
+            if let Some(sql) = &self.rejected {
+                client
+                    .execute(sql.as_str(), &[id, reason, &false, &self.retry_in])
+                    .await?;
             }
         }
+        Ok(())
+    }
+}
+
+/// The rows of one page of ids, read as text under the relay's session
+/// settings (so values render as the stream renders them).
+async fn fetch(
+    client: &mut Client,
+    sql: &str,
+    page: &[String],
+) -> Result<Vec<tokio_postgres::Row>, ReplayError> {
+    let page: Vec<String> = page.to_vec();
+    let tx = client.transaction().await?;
+    tx.batch_execute(TEXT_SETTINGS).await?;
+    let rows = tx.query(sql, &[&page]).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// A page's rows as messages to publish and rows rejected before any sink
+/// sees them (they did not map); filtered rows only counted.
+fn prepare(
+    rows_to_messages: &mut Rows,
+    rows: &[tokio_postgres::Row],
+    done: &mut Replayed,
+) -> (Vec<Message>, Vec<(String, String)>) {
+    let mut messages: Vec<Message> = Vec::new();
+    let mut rejected: Vec<(String, String)> = Vec::new();
+    for row in rows {
+        match rows_to_messages.prepare(row) {
+            Prepared::Publish(m) => messages.push(m),
+            Prepared::Skip(_) => done.skipped += 1,
+            Prepared::Fail(id, reason) => rejected.push((id, reason)),
+        }
+    }
+    (messages, rejected)
+}
+
+/// Publishing a replay's batches: with retries, and paced to the rate.
+struct Pass<'a, S> {
+    sink: &'a S,
+    backoff: Backoff,
+    rate: Option<f64>,
+    started: Instant,
+}
+
+impl<S: Sink> Pass<'_, S> {
+    /// A page's messages published batch by batch: the ids delivered, and
+    /// each rejected one added to `rejected` with the sink's reason.
+    async fn publish(
+        &self,
+        messages: &[Message],
+        rejected: &mut Vec<(String, String)>,
+        done: &Replayed,
+    ) -> Result<Vec<String>, ReplayError> {
         let mut published: Vec<String> = Vec::new();
-        for batch in batches(&messages, sink.max_batch().max(1)) {
-            let mut attempt = 0;
-            let outcomes = loop {
-                let outcomes = sink.publish(batch).await;
-                let transient = outcomes.iter().find_map(|o| match o {
-                    Outcome::Retryable(r) => Some(r.reason.clone()),
-                    _ => None,
-                });
-                match transient {
-                    None => break outcomes,
-                    Some(reason) if attempt >= MAX_RETRIES => {
-                        return Err(ReplayError::Sink(reason, done.published + published.len()))
-                    }
-                    Some(reason) => {
-                        tracing::warn!(attempt, error = %reason, "publish failed, retrying");
-                        tokio::time::sleep(backoff.delay(attempt)).await;
-                        attempt += 1;
-                    }
-                }
-            };
+        for batch in batches(messages, self.sink.max_batch().max(1)) {
+            let outcomes = self
+                .publish_batch(batch, done.published + published.len())
+                .await?;
             // A retried batch is sent whole again; what was delivered before is delivered again.
             for (m, outcome) in batch.iter().zip(outcomes) {
                 match outcome {
                     Outcome::Delivered => published.push(m.event.id().to_string()),
                     Outcome::Rejected(reason) => rejected.push((m.event.id().to_string(), reason)),
-                    // Not left after the loop above; counted as rejected if it ever were.
+                    // Not left after `publish_batch`; counted as rejected if it ever were.
                     Outcome::Retryable(retry) => {
                         rejected.push((m.event.id().to_string(), retry.reason))
                     }
                 }
             }
-            if let Some(rate) = rate {
-                let due = Duration::from_secs_f64((done.published + published.len()) as f64 / rate);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
+            self.pace(done.published + published.len()).await;
+        }
+        Ok(published)
+    }
+
+    /// One batch's outcomes once none is transient: the whole batch sent
+    /// again after a backoff while one is, at most [`MAX_RETRIES`] times;
+    /// then the replay stops, saying how many rows (`published` so far) went.
+    async fn publish_batch(
+        &self,
+        batch: &[Message],
+        published: usize,
+    ) -> Result<Vec<Outcome>, ReplayError> {
+        let mut attempt = 0;
+        loop {
+            let outcomes = self.sink.publish(batch).await;
+            let transient = outcomes.iter().find_map(|o| match o {
+                Outcome::Retryable(r) => Some(r.reason.clone()),
+                _ => None,
+            });
+            match transient {
+                None => return Ok(outcomes),
+                Some(reason) if attempt >= MAX_RETRIES => {
+                    return Err(ReplayError::Sink(reason, published))
+                }
+                Some(reason) => {
+                    tracing::warn!(attempt, error = %reason, "publish failed, retrying");
+                    tokio::time::sleep(self.backoff.delay(attempt)).await;
+                    attempt += 1;
                 }
             }
         }
-        if let (Some(sql), false) = (&published_sql, published.is_empty()) {
-            client.execute(sql.as_str(), &[&published]).await?;
-        }
-        for (id, reason) in &rejected {
-            eprintln!("rejected {id}: {reason}");
-            if let Some(sql) = &rejected_sql {
-                client
-                    .execute(sql.as_str(), &[id, reason, &false, &retry_in])
-                    .await?;
+    }
+
+    /// Wait until `published` rows are no more than the rate allows since
+    /// the replay started.
+    async fn pace(&self, published: usize) {
+        if let Some(rate) = self.rate {
+            let due = Duration::from_secs_f64(published as f64 / rate);
+            if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+                tokio::time::sleep(wait).await;
             }
         }
-        done.published += published.len();
-        done.rejected += rejected.len();
-        if progress {
-            eprint!(
-                "\rreplayed {}/{} ({} rejected, {:.0}/s)",
-                done.published,
-                done.selected,
-                done.rejected,
-                done.published as f64 / started.elapsed().as_secs_f64().max(0.001)
-            );
-            let _ = std::io::stderr().flush();
-        }
     }
-    if progress {
-        eprintln!();
-    }
-    Ok(done)
+}
+
+/// One line of progress on a terminal, overwritten by the next.
+fn show_progress(done: &Replayed, started: Instant) {
+    eprint!(
+        "\rreplayed {}/{} ({} rejected, {:.0}/s)",
+        done.published,
+        done.selected,
+        done.rejected,
+        done.published as f64 / started.elapsed().as_secs_f64().max(0.001)
+    );
+    let _ = std::io::stderr().flush();
 }

@@ -363,7 +363,31 @@ impl WalStream {
         }
     }
 
+    /// Log in as libpq does: the StartupMessage, then every authentication
+    /// request answered (each answer written before the next is read) until
+    /// the server is ready for queries or refuses.
     async fn log_in(&mut self, startup: &Startup<'_>) -> Result<(), WireError> {
+        self.send_startup(startup).await?;
+        let mut scram = Scram::default();
+        loop {
+            let (tag, body) = self.frame().await?;
+            match tag {
+                b'R' => {
+                    self.answer(startup, &mut scram, &body)?;
+                    if !self.out.is_empty() {
+                        self.write_out().await?;
+                    }
+                }
+                b'E' => return Err(server_error(&body)),
+                b'Z' => return Ok(()), // ReadyForQuery
+                _ => {}                // ParameterStatus, BackendKeyData, notices
+            }
+        }
+    }
+
+    /// The StartupMessage written: a walsender of `startup.database`
+    /// (`replication=database`), speaking UTF-8.
+    async fn send_startup(&mut self, startup: &Startup<'_>) -> Result<(), WireError> {
         frontend::startup_message(
             [
                 ("user", startup.user),
@@ -375,112 +399,119 @@ impl WalStream {
             ],
             &mut self.out,
         )?;
-        self.write_out().await?;
-        let password = || {
-            startup.password.ok_or_else(|| {
-                WireError::Auth(
-                    "the server asks for a password and none is set: set postgres.password_file, \
-                     postgres.password or the password in postgres.url"
-                        .into(),
-                )
-            })
+        self.write_out().await
+    }
+
+    /// The answer to one authentication request (`body` of an `R`
+    /// message), put in `out`; `Err` for a request the login must not or
+    /// cannot follow.
+    ///
+    /// As libpq, under `require` nothing but a bound SCRAM exchange may
+    /// proceed: not even a password is sent otherwise.
+    fn answer(
+        &mut self,
+        startup: &Startup<'_>,
+        scram: &mut Scram,
+        body: &[u8],
+    ) -> Result<(), WireError> {
+        let (code, data) = match body.split_first_chunk::<4>() {
+            Some((code, data)) => (i32::from_be_bytes(*code), data),
+            None => return Err(WireError::Protocol("short authentication request".into())),
         };
         let require_binding = startup.channel_binding == ChannelBindingMode::Require;
-        // As libpq, under `require` nothing but a bound SCRAM exchange may
-        // proceed: not even a password is sent otherwise.
-        let unbound = |what: &str| {
-            Err(WireError::Auth(
-                crate::postgres::tls::channel_binding_refused(Some(what)),
-            ))
-        };
-        let mut scram: Option<ScramSha256> = None;
-        let mut scram_done = false;
-        loop {
-            let (tag, body) = self.frame().await?;
-            match tag {
-                b'R' => {
-                    let (code, data) = match body.split_first_chunk::<4>() {
-                        Some((code, data)) => (i32::from_be_bytes(*code), data),
-                        None => {
-                            return Err(WireError::Protocol("short authentication request".into()))
-                        }
-                    };
-                    match code {
-                        // AuthenticationOk; after SCRAM only once the server
-                        // proved it knows the password (SASLFinal, checked).
-                        0 if scram.is_some() && !scram_done => {
-                            return Err(WireError::Auth(
-                                "the server ended SCRAM-SHA-256 without proving it knows the password"
-                                    .into(),
-                            ))
-                        }
-                        0 if require_binding && self.mechanism != Some(SCRAM_SHA_256_PLUS) => {
-                            return unbound("the server let the role in without authenticating it")
-                        }
-                        0 => {}
-                        3 if require_binding => {
-                            return unbound("the server asked for a cleartext password")
-                        }
-                        5 if require_binding => return unbound("the server asked for md5"),
-                        3 => frontend::password_message(password()?.as_bytes(), &mut self.out)?,
-                        5 => {
-                            let salt = data.first_chunk::<4>().ok_or_else(|| {
-                                WireError::Protocol("MD5 request without its salt".into())
-                            })?;
-                            let hash = postgres_protocol::authentication::md5_hash(
-                                startup.user.as_bytes(),
-                                password()?.as_bytes(),
-                                *salt,
-                            );
-                            frontend::password_message(hash.as_bytes(), &mut self.out)?;
-                        }
-                        10 => {
-                            let offered: Vec<&[u8]> =
-                                data.split(|&b| b == 0).filter(|m| !m.is_empty()).collect();
-                            let (mechanism, binding) = choose_mechanism(
-                                &offered,
-                                startup.channel_binding,
-                                self.io.tls_server_end_point(),
-                                matches!(self.io, Transport::Tls(_)),
-                            )?;
-                            self.mechanism = Some(mechanism);
-                            let client = ScramSha256::new(password()?.as_bytes(), binding);
-                            frontend::sasl_initial_response(mechanism, client.message(), &mut self.out)?;
-                            scram = Some(client);
-                        }
-                        11 | 12 => {
-                            let client = scram.as_mut().ok_or_else(|| {
-                                WireError::Protocol("SASL continuation before SASL started".into())
-                            })?;
-                            let checked = if code == 11 {
-                                client.update(data).map(|()| {
-                                    frontend::sasl_response(client.message(), &mut self.out)
-                                })
-                            } else {
-                                scram_done = true;
-                                client.finish(data).map(|()| Ok(()))
-                            };
-                            checked
-                                .and_then(|written| written)
-                                .map_err(|e| WireError::Auth(format!("SCRAM-SHA-256: {e}")))?;
-                        }
-                        other => {
-                            return Err(WireError::Auth(format!(
-                                "the server asks for an authentication method the relay does not speak \
-                                 (code {other}): allow scram-sha-256, md5 or password for the relay's role \
-                                 in pg_hba.conf"
-                            )))
-                        }
-                    }
-                    if !self.out.is_empty() {
-                        self.write_out().await?;
-                    }
-                }
-                b'E' => return Err(server_error(&body)),
-                b'Z' => return Ok(()), // ReadyForQuery
-                _ => {}                // ParameterStatus, BackendKeyData, notices
+        match code {
+            0 => self.accepted(scram, require_binding)?,
+            3 if require_binding => {
+                return Err(unbound("the server asked for a cleartext password"))
+            }
+            5 if require_binding => return Err(unbound("the server asked for md5")),
+            3 => frontend::password_message(password(startup)?.as_bytes(), &mut self.out)?,
+            5 => self.md5(startup, data)?,
+            10 => scram.client = Some(self.sasl_start(startup, data)?),
+            11 | 12 => self.sasl_continue(scram, code, data)?,
+            other => {
+                return Err(WireError::Auth(format!(
+                    "the server asks for an authentication method the relay does not speak \
+                     (code {other}): allow scram-sha-256, md5 or password for the relay's role \
+                     in pg_hba.conf"
+                )))
             }
         }
+        Ok(())
+    }
+
+    /// AuthenticationOk taken only when the login proved what it must:
+    /// after SCRAM, that the server knows the password (SASLFinal,
+    /// checked); under `require`, that the exchange was bound.
+    fn accepted(&self, scram: &Scram, require_binding: bool) -> Result<(), WireError> {
+        if scram.client.is_some() && !scram.done {
+            return Err(WireError::Auth(
+                "the server ended SCRAM-SHA-256 without proving it knows the password".into(),
+            ));
+        }
+        if require_binding && self.mechanism != Some(SCRAM_SHA_256_PLUS) {
+            return Err(unbound(
+                "the server let the role in without authenticating it",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The MD5 password message: the role's password hashed with the salt
+    /// the server sent.
+    fn md5(&mut self, startup: &Startup<'_>, data: &[u8]) -> Result<(), WireError> {
+        let salt = data
+            .first_chunk::<4>()
+            .ok_or_else(|| WireError::Protocol("MD5 request without its salt".into()))?;
+        let hash = postgres_protocol::authentication::md5_hash(
+            startup.user.as_bytes(),
+            password(startup)?.as_bytes(),
+            *salt,
+        );
+        frontend::password_message(hash.as_bytes(), &mut self.out)?;
+        Ok(())
+    }
+
+    /// SASL started: a mechanism chosen from those the server offers
+    /// ([`choose_mechanism`]) and its first message written; the client
+    /// that carries the exchange on.
+    fn sasl_start(&mut self, startup: &Startup<'_>, data: &[u8]) -> Result<ScramSha256, WireError> {
+        let offered: Vec<&[u8]> = data.split(|&b| b == 0).filter(|m| !m.is_empty()).collect();
+        let (mechanism, binding) = choose_mechanism(
+            &offered,
+            startup.channel_binding,
+            self.io.tls_server_end_point(),
+            matches!(self.io, Transport::Tls(_)),
+        )?;
+        self.mechanism = Some(mechanism);
+        let client = ScramSha256::new(password(startup)?.as_bytes(), binding);
+        frontend::sasl_initial_response(mechanism, client.message(), &mut self.out)?;
+        Ok(client)
+    }
+
+    /// SASLContinue (11) answered, or SASLFinal (12) checked: the server's
+    /// proof verified before the exchange counts as done.
+    fn sasl_continue(
+        &mut self,
+        scram: &mut Scram,
+        code: i32,
+        data: &[u8],
+    ) -> Result<(), WireError> {
+        let client = scram
+            .client
+            .as_mut()
+            .ok_or_else(|| WireError::Protocol("SASL continuation before SASL started".into()))?;
+        let checked = if code == 11 {
+            client
+                .update(data)
+                .map(|()| frontend::sasl_response(client.message(), &mut self.out))
+        } else {
+            scram.done = true;
+            client.finish(data).map(|()| Ok(()))
+        };
+        checked
+            .and_then(|written| written)
+            .map_err(|e| WireError::Auth(format!("SCRAM-SHA-256: {e}")))
     }
 
     /// `SHOW name` on the replication connection (a walsender of a database
@@ -715,6 +746,32 @@ impl WalStream {
         let _ = self.write_out().await;
         let _ = self.io.shutdown().await;
     }
+}
+
+/// A login's SCRAM exchange: the client once SASL started, and whether the
+/// server's final message was checked.
+#[derive(Default)]
+struct Scram {
+    client: Option<ScramSha256>,
+    done: bool,
+}
+
+/// The role's password, or why the login cannot answer a server that asks
+/// for one.
+fn password<'a>(startup: &Startup<'a>) -> Result<&'a str, WireError> {
+    startup.password.ok_or_else(|| {
+        WireError::Auth(
+            "the server asks for a password and none is set: set postgres.password_file, \
+             postgres.password or the password in postgres.url"
+                .into(),
+        )
+    })
+}
+
+/// A login refused under `channel_binding = require`, in the words the
+/// ordinary connection uses too.
+fn unbound(what: &str) -> WireError {
+    WireError::Auth(crate::postgres::tls::channel_binding_refused(Some(what)))
 }
 
 /// The SASL mechanism and channel-binding flag of a login, as libpq picks
