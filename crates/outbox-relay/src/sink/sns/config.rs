@@ -1,107 +1,55 @@
 //! `[sns]`: the SNS sink's settings, their defaults and their validation.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::Deserialize;
-
-pub use crate::pipeline::concurrency::ConcurrencyMode;
-use crate::config::value::{check_endpoint_url, de_duration};
 use crate::config::allow;
 use crate::config::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::value::check_endpoint_url;
+use crate::sink::aws::settings::section;
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.
 pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
-/// Default `sns.retry_unknown_errors_for`.
-pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 /// Message attributes always set on SNS messages.
 pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
 /// SNS (and raw SQS delivery) accept at most this many message attributes.
 pub const SNS_MAX_ATTRIBUTES: usize = 10;
 
-/// `[sns]`: the SNS sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SnsConfig {
-    /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints, e.g. `http://127.0.0.1:5000`.
-    pub endpoint_url: String,
-    /// The default topic.
-    pub topic_arn: String,
-    /// Topic per event: an ARN template with `{region}`, `{account}`,
-    /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
-    pub topic_template: String,
-    /// Account id for `{account}` and for bare topic names in the topic
-    /// column; default: the account of `topic_arn`.
-    pub account_id: String,
-    /// Headers copied into message attributes (besides event_type,
-    /// aggregate_type and aggregate_id), for subscription filter policies.
-    pub attributes: Vec<String>,
-    /// The most PublishBatch calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to `max_in_flight_batches`)
-    /// or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one publish call, retries included.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a publish call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long an event failing for a reason SNS does not make known as
-    /// passing or permanent is retried before it is recorded as failed.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// The largest message (body and attributes, in bytes) a topic takes; 0:
-    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
-    pub max_message_size: usize,
-    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
-    /// Extended Client Libraries' claim check); empty: such events are
-    /// recorded as failed.
-    pub large_payload_bucket: String,
-    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
-    pub large_payload_endpoint_url: String,
-    /// Topics a row's `topic` column or `topic_template` may name besides
-    /// those of the configured partition, region and account: ARN patterns,
-    /// `*` standing for one name (`arn:aws:sns:*:123456789012:audit-*`).
-    pub allowed_destinations: Vec<String>,
-}
-
-impl Default for SnsConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            topic_arn: String::new(),
-            topic_template: String::new(),
-            account_id: String::new(),
-            attributes: vec!["traceparent".to_owned()],
-            max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
-            max_message_size: 0,
-            large_payload_bucket: String::new(),
-            large_payload_endpoint_url: String::new(),
-            allowed_destinations: Vec::new(),
-        }
+section! {
+    /// `[sns]`: the SNS sink.
+    pub struct SnsConfig in "sns" {
+        /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
+        region, endpoint_url,
+        /// The default topic.
+        pub topic_arn: String = String::new(),
+        /// Topic per event: an ARN template with `{region}`, `{account}`,
+        /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
+        pub topic_template: String = String::new(),
+        /// Account id for `{account}` and for bare topic names in the topic
+        /// column; default: the account of `topic_arn`.
+        pub account_id: String = String::new(),
+        /// Headers copied into message attributes (besides event_type,
+        /// aggregate_type and aggregate_id), for subscription filter policies.
+        pub attributes: Vec<String> = vec!["traceparent".to_owned()],
+        calls { max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES },
+        /// The largest message (body and attributes, in bytes) a topic takes; 0:
+        /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
+        pub max_message_size: usize = 0,
+        /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
+        /// Extended Client Libraries' claim check); empty: such events are
+        /// recorded as failed.
+        pub large_payload_bucket: String = String::new(),
+        /// S3 endpoint override for `large_payload_bucket` (path-style requests).
+        pub large_payload_endpoint_url: String = String::new(),
+        /// Topics a row's `topic` column or `topic_template` may name besides
+        /// those of the configured partition, region and account: ARN patterns,
+        /// `*` standing for one name (`arn:aws:sns:*:123456789012:audit-*`).
+        pub allowed_destinations: Vec<String> = Vec::new(),
     }
 }
 
 impl SnsConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> crate::pipeline::concurrency::Concurrency {
-        self.concurrency.with_ceiling(self.max_in_flight_batches)
-    }
-
     /// The account of `account_id`, or of `topic_arn`.
     pub fn account(&self) -> Option<&str> {
         if !self.account_id.is_empty() {
@@ -226,23 +174,7 @@ impl Settings for SnsConfig {
                 );
             }
         }
-        if sns.operation_timeout.is_zero() || sns.attempt_timeout.is_zero() {
-            bad(
-                "sns.operation_timeout",
-                "sns.operation_timeout and sns.attempt_timeout must be greater than zero".into(),
-            );
-        }
-        if sns.linger > Duration::from_secs(1) {
-            bad("sns.linger", "must be at most 1s".into());
-        }
-        sns.concurrency.validate(
-            "sns",
-            ("max_in_flight_batches", sns.max_in_flight_batches),
-            bad,
-        );
-        if let Err(message) = check_endpoint_url(&sns.endpoint_url) {
-            bad("sns.endpoint_url", message);
-        }
+        sns.check_calls(bad);
         if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
             bad(
                 "sns.max_message_size",
@@ -266,12 +198,6 @@ impl Settings for SnsConfig {
         }
         if let Err(message) = check_endpoint_url(&sns.large_payload_endpoint_url) {
             bad("sns.large_payload_endpoint_url", message);
-        }
-        if sns.attempt_timeout > sns.operation_timeout {
-            bad(
-                "sns.attempt_timeout",
-                "must not be longer than sns.operation_timeout".into(),
-            );
         }
     }
 
