@@ -67,28 +67,28 @@ impl SnsConfig {
     }
 }
 
-impl Settings for SnsConfig {
-    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
-        let sns = self;
-        if sns.topic_arn.is_empty() && sns.topic_template.is_empty() {
+impl SnsConfig {
+    /// The default topic, the template and the destinations they may name.
+    fn check_topics(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.topic_arn.is_empty() && self.topic_template.is_empty() {
             bad(
                 "sns.topic_arn",
                 "missing: set sns.topic_arn (the default topic) or sns.topic_template".into(),
             );
         }
-        if !sns.topic_arn.is_empty()
-            && (!sns.topic_arn.starts_with("arn:") || sns.topic_arn.split(':').count() != 6)
+        if !self.topic_arn.is_empty()
+            && (!self.topic_arn.starts_with("arn:") || self.topic_arn.split(':').count() != 6)
         {
             bad(
                 "sns.topic_arn",
                 format!(
                     "{:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:orders",
-                    sns.topic_arn
+                    self.topic_arn
                 ),
             );
         }
-        allow::check_patterns("sns.allowed_destinations", &sns.allowed_destinations, bad);
-        if !sns.topic_template.is_empty() && sns.routes().allowed.describe().is_empty() {
+        allow::check_patterns("sns.allowed_destinations", &self.allowed_destinations, bad);
+        if !self.topic_template.is_empty() && self.routes().allowed.describe().is_empty() {
             bad(
                 "sns.topic_template",
                 "cannot tell which partition, region and account its topics may be in: \
@@ -96,29 +96,34 @@ impl Settings for SnsConfig {
                     .into(),
             );
         }
-        if !sns.topic_template.is_empty() {
+        if !self.topic_template.is_empty() {
             check_template(
                 "sns.topic_template",
-                &sns.topic_template,
+                &self.topic_template,
                 &["region", "account"],
                 bad,
             );
-            if sns.topic_template.contains("{account}") && sns.account().is_none() {
+            if self.topic_template.contains("{account}") && self.account().is_none() {
                 bad(
                     "sns.account_id",
                     "sns.topic_template uses {account}: set sns.account_id (or sns.topic_arn)"
                         .into(),
                 );
             }
-            if sns.topic_template.contains("{region}") && sns.region_or_arn().is_none() {
+            if self.topic_template.contains("{region}") && self.region_or_arn().is_none() {
                 bad(
                     "sns.region",
                     "sns.topic_template uses {region}: set sns.region".into(),
                 );
             }
         }
-        let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
-        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
+    }
+
+    /// The headers copied into message attributes: as many as SNS allows
+    /// beside the relay's own (and the claim check's), each a name SNS takes.
+    fn check_attributes(&self, bad: &mut dyn FnMut(&str, String)) {
+        let attributes = SNS_FIXED_ATTRIBUTES.len() + self.attributes.len();
+        if !self.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
             bad(
                 "sns.attributes",
                 format!(
@@ -134,13 +139,13 @@ impl Settings for SnsConfig {
                 format!(
                     "{} headers plus event_id, event_type, aggregate_type and aggregate_id make {attributes} \
                      message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
-                    sns.attributes.len(),
+                    self.attributes.len(),
                     SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
                 ),
             );
         }
         let mut seen = std::collections::BTreeSet::new();
-        for name in &sns.attributes {
+        for name in &self.attributes {
             if let Err(why) = sns_attribute_name(name) {
                 bad(
                     "sns.attributes",
@@ -162,27 +167,35 @@ impl Settings for SnsConfig {
                 bad("sns.attributes", format!("{name:?} is named twice"));
             }
         }
-        let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
-        if let (false, Some(arn_region)) = (sns.region.is_empty(), arn_region) {
-            if arn_region != sns.region {
+    }
+
+    /// A region set beside `topic_arn` is the topic's: SNS publishes only to
+    /// topics of the client's region.
+    fn check_region(&self, bad: &mut dyn FnMut(&str, String)) {
+        let arn_region = self.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
+        if let (false, Some(arn_region)) = (self.region.is_empty(), arn_region) {
+            if arn_region != self.region {
                 bad(
                     "sns.region",
                     format!(
                         "{:?} differs from the region of sns.topic_arn ({arn_region:?}); SNS publishes only to topics of the client's region",
-                        sns.region
+                        self.region
                     ),
                 );
             }
         }
-        sns.check_calls(bad);
-        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
+    }
+
+    /// The largest message and where envelopes over it go.
+    fn check_large_payloads(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.max_message_size != 0 && !(1024..=1_048_576).contains(&self.max_message_size) {
             bad(
                 "sns.max_message_size",
                 "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
                     .into(),
             );
         }
-        let bucket = &sns.large_payload_bucket;
+        let bucket = &self.large_payload_bucket;
         let bucket_ok = (3..=63).contains(&bucket.len())
             && bucket
                 .bytes()
@@ -196,9 +209,19 @@ impl Settings for SnsConfig {
                 format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
             );
         }
-        if let Err(message) = check_endpoint_url(&sns.large_payload_endpoint_url) {
+        if let Err(message) = check_endpoint_url(&self.large_payload_endpoint_url) {
             bad("sns.large_payload_endpoint_url", message);
         }
+    }
+}
+
+impl Settings for SnsConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        self.check_topics(bad);
+        self.check_attributes(bad);
+        self.check_region(bad);
+        self.check_calls(bad);
+        self.check_large_payloads(bad);
     }
 
     fn routes(&self) -> Routes {
