@@ -11,12 +11,18 @@
 //! * refuse an unknown key without listing the keys it expected (serde's
 //!   `deny_unknown_fields` then sees only the keys nobody took),
 //! * hide the shared keys from [`crate::config::value::field_names`], which
-//!   the key list, the environment overrides of secrets and the docs drift
-//!   tests read, and
+//!   the key list (`config::keys`) and the docs drift tests read, and
 //! * lose a service's own defaults (`[kinesis]` keeps fewer calls in flight)
 //!   under the section's `#[serde(default)]`.
+//!
+//! [`named_routes`] is the routing of the sections whose destinations a row
+//! names by a name or an ARN (`[eventbridge]`, `[kinesis]`).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use crate::config::allow;
+use crate::config::settings::{verbatim, Routes};
 
 /// Default `linger`: how long a partial batch waits for more messages.
 pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
@@ -170,6 +176,25 @@ pub fn check_calls(
     }
     if let Err(message) = crate::config::value::check_endpoint_url(endpoint_url) {
         bad(&format!("{section}.endpoint_url"), message);
+    }
+}
+
+/// The routes of a destination a row names by a name or an ARN (an event
+/// bus, a stream), sent as named: any bare name (it is the relay's own
+/// account and region's), ARNs in the partition, region and account of
+/// `default`, and the patterns of `allowed_destinations`.
+pub fn named_routes(default: &str, allowed_destinations: &[String], missing: &str) -> Routes {
+    Routes {
+        default: (!default.is_empty()).then(|| default.to_owned()),
+        template: None,
+        variables: Vec::new(),
+        expand: Arc::new(str::to_owned),
+        allowed: allow::aws(
+            [Some("*".to_owned()), allow::same_account(default)],
+            allowed_destinations,
+        ),
+        escape: verbatim,
+        missing: missing.to_owned(),
     }
 }
 

@@ -1,11 +1,9 @@
 //! `[eventbridge]`: the EventBridge sink's settings, their defaults and
 //! their validation.
 
-use std::sync::Arc;
-
 use crate::config::allow;
-use crate::config::settings::{check_template, verbatim, Routes, Settings};
-use crate::sink::aws::settings::section;
+use crate::config::settings::{check_template, Routes, Settings};
+use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutEvents` calls in flight.
 pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
@@ -91,18 +89,11 @@ impl Settings for EventBridgeConfig {
     }
 
     fn routes(&self) -> Routes {
-        Routes {
-            default: (!self.bus.is_empty()).then(|| self.bus.clone()),
-            template: None,
-            variables: Vec::new(),
-            expand: Arc::new(str::to_owned),
-            allowed: allow::aws(
-                [Some("*".to_owned()), allow::same_account(&self.bus)],
-                &self.allowed_destinations,
-            ),
-            escape: verbatim,
-            missing: "no event bus: the row names none and eventbridge.bus is not set".into(),
-        }
+        named_routes(
+            &self.bus,
+            &self.allowed_destinations,
+            "no event bus: the row names none and eventbridge.bus is not set",
+        )
     }
 
     fn dead_letter(&self, name: &str) -> Result<(), String> {

@@ -1,11 +1,9 @@
 //! `[kinesis]`: the Kinesis Data Streams sink's settings, their defaults and
 //! their validation.
 
-use std::sync::Arc;
-
 use crate::config::allow;
-use crate::config::settings::{verbatim, Routes, Settings};
-use crate::sink::aws::settings::section;
+use crate::config::settings::{Routes, Settings};
+use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutRecords` calls in flight.
 pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
@@ -86,18 +84,11 @@ impl Settings for KinesisConfig {
     }
 
     fn routes(&self) -> Routes {
-        Routes {
-            default: (!self.stream.is_empty()).then(|| self.stream.clone()),
-            template: None,
-            variables: Vec::new(),
-            expand: Arc::new(str::to_owned),
-            allowed: allow::aws(
-                [Some("*".to_owned()), allow::same_account(&self.stream)],
-                &self.allowed_destinations,
-            ),
-            escape: verbatim,
-            missing: "no stream: the row names none and kinesis.stream is not set".into(),
-        }
+        named_routes(
+            &self.stream,
+            &self.allowed_destinations,
+            "no stream: the row names none and kinesis.stream is not set",
+        )
     }
 
     fn dead_letter(&self, name: &str) -> Result<(), String> {
