@@ -2,6 +2,8 @@
 //! credentials, signing and connections, for any service named by a
 //! [`Service`].
 //!
+//! * [`settings`]: the call settings every destination's section declares
+//!   (region, endpoint, calls in flight, timeouts), once.
 //! * [`load`]: region, credentials chain and endpoint settings from
 //!   `aws-config`'s standard chain (environment, profiles, web identity,
 //!   container and instance roles), with the sink's timeouts for the
@@ -35,6 +37,7 @@ pub mod known;
 #[cfg(test)]
 pub mod local;
 pub mod query;
+pub mod settings;
 
 pub use crate::config::settings::SetupError;
 pub use client::{CallError, Client, Request};
@@ -207,35 +210,6 @@ pub async fn client(
     )?;
     tracing::debug!(endpoint = client.endpoint(), region = %region, service = service.signing_name, "AWS client ready");
     Ok(client)
-}
-
-/// Check the call settings every AWS batch destination has, each problem
-/// under `section.key`.
-pub fn check_calls(
-    section: &str,
-    endpoint_url: &str,
-    (operation_timeout, attempt_timeout): (Duration, Duration),
-    linger: Duration,
-    bad: &mut dyn FnMut(&str, String),
-) {
-    if operation_timeout.is_zero() || attempt_timeout.is_zero() {
-        bad(
-            &format!("{section}.operation_timeout"),
-            format!("{section}.operation_timeout and {section}.attempt_timeout must be greater than zero"),
-        );
-    }
-    if attempt_timeout > operation_timeout {
-        bad(
-            &format!("{section}.attempt_timeout"),
-            format!("must not be longer than {section}.operation_timeout"),
-        );
-    }
-    if linger > Duration::from_secs(1) {
-        bad(&format!("{section}.linger"), "must be at most 1s".into());
-    }
-    if let Err(message) = crate::config::value::check_endpoint_url(endpoint_url) {
-        bad(&format!("{section}.endpoint_url"), message);
-    }
 }
 
 /// The AWS settings for a destination: the standard chain, `region` (a

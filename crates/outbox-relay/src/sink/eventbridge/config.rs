@@ -1,88 +1,38 @@
 //! `[eventbridge]`: the EventBridge sink's settings, their defaults and
 //! their validation.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde::Deserialize;
-
-use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
-use crate::config::value::de_duration;
 use crate::config::allow;
-use crate::config::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::settings::{check_template, Routes, Settings};
+use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutEvents` calls in flight.
 pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
 
-/// `[eventbridge]`: the EventBridge sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EventBridgeConfig {
-    /// AWS region; empty: the bus ARN's, else the standard AWS chain.
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints.
-    pub endpoint_url: String,
-    /// The default event bus: a name (`default`, `orders`) or an ARN.
-    pub bus: String,
-    /// Each event's `Source`, with `{aggregate_type}` and `{event_type}`.
-    pub source: String,
-    /// Each event's `DetailType`, with `{aggregate_type}` and `{event_type}`.
-    pub detail_type: String,
-    /// The most `PutEvents` calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to
-    /// `max_in_flight_batches`) or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one call.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long an event failing for a reason EventBridge does not make
-    /// known as passing or permanent is retried before it is recorded.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// Send only to buses `DescribeEventBus` says exist (PutEvents takes
-    /// events for a bus that does not exist and drops them): an unanswered
-    /// check is retried, a role that may not ask stops the relay at start-up.
-    /// `false` sends to a bus that cannot be verified.
-    pub verify_bus: bool,
-    /// Buses a row's `topic` column may name besides bare names
-    /// (the relay's own account and region) and ARNs of the configured
-    /// bus's partition, region and account: ARN patterns, `*` standing for one name.
-    pub allowed_destinations: Vec<String>,
-}
-
-impl Default for EventBridgeConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            bus: String::new(),
-            source: "outbox-relay".into(),
-            detail_type: "{event_type}".into(),
-            max_in_flight_batches: DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: Duration::from_secs(600),
-            verify_bus: true,
-            allowed_destinations: Vec::new(),
-        }
+section! {
+    /// `[eventbridge]`: the EventBridge sink.
+    pub struct EventBridgeConfig in "eventbridge" {
+        /// AWS region; empty: the bus ARN's, else the standard AWS chain.
+        region, endpoint_url,
+        /// The default event bus: a name (`default`, `orders`) or an ARN.
+        pub bus: String = String::new(),
+        /// Each event's `Source`, with `{aggregate_type}` and `{event_type}`.
+        pub source: String = "outbox-relay".into(),
+        /// Each event's `DetailType`, with `{aggregate_type}` and `{event_type}`.
+        pub detail_type: String = "{event_type}".into(),
+        calls { max_in_flight_batches: DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES },
+        /// Send only to buses `DescribeEventBus` says exist (PutEvents takes
+        /// events for a bus that does not exist and drops them): an unanswered
+        /// check is retried, a role that may not ask stops the relay at start-up.
+        /// `false` sends to a bus that cannot be verified.
+        pub verify_bus: bool = true,
+        /// Buses a row's `topic` column may name besides bare names
+        /// (the relay's own account and region) and ARNs of the configured
+        /// bus's partition, region and account: ARN patterns, `*` standing for one name.
+        pub allowed_destinations: Vec<String> = Vec::new(),
     }
 }
 
 impl EventBridgeConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> Concurrency {
-        self.concurrency.with_ceiling(self.max_in_flight_batches)
-    }
-
     /// The region of `region`, or of the bus ARN.
     pub fn region_or_arn(&self) -> Option<&str> {
         if !self.region.is_empty() {
@@ -134,34 +84,16 @@ impl Settings for EventBridgeConfig {
                 "sources starting with aws. are reserved for AWS services".into(),
             );
         }
-        self.concurrency.validate(
-            "eventbridge",
-            ("max_in_flight_batches", self.max_in_flight_batches),
-            bad,
-        );
         allow::check_patterns("eventbridge.allowed_destinations", &self.allowed_destinations, bad);
-        crate::sink::aws::check_calls(
-            "eventbridge",
-            &self.endpoint_url,
-            (self.operation_timeout, self.attempt_timeout),
-            self.linger,
-            bad,
-        );
+        self.check_calls(bad);
     }
 
     fn routes(&self) -> Routes {
-        Routes {
-            default: (!self.bus.is_empty()).then(|| self.bus.clone()),
-            template: None,
-            variables: Vec::new(),
-            expand: Arc::new(str::to_owned),
-            allowed: allow::aws(
-                [Some("*".to_owned()), allow::same_account(&self.bus)],
-                &self.allowed_destinations,
-            ),
-            escape: verbatim,
-            missing: "no event bus: the row names none and eventbridge.bus is not set".into(),
-        }
+        named_routes(
+            &self.bus,
+            &self.allowed_destinations,
+            "no event bus: the row names none and eventbridge.bus is not set",
+        )
     }
 
     fn dead_letter(&self, name: &str) -> Result<(), String> {

@@ -1,15 +1,9 @@
 //! `[kinesis]`: the Kinesis Data Streams sink's settings, their defaults and
 //! their validation.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde::Deserialize;
-
-use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
-use crate::config::value::de_duration;
 use crate::config::allow;
-use crate::config::settings::{verbatim, Routes, Settings};
+use crate::config::settings::{Routes, Settings};
+use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutRecords` calls in flight.
 pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
@@ -18,74 +12,31 @@ pub const DEFAULT_MAX_RECORD_SIZE: usize = 1 << 20;
 /// The most a stream's record size limit can be raised to.
 pub const MAX_RECORD_SIZE: usize = 10 << 20;
 
-/// `[kinesis]`: the Kinesis Data Streams sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KinesisConfig {
-    /// AWS region; empty: the stream ARN's, else the standard AWS chain.
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints.
-    pub endpoint_url: String,
-    /// The default stream: a name or an ARN.
-    pub stream: String,
-    /// The stream's largest record (data and partition key, in bytes): 1 MiB
-    /// unless the stream's `MaxRecordSizeInKiB` was raised (up to 10 MiB).
-    pub max_record_size: usize,
-    /// At most one record of each ordering group in a `PutRecords` call, so a
-    /// record that fails (throttled by its shard) is never overtaken by a
-    /// later one of its key. `false` sends runs of a group in one call:
-    /// faster for few busy groups, but a failed record then arrives after
-    /// later ones of its key.
-    pub strict_order: bool,
-    /// The most `PutRecords` calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to
-    /// `max_in_flight_batches`) or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one call.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long a record failing for a reason Kinesis does not make known as
-    /// passing or permanent is retried before it is recorded as failed.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// Streams a row's `topic` column may name besides bare names
-    /// (the relay's own account and region) and ARNs of the configured
-    /// stream's partition, region and account: ARN patterns, `*` standing for one name.
-    pub allowed_destinations: Vec<String>,
-}
-
-impl Default for KinesisConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            stream: String::new(),
-            max_record_size: DEFAULT_MAX_RECORD_SIZE,
-            strict_order: true,
-            max_in_flight_batches: DEFAULT_KINESIS_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: Duration::from_secs(600),
-            allowed_destinations: Vec::new(),
-        }
+section! {
+    /// `[kinesis]`: the Kinesis Data Streams sink.
+    pub struct KinesisConfig in "kinesis" {
+        /// AWS region; empty: the stream ARN's, else the standard AWS chain.
+        region, endpoint_url,
+        /// The default stream: a name or an ARN.
+        pub stream: String = String::new(),
+        /// The stream's largest record (data and partition key, in bytes): 1 MiB
+        /// unless the stream's `MaxRecordSizeInKiB` was raised (up to 10 MiB).
+        pub max_record_size: usize = DEFAULT_MAX_RECORD_SIZE,
+        /// At most one record of each ordering group in a `PutRecords` call, so a
+        /// record that fails (throttled by its shard) is never overtaken by a
+        /// later one of its key. `false` sends runs of a group in one call:
+        /// faster for few busy groups, but a failed record then arrives after
+        /// later ones of its key.
+        pub strict_order: bool = true,
+        calls { max_in_flight_batches: DEFAULT_KINESIS_IN_FLIGHT_BATCHES },
+        /// Streams a row's `topic` column may name besides bare names
+        /// (the relay's own account and region) and ARNs of the configured
+        /// stream's partition, region and account: ARN patterns, `*` standing for one name.
+        pub allowed_destinations: Vec<String> = Vec::new(),
     }
 }
 
 impl KinesisConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> Concurrency {
-        self.concurrency.with_ceiling(self.max_in_flight_batches)
-    }
-
     /// The region of `region`, or of the stream ARN.
     pub fn region_or_arn(&self) -> Option<&str> {
         if !self.region.is_empty() {
@@ -128,34 +79,16 @@ impl Settings for KinesisConfig {
                 format!("must be from 1024 to {MAX_RECORD_SIZE} bytes (the stream's MaxRecordSizeInKiB)"),
             );
         }
-        self.concurrency.validate(
-            "kinesis",
-            ("max_in_flight_batches", self.max_in_flight_batches),
-            bad,
-        );
         allow::check_patterns("kinesis.allowed_destinations", &self.allowed_destinations, bad);
-        crate::sink::aws::check_calls(
-            "kinesis",
-            &self.endpoint_url,
-            (self.operation_timeout, self.attempt_timeout),
-            self.linger,
-            bad,
-        );
+        self.check_calls(bad);
     }
 
     fn routes(&self) -> Routes {
-        Routes {
-            default: (!self.stream.is_empty()).then(|| self.stream.clone()),
-            template: None,
-            variables: Vec::new(),
-            expand: Arc::new(str::to_owned),
-            allowed: allow::aws(
-                [Some("*".to_owned()), allow::same_account(&self.stream)],
-                &self.allowed_destinations,
-            ),
-            escape: verbatim,
-            missing: "no stream: the row names none and kinesis.stream is not set".into(),
-        }
+        named_routes(
+            &self.stream,
+            &self.allowed_destinations,
+            "no stream: the row names none and kinesis.stream is not set",
+        )
     }
 
     fn dead_letter(&self, name: &str) -> Result<(), String> {

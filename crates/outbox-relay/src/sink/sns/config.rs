@@ -1,107 +1,55 @@
 //! `[sns]`: the SNS sink's settings, their defaults and their validation.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::Deserialize;
-
-pub use crate::pipeline::concurrency::ConcurrencyMode;
-use crate::config::value::{check_endpoint_url, de_duration};
 use crate::config::allow;
 use crate::config::settings::{check_template, verbatim, Routes, Settings};
+use crate::config::value::check_endpoint_url;
+use crate::sink::aws::settings::section;
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.
 pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
-/// Default `sns.retry_unknown_errors_for`.
-pub const DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 /// Message attributes always set on SNS messages.
 pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
 /// SNS (and raw SQS delivery) accept at most this many message attributes.
 pub const SNS_MAX_ATTRIBUTES: usize = 10;
 
-/// `[sns]`: the SNS sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SnsConfig {
-    /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints, e.g. `http://127.0.0.1:5000`.
-    pub endpoint_url: String,
-    /// The default topic.
-    pub topic_arn: String,
-    /// Topic per event: an ARN template with `{region}`, `{account}`,
-    /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
-    pub topic_template: String,
-    /// Account id for `{account}` and for bare topic names in the topic
-    /// column; default: the account of `topic_arn`.
-    pub account_id: String,
-    /// Headers copied into message attributes (besides event_type,
-    /// aggregate_type and aggregate_id), for subscription filter policies.
-    pub attributes: Vec<String>,
-    /// The most PublishBatch calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to `max_in_flight_batches`)
-    /// or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one publish call, retries included.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a publish call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long an event failing for a reason SNS does not make known as
-    /// passing or permanent is retried before it is recorded as failed.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// The largest message (body and attributes, in bytes) a topic takes; 0:
-    /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
-    pub max_message_size: usize,
-    /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
-    /// Extended Client Libraries' claim check); empty: such events are
-    /// recorded as failed.
-    pub large_payload_bucket: String,
-    /// S3 endpoint override for `large_payload_bucket` (path-style requests).
-    pub large_payload_endpoint_url: String,
-    /// Topics a row's `topic` column or `topic_template` may name besides
-    /// those of the configured partition, region and account: ARN patterns,
-    /// `*` standing for one name (`arn:aws:sns:*:123456789012:audit-*`).
-    pub allowed_destinations: Vec<String>,
-}
-
-impl Default for SnsConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            topic_arn: String::new(),
-            topic_template: String::new(),
-            account_id: String::new(),
-            attributes: vec!["traceparent".to_owned()],
-            max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: DEFAULT_SNS_RETRY_UNKNOWN_ERRORS_FOR,
-            max_message_size: 0,
-            large_payload_bucket: String::new(),
-            large_payload_endpoint_url: String::new(),
-            allowed_destinations: Vec::new(),
-        }
+section! {
+    /// `[sns]`: the SNS sink.
+    pub struct SnsConfig in "sns" {
+        /// AWS region; empty: from the standard AWS chain (AWS_REGION, profile).
+        region, endpoint_url,
+        /// The default topic.
+        pub topic_arn: String = String::new(),
+        /// Topic per event: an ARN template with `{region}`, `{account}`,
+        /// `{aggregate_type}`, `{event_type}`; used instead of `topic_arn`.
+        pub topic_template: String = String::new(),
+        /// Account id for `{account}` and for bare topic names in the topic
+        /// column; default: the account of `topic_arn`.
+        pub account_id: String = String::new(),
+        /// Headers copied into message attributes (besides event_type,
+        /// aggregate_type and aggregate_id), for subscription filter policies.
+        pub attributes: Vec<String> = vec!["traceparent".to_owned()],
+        calls { max_in_flight_batches: DEFAULT_SNS_IN_FLIGHT_BATCHES },
+        /// The largest message (body and attributes, in bytes) a topic takes; 0:
+        /// each topic's `MaximumMessageSize`, read with `GetTopicAttributes`.
+        pub max_message_size: usize = 0,
+        /// An S3 bucket for envelopes over their topic's limit (the SNS/SQS
+        /// Extended Client Libraries' claim check); empty: such events are
+        /// recorded as failed.
+        pub large_payload_bucket: String = String::new(),
+        /// S3 endpoint override for `large_payload_bucket` (path-style requests).
+        pub large_payload_endpoint_url: String = String::new(),
+        /// Topics a row's `topic` column or `topic_template` may name besides
+        /// those of the configured partition, region and account: ARN patterns,
+        /// `*` standing for one name (`arn:aws:sns:*:123456789012:audit-*`).
+        pub allowed_destinations: Vec<String> = Vec::new(),
     }
 }
 
 impl SnsConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> crate::pipeline::concurrency::Concurrency {
-        self.concurrency.with_ceiling(self.max_in_flight_batches)
-    }
-
     /// The account of `account_id`, or of `topic_arn`.
     pub fn account(&self) -> Option<&str> {
         if !self.account_id.is_empty() {
@@ -119,28 +67,28 @@ impl SnsConfig {
     }
 }
 
-impl Settings for SnsConfig {
-    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
-        let sns = self;
-        if sns.topic_arn.is_empty() && sns.topic_template.is_empty() {
+impl SnsConfig {
+    /// The default topic, the template and the destinations they may name.
+    fn check_topics(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.topic_arn.is_empty() && self.topic_template.is_empty() {
             bad(
                 "sns.topic_arn",
                 "missing: set sns.topic_arn (the default topic) or sns.topic_template".into(),
             );
         }
-        if !sns.topic_arn.is_empty()
-            && (!sns.topic_arn.starts_with("arn:") || sns.topic_arn.split(':').count() != 6)
+        if !self.topic_arn.is_empty()
+            && (!self.topic_arn.starts_with("arn:") || self.topic_arn.split(':').count() != 6)
         {
             bad(
                 "sns.topic_arn",
                 format!(
                     "{:?} is not a topic ARN like arn:aws:sns:us-east-1:123456789012:orders",
-                    sns.topic_arn
+                    self.topic_arn
                 ),
             );
         }
-        allow::check_patterns("sns.allowed_destinations", &sns.allowed_destinations, bad);
-        if !sns.topic_template.is_empty() && sns.routes().allowed.describe().is_empty() {
+        allow::check_patterns("sns.allowed_destinations", &self.allowed_destinations, bad);
+        if !self.topic_template.is_empty() && self.routes().allowed.describe().is_empty() {
             bad(
                 "sns.topic_template",
                 "cannot tell which partition, region and account its topics may be in: \
@@ -148,29 +96,34 @@ impl Settings for SnsConfig {
                     .into(),
             );
         }
-        if !sns.topic_template.is_empty() {
+        if !self.topic_template.is_empty() {
             check_template(
                 "sns.topic_template",
-                &sns.topic_template,
+                &self.topic_template,
                 &["region", "account"],
                 bad,
             );
-            if sns.topic_template.contains("{account}") && sns.account().is_none() {
+            if self.topic_template.contains("{account}") && self.account().is_none() {
                 bad(
                     "sns.account_id",
                     "sns.topic_template uses {account}: set sns.account_id (or sns.topic_arn)"
                         .into(),
                 );
             }
-            if sns.topic_template.contains("{region}") && sns.region_or_arn().is_none() {
+            if self.topic_template.contains("{region}") && self.region_or_arn().is_none() {
                 bad(
                     "sns.region",
                     "sns.topic_template uses {region}: set sns.region".into(),
                 );
             }
         }
-        let attributes = SNS_FIXED_ATTRIBUTES.len() + sns.attributes.len();
-        if !sns.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
+    }
+
+    /// The headers copied into message attributes: as many as SNS allows
+    /// beside the relay's own (and the claim check's), each a name SNS takes.
+    fn check_attributes(&self, bad: &mut dyn FnMut(&str, String)) {
+        let attributes = SNS_FIXED_ATTRIBUTES.len() + self.attributes.len();
+        if !self.large_payload_bucket.is_empty() && attributes + 1 > SNS_MAX_ATTRIBUTES {
             bad(
                 "sns.attributes",
                 format!(
@@ -186,13 +139,13 @@ impl Settings for SnsConfig {
                 format!(
                     "{} headers plus event_id, event_type, aggregate_type and aggregate_id make {attributes} \
                      message attributes; SNS and raw SQS delivery allow {SNS_MAX_ATTRIBUTES}: name at most {}",
-                    sns.attributes.len(),
+                    self.attributes.len(),
                     SNS_MAX_ATTRIBUTES - SNS_FIXED_ATTRIBUTES.len()
                 ),
             );
         }
         let mut seen = std::collections::BTreeSet::new();
-        for name in &sns.attributes {
+        for name in &self.attributes {
             if let Err(why) = sns_attribute_name(name) {
                 bad(
                     "sns.attributes",
@@ -214,43 +167,35 @@ impl Settings for SnsConfig {
                 bad("sns.attributes", format!("{name:?} is named twice"));
             }
         }
-        let arn_region = sns.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
-        if let (false, Some(arn_region)) = (sns.region.is_empty(), arn_region) {
-            if arn_region != sns.region {
+    }
+
+    /// A region set beside `topic_arn` is the topic's: SNS publishes only to
+    /// topics of the client's region.
+    fn check_region(&self, bad: &mut dyn FnMut(&str, String)) {
+        let arn_region = self.topic_arn.split(':').nth(3).filter(|r| !r.is_empty());
+        if let (false, Some(arn_region)) = (self.region.is_empty(), arn_region) {
+            if arn_region != self.region {
                 bad(
                     "sns.region",
                     format!(
                         "{:?} differs from the region of sns.topic_arn ({arn_region:?}); SNS publishes only to topics of the client's region",
-                        sns.region
+                        self.region
                     ),
                 );
             }
         }
-        if sns.operation_timeout.is_zero() || sns.attempt_timeout.is_zero() {
-            bad(
-                "sns.operation_timeout",
-                "sns.operation_timeout and sns.attempt_timeout must be greater than zero".into(),
-            );
-        }
-        if sns.linger > Duration::from_secs(1) {
-            bad("sns.linger", "must be at most 1s".into());
-        }
-        sns.concurrency.validate(
-            "sns",
-            ("max_in_flight_batches", sns.max_in_flight_batches),
-            bad,
-        );
-        if let Err(message) = check_endpoint_url(&sns.endpoint_url) {
-            bad("sns.endpoint_url", message);
-        }
-        if sns.max_message_size != 0 && !(1024..=1_048_576).contains(&sns.max_message_size) {
+    }
+
+    /// The largest message and where envelopes over it go.
+    fn check_large_payloads(&self, bad: &mut dyn FnMut(&str, String)) {
+        if self.max_message_size != 0 && !(1024..=1_048_576).contains(&self.max_message_size) {
             bad(
                 "sns.max_message_size",
                 "must be 0 (each topic's MaximumMessageSize) or from 1024 to 1048576 bytes, as SNS allows"
                     .into(),
             );
         }
-        let bucket = &sns.large_payload_bucket;
+        let bucket = &self.large_payload_bucket;
         let bucket_ok = (3..=63).contains(&bucket.len())
             && bucket
                 .bytes()
@@ -264,15 +209,19 @@ impl Settings for SnsConfig {
                 format!("{bucket:?} is not an S3 bucket name (3 to 63 lower-case letters, digits, . and -)"),
             );
         }
-        if let Err(message) = check_endpoint_url(&sns.large_payload_endpoint_url) {
+        if let Err(message) = check_endpoint_url(&self.large_payload_endpoint_url) {
             bad("sns.large_payload_endpoint_url", message);
         }
-        if sns.attempt_timeout > sns.operation_timeout {
-            bad(
-                "sns.attempt_timeout",
-                "must not be longer than sns.operation_timeout".into(),
-            );
-        }
+    }
+}
+
+impl Settings for SnsConfig {
+    fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
+        self.check_topics(bad);
+        self.check_attributes(bad);
+        self.check_region(bad);
+        self.check_calls(bad);
+        self.check_large_payloads(bad);
     }
 
     fn routes(&self) -> Routes {

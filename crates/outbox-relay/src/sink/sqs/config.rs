@@ -1,14 +1,10 @@
 //! `[sqs]`: the SQS sink's settings, their defaults and their validation.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::Deserialize;
-
-use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
-use crate::config::value::de_duration;
 use crate::config::allow;
 use crate::config::settings::{check_template, verbatim, Routes, Settings};
+use crate::sink::aws::settings::section;
 
 /// Default ceiling of `SendMessageBatch` calls in flight.
 pub const DEFAULT_SQS_IN_FLIGHT_BATCHES: usize = 500;
@@ -20,76 +16,32 @@ pub const SQS_MAX_ATTRIBUTES: usize = 10;
 /// The most `MaximumMessageSize` can be (and its default since 2025).
 pub const SQS_MAX_MESSAGE_SIZE: usize = 1_048_576;
 
-/// `[sqs]`: the SQS sink.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct SqsConfig {
-    /// AWS region; empty: the queue URL's, else the standard AWS chain.
-    pub region: String,
-    /// Endpoint override for local or compatible endpoints.
-    pub endpoint_url: String,
-    /// The default queue's URL (`https://sqs.<region>.amazonaws.com/<account>/<name>`).
-    pub queue_url: String,
-    /// Queue URL per event, with `{aggregate_type}` and `{event_type}`; used
-    /// instead of `queue_url`.
-    pub queue_template: String,
-    /// Headers copied into message attributes (besides event_id,
-    /// event_type, aggregate_type and aggregate_id).
-    pub attributes: Vec<String>,
-    /// The most `SendMessageBatch` calls in flight at once.
-    pub max_in_flight_batches: usize,
-    /// How many calls are in flight: adaptive (up to
-    /// `max_in_flight_batches`) or a fixed number.
-    pub concurrency: ConcurrencyMode,
-    /// How long a partial batch waits for more messages.
-    #[serde(deserialize_with = "de_duration")]
-    pub linger: Duration,
-    /// Ceiling of one call.
-    #[serde(deserialize_with = "de_duration")]
-    pub operation_timeout: Duration,
-    /// Ceiling of one attempt of a call.
-    #[serde(deserialize_with = "de_duration")]
-    pub attempt_timeout: Duration,
-    /// How long an event failing for a reason SQS does not make known as
-    /// passing or permanent is retried before it is recorded as failed.
-    #[serde(deserialize_with = "de_duration")]
-    pub retry_unknown_errors_for: Duration,
-    /// The largest message (body and attributes, in bytes) a queue takes; 0:
-    /// each queue's `MaximumMessageSize`, read with `GetQueueAttributes`.
-    pub max_message_size: usize,
-    /// Queues a row's `topic` column or `queue_template` may name besides
-    /// those beside the configured queue (same host and account): queue URL
-    /// patterns, `*` standing for one name
-    /// (`https://sqs.eu-west-1.amazonaws.com/123456789012/audit-*`).
-    pub allowed_destinations: Vec<String>,
-}
-
-impl Default for SqsConfig {
-    fn default() -> Self {
-        Self {
-            region: String::new(),
-            endpoint_url: String::new(),
-            queue_url: String::new(),
-            queue_template: String::new(),
-            attributes: vec!["traceparent".to_owned()],
-            max_in_flight_batches: DEFAULT_SQS_IN_FLIGHT_BATCHES,
-            concurrency: ConcurrencyMode::Adaptive,
-            linger: Duration::from_millis(5),
-            operation_timeout: Duration::from_secs(10),
-            attempt_timeout: Duration::from_secs(5),
-            retry_unknown_errors_for: Duration::from_secs(600),
-            max_message_size: 0,
-            allowed_destinations: Vec::new(),
-        }
+section! {
+    /// `[sqs]`: the SQS sink.
+    pub struct SqsConfig in "sqs" {
+        /// AWS region; empty: the queue URL's, else the standard AWS chain.
+        region, endpoint_url,
+        /// The default queue's URL (`https://sqs.<region>.amazonaws.com/<account>/<name>`).
+        pub queue_url: String = String::new(),
+        /// Queue URL per event, with `{aggregate_type}` and `{event_type}`; used
+        /// instead of `queue_url`.
+        pub queue_template: String = String::new(),
+        /// Headers copied into message attributes (besides event_id,
+        /// event_type, aggregate_type and aggregate_id).
+        pub attributes: Vec<String> = vec!["traceparent".to_owned()],
+        calls { max_in_flight_batches: DEFAULT_SQS_IN_FLIGHT_BATCHES },
+        /// The largest message (body and attributes, in bytes) a queue takes; 0:
+        /// each queue's `MaximumMessageSize`, read with `GetQueueAttributes`.
+        pub max_message_size: usize = 0,
+        /// Queues a row's `topic` column or `queue_template` may name besides
+        /// those beside the configured queue (same host and account): queue URL
+        /// patterns, `*` standing for one name
+        /// (`https://sqs.eu-west-1.amazonaws.com/123456789012/audit-*`).
+        pub allowed_destinations: Vec<String> = Vec::new(),
     }
 }
 
 impl SqsConfig {
-    /// The publisher's concurrency for this sink.
-    pub fn concurrency(&self) -> Concurrency {
-        self.concurrency.with_ceiling(self.max_in_flight_batches)
-    }
-
     /// The region of `region`, or of the queue URL's host
     /// (`sqs.<region>.amazonaws.com`, or the legacy `<region>.queue.amazonaws.com`).
     pub fn region_or_url(&self) -> Option<&str> {
@@ -207,18 +159,7 @@ impl Settings for SqsConfig {
                 ),
             );
         }
-        self.concurrency.validate(
-            "sqs",
-            ("max_in_flight_batches", self.max_in_flight_batches),
-            bad,
-        );
-        crate::sink::aws::check_calls(
-            "sqs",
-            &self.endpoint_url,
-            (self.operation_timeout, self.attempt_timeout),
-            self.linger,
-            bad,
-        );
+        self.check_calls(bad);
     }
 
     fn routes(&self) -> Routes {
