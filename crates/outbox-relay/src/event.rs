@@ -23,7 +23,7 @@ use pgoutput::{Relation, TupleData, ValueRef};
 /// A row's column values by position, in Postgres's text format: a pgoutput
 /// tuple, or a row read with SQL (`column::text` under the same session
 /// settings, so both print values identically).
-pub trait Columns {
+pub(crate) trait Columns {
     /// The value at `index`, `None` past the end; borrowed from the row.
     fn value(&self, index: usize) -> Option<ValueRef<'_>>;
     /// How many columns.
@@ -56,7 +56,7 @@ impl Columns for TupleData {
 
 /// A row read with SQL, each column as text (`None` for NULL).
 #[derive(Debug, Clone, Default)]
-pub struct TextRow(pub Vec<Option<Bytes>>);
+pub(crate) struct TextRow(pub Vec<Option<Bytes>>);
 
 impl Columns for TextRow {
     fn value(&self, index: usize) -> Option<ValueRef<'_>> {
@@ -84,12 +84,12 @@ use crate::config::columns::ColumnMapping;
 
 /// Type OIDs the payload column may have.
 mod oid {
-    pub const BYTEA: u32 = 17;
-    pub const TEXT: u32 = 25;
-    pub const JSON: u32 = 114;
-    pub const BPCHAR: u32 = 1042;
-    pub const VARCHAR: u32 = 1043;
-    pub const JSONB: u32 = 3802;
+    pub(super) const BYTEA: u32 = 17;
+    pub(super) const TEXT: u32 = 25;
+    pub(super) const JSON: u32 = 114;
+    pub(super) const BPCHAR: u32 = 1042;
+    pub(super) const VARCHAR: u32 = 1043;
+    pub(super) const JSONB: u32 = 3802;
 }
 
 /// UTF-8 text that shares the replication message's buffer.
@@ -397,7 +397,7 @@ pub enum MappingError {
 
 /// This row cannot become an event.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RowError {
+pub(crate) enum RowError {
     /// The tuple has fewer columns than the relation.
     #[error("the row has {got} columns, the relation announced more (column {column:?} missing)")]
     ShortRow {
@@ -433,7 +433,7 @@ struct Slot {
 
 /// Column positions of the outbox table, resolved from a Relation message.
 #[derive(Debug, Clone)]
-pub struct RowMapping {
+pub(crate) struct RowMapping {
     id: Slot,
     aggregate_type: Slot,
     aggregate_id: Slot,
@@ -458,7 +458,7 @@ enum PayloadKind {
 
 impl RowMapping {
     /// Resolve `columns` against `relation`.
-    pub fn new(relation: &Relation, columns: &ColumnMapping) -> Result<Self, MappingError> {
+    pub(crate) fn new(relation: &Relation, columns: &ColumnMapping) -> Result<Self, MappingError> {
         let table = format!("{}.{}", relation.namespace, relation.name);
         let described: Vec<(&str, u32)> = relation
             .columns
@@ -469,7 +469,7 @@ impl RowMapping {
     }
 
     /// Resolve `columns` against a table's `(name, type oid)` columns, in order.
-    pub fn from_columns(
+    pub(crate) fn from_columns(
         table: &str,
         described: &[(&str, u32)],
         columns: &ColumnMapping,
@@ -544,7 +544,7 @@ impl RowMapping {
     }
 
     /// The event id alone, for naming a row that failed to map.
-    pub fn id_of(&self, tuple: &impl Columns) -> Option<String> {
+    pub(crate) fn id_of(&self, tuple: &impl Columns) -> Option<String> {
         match tuple.value(self.id.index) {
             Some(ValueRef::Text(b)) => Some(String::from_utf8_lossy(b).into_owned()),
             _ => None,
@@ -553,7 +553,11 @@ impl RowMapping {
 
     /// Build the event from an inserted row; `commit_time` (µs since
     /// 2000-01-01) stands in for a missing `created_at`.
-    pub fn event(&self, tuple: &impl Columns, commit_time: i64) -> Result<OutboxEvent, RowError> {
+    pub(crate) fn event(
+        &self,
+        tuple: &impl Columns,
+        commit_time: i64,
+    ) -> Result<OutboxEvent, RowError> {
         // Every field in one pass over the row; a field not configured asks
         // for a column past the end and gets `None`.
         let index = |slot: Option<&Slot>| slot.map_or(usize::MAX, |s| s.index);
@@ -696,7 +700,7 @@ fn decode_bytea(raw: &[u8], column: &str) -> Result<Bytes, RowError> {
 /// Postgres `timestamptz` text (ISO DateStyle, e.g. `2026-11-22 05:48:24.123456+00`)
 /// to RFC 3339 (`2026-11-22T05:48:24.123456Z`). A `timestamp` without zone is taken as UTC.
 #[cfg(test)]
-pub fn rfc3339_from_pg(pg: &str) -> String {
+pub(crate) fn rfc3339_from_pg(pg: &str) -> String {
     // Room for ":00".
     let mut out = String::with_capacity(pg.len() + 3);
     rfc3339_from_pg_into(pg, &mut out);
@@ -735,7 +739,7 @@ fn rfc3339_from_pg_into(pg: &str, out: &mut String) {
 
 /// Microseconds since 2000-01-01 UTC (Postgres epoch) to RFC 3339 in UTC.
 #[cfg(test)]
-pub fn rfc3339_from_pg_micros(micros: i64) -> String {
+pub(crate) fn rfc3339_from_pg_micros(micros: i64) -> String {
     let mut out = String::with_capacity(27);
     rfc3339_from_pg_micros_into(micros, &mut out);
     out

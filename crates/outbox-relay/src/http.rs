@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics;
 
 /// Bind `listen`; the error names the key.
-pub async fn bind(listen: &str) -> Result<TcpListener, String> {
+pub(crate) async fn bind(listen: &str) -> Result<TcpListener, String> {
     let addr: SocketAddr = listen
         .parse()
         .map_err(|_| format!("http.listen: {listen:?} is not an address with a port"))?;
@@ -26,7 +26,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, String> {
 }
 
 /// Serve until `stop`.
-pub async fn serve(listener: TcpListener, max_lag: i64, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, max_lag: i64, stop: CancellationToken) {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     }

@@ -19,7 +19,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::time::unix_ms;
 
 /// One label.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 fn label(key: &str, value: &str) -> Labels {
     vec![(key.to_owned(), value.to_owned())]

@@ -43,7 +43,7 @@ pub const CHANNEL_BINDING_NOT_OFFERED: &str = "channel binding is required, but 
 
 /// The whole message of a refusal under `channel_binding = require`; `detail`
 /// says what the server did, when the relay knows.
-pub fn channel_binding_refused(detail: Option<&str>) -> String {
+pub(crate) fn channel_binding_refused(detail: Option<&str>) -> String {
     let detail = detail.map(|d| format!(" ({d})")).unwrap_or_default();
     format!(
         "{CHANNEL_BINDING_NOT_OFFERED}{detail}; postgres.channel_binding = require needs the \
@@ -55,7 +55,7 @@ pub fn channel_binding_refused(detail: Option<&str>) -> String {
 /// Whether tokio-postgres refused to log in because `channel_binding =
 /// require` was not met. tokio-postgres has no error kind for it; its text is
 /// pinned by the channel-binding end-to-end tests, which fail if it changes.
-pub fn is_channel_binding_refusal(error: &tokio_postgres::Error) -> bool {
+pub(crate) fn is_channel_binding_refusal(error: &tokio_postgres::Error) -> bool {
     std::error::Error::source(error)
         .is_some_and(|cause| cause.to_string() == "server did not use channel binding")
 }

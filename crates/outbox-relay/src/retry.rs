@@ -10,7 +10,7 @@ use crate::config::RetryConfig;
 
 /// A backoff policy.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     multiplier: f64,
@@ -19,7 +19,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// The policy of `[retry]`.
-    pub fn new(config: &RetryConfig) -> Self {
+    pub(crate) fn new(config: &RetryConfig) -> Self {
         Self {
             initial: config.initial,
             max: config.max,
@@ -29,7 +29,7 @@ impl Backoff {
     }
 
     /// The delay before retry number `attempt` (0 = the first retry).
-    pub fn delay(&self, attempt: u32) -> Duration {
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
         let base = self.initial.as_secs_f64() * self.multiplier.powi(attempt.min(1000) as i32);
         let capped = base.min(self.max.as_secs_f64());
         let jittered = capped * (1.0 - self.jitter * fastrand::f64());

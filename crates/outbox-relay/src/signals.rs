@@ -29,7 +29,7 @@ const EXIT_SECOND_SIGNAL: i32 = 130;
 
 /// SIGTERM and SIGINT, caught; read with [`StopSignals::watch`].
 #[derive(Debug)]
-pub struct StopSignals {
+pub(crate) struct StopSignals {
     term: UnixStream,
     int: UnixStream,
     /// Set: the signals take their default action (they end the process).
@@ -38,7 +38,7 @@ pub struct StopSignals {
 
 impl StopSignals {
     /// Record SIGTERM and SIGINT instead of dying of them, from now on.
-    pub fn install() -> io::Result<StopSignals> {
+    pub(crate) fn install() -> io::Result<StopSignals> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let (term, term_tx) = UnixStream::pair()?;
         let (int, int_tx) = UnixStream::pair()?;
@@ -55,7 +55,7 @@ impl StopSignals {
 
     /// Give the signals their default action back (commands other than
     /// `run`); one already received takes it now.
-    pub fn default_action(self) {
+    pub(crate) fn default_action(self) {
         use signal_hook::consts::{SIGINT, SIGTERM};
         self.default.store(true, Ordering::SeqCst);
         for (socket, signal) in [(&self.term, SIGTERM), (&self.int, SIGINT)] {
@@ -71,7 +71,7 @@ impl StopSignals {
     /// Cancel `stop` on the first signal (also one that arrived before this
     /// was called); exit the process at once on a second one. Runs on a
     /// runtime.
-    pub async fn watch(self, stop: CancellationToken) {
+    pub(crate) async fn watch(self, stop: CancellationToken) {
         let open = |socket: UnixStream| {
             socket.set_nonblocking(true)?;
             tokio::net::UnixStream::from_std(socket)

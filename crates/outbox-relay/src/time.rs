@@ -14,31 +14,31 @@ const PG_EPOCH_UNIX_SECS: i64 = 946_684_800;
 const PG_EPOCH_UNIX_MICROS: i64 = PG_EPOCH_UNIX_SECS * 1_000_000;
 
 /// Now, in µs since the Unix epoch (0 if the clock is before it).
-pub fn unix_micros_now() -> i64 {
+pub(crate) fn unix_micros_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
-pub fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     (unix_micros_now() / 1000) as u64
 }
 
 /// µs since PostgreSQL's epoch as µs since the Unix epoch.
-pub fn unix_micros_from_pg(pg_micros: i64) -> i64 {
+pub(crate) fn unix_micros_from_pg(pg_micros: i64) -> i64 {
     pg_micros + PG_EPOCH_UNIX_MICROS
 }
 
 /// µs since the Unix epoch as µs since PostgreSQL's epoch.
-pub fn pg_micros_from_unix(unix_micros: i64) -> i64 {
+pub(crate) fn pg_micros_from_unix(unix_micros: i64) -> i64 {
     unix_micros - PG_EPOCH_UNIX_MICROS
 }
 
 /// µs since PostgreSQL's epoch as whole seconds since the Unix epoch and the
 /// µs past them (`0..1_000_000`, also before either epoch). It cannot
 /// overflow, whatever time the server sends.
-pub fn unix_secs_from_pg_micros(pg_micros: i64) -> (i64, i64) {
+pub(crate) fn unix_secs_from_pg_micros(pg_micros: i64) -> (i64, i64) {
     (
         pg_micros.div_euclid(1_000_000) + PG_EPOCH_UNIX_SECS,
         pg_micros.rem_euclid(1_000_000),

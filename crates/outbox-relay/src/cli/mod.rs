@@ -25,11 +25,11 @@ mod setup;
 mod status;
 
 /// Exit code for run-time failures.
-pub const EXIT_FAILURE: u8 = 1;
+pub(crate) const EXIT_FAILURE: u8 = 1;
 /// Exit code for bad usage or configuration.
-pub const EXIT_CONFIG: u8 = 2;
+pub(crate) const EXIT_CONFIG: u8 = 2;
 /// Exit code for `check` finding problems.
-pub const EXIT_CHECK: u8 = 3;
+pub(crate) const EXIT_CHECK: u8 = 3;
 
 /// Publishes a Postgres outbox table's inserts, read from the write-ahead log.
 #[derive(Debug, Parser)]

@@ -45,7 +45,7 @@ enum Rule {
 
 /// The origin of a URL: scheme, host and port.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     scheme: String,
     host: String,
     port: u16,
@@ -53,7 +53,7 @@ pub struct Origin {
 
 impl Origin {
     /// The origin of `url`, or why it has none (not http(s), no host).
-    pub fn of(url: &str) -> Result<Self, String> {
+    pub(crate) fn of(url: &str) -> Result<Self, String> {
         let uri: hyper::Uri = url
             .parse()
             .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
@@ -158,7 +158,7 @@ impl Allowed {
 /// the same partition, service, region and account, and a resource that
 /// starts like `arn`'s up to its last `/` (`event-bus/`, `stream/`) or is any
 /// name. `None` when `arn` is not a full ARN.
-pub fn same_account(arn: &str) -> Option<String> {
+pub(crate) fn same_account(arn: &str) -> Option<String> {
     let fields: Vec<&str> = arn.splitn(6, ':').collect();
     let [_arn @ "arn", partition, service, region, account, resource] = fields[..] else {
         return None;
@@ -177,12 +177,12 @@ pub fn same_account(arn: &str) -> Option<String> {
 
 /// An AWS section's rules: `defaults` (those that can be derived), widened by
 /// the operator's `allowed_destinations`.
-pub fn aws(defaults: impl IntoIterator<Item = Option<String>>, extra: &[String]) -> Allowed {
+pub(crate) fn aws(defaults: impl IntoIterator<Item = Option<String>>, extra: &[String]) -> Allowed {
     Allowed::patterns(defaults.into_iter().flatten().chain(extra.iter().cloned()))
 }
 
 /// Check each of an AWS section's `allowed_destinations` under `key`.
-pub fn check_patterns(key: &str, patterns: &[String], bad: &mut dyn FnMut(&str, String)) {
+pub(crate) fn check_patterns(key: &str, patterns: &[String], bad: &mut dyn FnMut(&str, String)) {
     for pattern in patterns {
         if let Err(message) = check_pattern(pattern) {
             bad(key, message);
@@ -197,7 +197,7 @@ fn name_char(c: char) -> bool {
 
 /// The longest name a rule is matched against: longer ones are refused
 /// unread (no destination name AWS or a URL needs is near it).
-pub const MAX_NAME: usize = 2048;
+pub(crate) const MAX_NAME: usize = 2048;
 
 /// Whether `name` matches `pattern`, `*` standing for a run (possibly empty)
 /// of [`name_char`]s and every other character for itself.
@@ -251,7 +251,7 @@ fn glob(pattern: &[u8], name: &[u8]) -> bool {
 }
 
 /// Whether `pattern` can be used: a `*` only where a resource name goes.
-pub fn check_pattern(pattern: &str) -> Result<(), String> {
+pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
     if pattern.is_empty() {
         return Err("an empty pattern".into());
     }
@@ -265,7 +265,7 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
 /// characters of RFC 3986 percent-encoded, so a value cannot add a path
 /// segment, a query, a fragment, or reach the host; `.` and `..` (which a
 /// server resolves as "this" and "the parent" segment) are refused.
-pub fn encode_path_value(value: &str) -> Result<String, String> {
+pub(crate) fn encode_path_value(value: &str) -> Result<String, String> {
     if value == "." || value == ".." {
         return Err(format!(
             "the value {value:?} would climb the URL's path; a template value may not be . or .."
@@ -284,7 +284,7 @@ pub fn encode_path_value(value: &str) -> Result<String, String> {
 
 /// Where the first placeholder of a URL template may stand: in the path,
 /// after the origin's `/` and before any `?` or `#`. `Err` says why not.
-pub fn check_url_template(template: &str) -> Result<(), String> {
+pub(crate) fn check_url_template(template: &str) -> Result<(), String> {
     let (Some(first), Some(last)) = (template.find('{'), template.rfind('{')) else {
         return Ok(());
     };

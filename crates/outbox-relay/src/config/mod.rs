@@ -20,60 +20,60 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub mod allow;
-pub mod columns;
-pub mod settings;
-pub mod tls;
-pub mod value;
+pub(crate) mod allow;
+pub(crate) mod columns;
+pub(crate) mod settings;
+pub(crate) mod tls;
+pub(crate) mod value;
 
 use crate::config::settings::Settings;
 use crate::sink::Sections;
 
-pub use crate::sink::Kind as SinkKind;
-pub use columns::ColumnMapping;
+pub(crate) use crate::sink::Kind as SinkKind;
+pub(crate) use columns::ColumnMapping;
 #[cfg(test)]
 use value::field_names;
-pub use value::{de_duration, parse_duration, Secret};
+pub(crate) use value::{de_duration, parse_duration, Secret};
 
 /// Every key at its default, commented: what `outbox-relay config` prints.
 /// A test keeps it equal to the real defaults and complete ([`keys`]).
-pub const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
+pub(crate) const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
 
 /// Prefix of the environment variables that override configuration keys.
-pub const ENV_PREFIX: &str = "OUTBOX_RELAY__";
+pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY__";
 
 /// Default replication slot name.
-pub const DEFAULT_SLOT: &str = "outbox_relay";
+pub(crate) const DEFAULT_SLOT: &str = "outbox_relay";
 /// Default publication name.
-pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+pub(crate) const DEFAULT_PUBLICATION: &str = "outbox_relay";
 /// Default outbox table.
-pub const DEFAULT_TABLE: &str = "public.outbox";
+pub(crate) const DEFAULT_TABLE: &str = "public.outbox";
 /// Default `application_name` of the relay's connections.
-pub const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
+pub(crate) const DEFAULT_APPLICATION_NAME: &str = "outbox-relay";
 /// Default `postgres.receive_timeout`, PostgreSQL's `wal_receiver_timeout`.
-pub const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default ceiling of events received but not yet finished by the sink.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default ceiling of the bytes those events hold (`stream.max_in_flight_bytes`):
 /// with the relay's own few tens of MiB, it fits a 256 MiB container.
-pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
+pub(crate) const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 64 << 20;
 /// Default ceiling of rows published but not yet marked (`lifecycle.max_unmarked`).
-pub const DEFAULT_MAX_UNMARKED: usize = 50_000;
+pub(crate) const DEFAULT_MAX_UNMARKED: usize = 50_000;
 /// Default time a graceful shutdown waits for in-flight events.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default age at which a prepared transaction is a stall
 /// (`stream.prepared_transaction_max_age`).
-pub const DEFAULT_PREPARED_TRANSACTION_MAX_AGE: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_PREPARED_TRANSACTION_MAX_AGE: Duration = Duration::from_secs(300);
 /// Default pause after a small read of the stream (`stream.coalesce`).
-pub const DEFAULT_COALESCE: Duration = Duration::from_millis(1);
+pub(crate) const DEFAULT_COALESCE: Duration = Duration::from_millis(1);
 /// Longest `stream.coalesce` allowed.
-pub const MAX_COALESCE: Duration = Duration::from_millis(10);
+pub(crate) const MAX_COALESCE: Duration = Duration::from_millis(10);
 /// Default listen address of the metrics and health endpoint.
-pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9187";
+pub(crate) const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9187";
 /// Default first retry delay.
-pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(100);
+pub(crate) const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(100);
 /// Default retry delay ceiling.
-pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// The whole configuration tree.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -1057,7 +1057,7 @@ fn env_value(raw: &str) -> toml::Value {
 /// the structs themselves (what serde asks a deserializer for), so a new
 /// field is a new key here without anyone listing it.
 #[cfg(test)]
-pub fn keys() -> Vec<String> {
+pub(crate) fn keys() -> Vec<String> {
     let mut keys = Vec::new();
     for section in field_names::<Config>() {
         let fields = match *section {
@@ -1091,7 +1091,7 @@ pub fn keys() -> Vec<String> {
 
 /// The environment variable that overrides `key` (`section.key`).
 #[cfg(test)]
-pub fn env_var(key: &str) -> String {
+pub(crate) fn env_var(key: &str) -> String {
     format!("{ENV_PREFIX}{}", key.replace('.', "__").to_uppercase())
 }
 

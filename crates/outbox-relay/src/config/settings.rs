@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-pub use super::allow::Allowed;
+pub(crate) use super::allow::Allowed;
 
 /// A destination's settings section.
 pub trait Settings {
@@ -64,7 +64,7 @@ pub struct Routes {
 
 /// A template value as it is (AWS names: the allow-list keeps a value from
 /// reaching another account or region).
-pub fn verbatim(value: &str) -> Result<String, String> {
+pub(crate) fn verbatim(value: &str) -> Result<String, String> {
     Ok(value.to_owned())
 }
 
@@ -113,7 +113,7 @@ impl Settings for Unnamed {
 
 /// Check a destination template: braces closed, only `{aggregate_type}`,
 /// `{event_type}` and `variables` used. Each problem goes to `bad` under `key`.
-pub fn check_template(
+pub(crate) fn check_template(
     key: &str,
     template: &str,
     variables: &[&str],

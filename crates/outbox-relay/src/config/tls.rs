@@ -238,7 +238,7 @@ pub struct UrlTls {
 }
 
 /// Take the TLS parameters out of `url`: the URL without them, and them.
-pub fn split_url(url: &str) -> (String, UrlTls) {
+pub(crate) fn split_url(url: &str) -> (String, UrlTls) {
     let mut tls = UrlTls::default();
     let Some((base, query)) = url.split_once('?') else {
         return (url.to_owned(), tls);

@@ -62,7 +62,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// Deserialize a duration written `250ms`, `30s`, … or as a number of seconds.
-pub fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
+pub(crate) fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Raw {
@@ -77,7 +77,7 @@ pub fn de_duration<'de, D: Deserializer<'de>>(de: D) -> Result<Duration, D::Erro
 
 /// Whether `url` (an endpoint override) is an HTTP(S) URL; empty is allowed
 /// (no override).
-pub fn check_endpoint_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_endpoint_url(url: &str) -> Result<(), String> {
     if url.is_empty() || url.starts_with("http://") || url.starts_with("https://") {
         Ok(())
     } else {
@@ -86,7 +86,7 @@ pub fn check_endpoint_url(url: &str) -> Result<(), String> {
 }
 
 /// The field names of a derived `Deserialize` struct.
-pub fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+pub(crate) fn field_names<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
     struct Probe<'a>(&'a mut &'static [&'static str]);
     impl<'de> Deserializer<'de> for Probe<'_> {
         type Error = serde::de::value::Error;

@@ -54,7 +54,7 @@
 use std::collections::VecDeque;
 
 /// A position in the write-ahead log.
-pub type Lsn = u64;
+pub(crate) type Lsn = u64;
 
 /// Names one received event so its outcome can be reported back, and
 /// carries the bytes it holds until then ([`AckTracker::hold`]).
@@ -115,13 +115,13 @@ struct Tx {
 /// A prepared transaction with events, to [resolve](AckTracker::resolve)
 /// when its COMMIT PREPARED or ROLLBACK PREPARED arrives.
 #[derive(Debug, PartialEq, Eq)]
-pub struct PreparedTx {
+pub(crate) struct PreparedTx {
     tx: u64,
 }
 
 /// Tracks transactions in commit order and computes the confirmable LSN.
 #[derive(Debug)]
-pub struct AckTracker {
+pub(crate) struct AckTracker {
     confirmed: Lsn,
     /// Transactions not yet confirmed, oldest first; `txs[i]` has number `first + i`.
     txs: VecDeque<Tx>,
@@ -138,7 +138,7 @@ pub struct AckTracker {
 
 impl AckTracker {
     /// Start from the slot's confirmed position.
-    pub fn new(confirmed: Lsn) -> Self {
+    pub(crate) fn new(confirmed: Lsn) -> Self {
         Self {
             confirmed,
             txs: VecDeque::new(),
@@ -152,49 +152,49 @@ impl AckTracker {
     }
 
     /// The LSN that may be reported to the server as flushed.
-    pub fn confirmed(&self) -> Lsn {
+    pub(crate) fn confirmed(&self) -> Lsn {
         self.confirmed
     }
 
     /// Events received and not yet finished.
-    pub fn unfinished(&self) -> usize {
+    pub(crate) fn unfinished(&self) -> usize {
         self.unfinished
     }
 
     /// Bytes the unfinished events hold, as [`AckTracker::hold`] was told.
-    pub fn held_bytes(&self) -> usize {
+    pub(crate) fn held_bytes(&self) -> usize {
         self.held
     }
 
     /// Events of prepared transactions not yet resolved: unfinished, but
     /// nothing in flight can finish them (part of [`AckTracker::unfinished`]).
-    pub fn parked(&self) -> usize {
+    pub(crate) fn parked(&self) -> usize {
         self.parked
     }
 
     /// Bytes those events hold (part of [`AckTracker::held_bytes`]).
-    pub fn parked_bytes(&self) -> usize {
+    pub(crate) fn parked_bytes(&self) -> usize {
         self.parked_bytes
     }
 
     /// Whether a transaction is being received.
-    pub fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.open
     }
 
     /// Nothing received is unfinished and no transaction is open.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         !self.open && self.txs.is_empty()
     }
 
     /// A transaction begins.
-    pub fn begin(&mut self) -> Result<(), FramingError> {
+    pub(crate) fn begin(&mut self) -> Result<(), FramingError> {
         self.open(false)
     }
 
     /// A transaction being prepared begins (Begin Prepare): its events are
     /// parked until it is [resolved](AckTracker::resolve).
-    pub fn begin_prepared(&mut self) -> Result<(), FramingError> {
+    pub(crate) fn begin_prepared(&mut self) -> Result<(), FramingError> {
         self.open(true)
     }
 
@@ -215,7 +215,7 @@ impl AckTracker {
 
     /// An event of the open transaction was received (and handed on, or
     /// parked in a prepared transaction).
-    pub fn event(&mut self) -> Result<Ticket, FramingError> {
+    pub(crate) fn event(&mut self) -> Result<Ticket, FramingError> {
         if !self.open {
             return Err(FramingError::OutsideTransaction("an event"));
         }
@@ -235,7 +235,7 @@ impl AckTracker {
     /// The event behind `ticket` (unfinished, not held before) holds `bytes`
     /// until it is finished: the ticket to carry with it, which gives them
     /// back in [`AckTracker::finish`].
-    pub fn hold(&mut self, ticket: Ticket, bytes: usize) -> Ticket {
+    pub(crate) fn hold(&mut self, ticket: Ticket, bytes: usize) -> Ticket {
         debug_assert_eq!(ticket.bytes, 0, "an event is held once");
         self.held += bytes;
         if let Some(tx) = self.tx_mut(ticket.tx).filter(|tx| tx.parked) {
@@ -252,7 +252,7 @@ impl AckTracker {
 
     /// The open transaction committed, its commit record ending at `end_lsn`.
     /// Returns the new confirmed LSN when it moved.
-    pub fn commit(&mut self, end_lsn: Lsn) -> Result<Option<Lsn>, FramingError> {
+    pub(crate) fn commit(&mut self, end_lsn: Lsn) -> Result<Option<Lsn>, FramingError> {
         if !self.open {
             return Err(FramingError::OutsideTransaction("Commit"));
         }
@@ -266,7 +266,7 @@ impl AckTracker {
     /// prepared, ending at `end_lsn`. With events, it holds the confirmed
     /// position until [`AckTracker::resolve`] is given what this returns;
     /// without, it is done, like an empty commit (`None`).
-    pub fn prepare(&mut self, end_lsn: Lsn) -> Result<Option<PreparedTx>, FramingError> {
+    pub(crate) fn prepare(&mut self, end_lsn: Lsn) -> Result<Option<PreparedTx>, FramingError> {
         if !self.open {
             return Err(FramingError::OutsideTransaction("Prepare"));
         }
@@ -289,7 +289,7 @@ impl AckTracker {
     /// no longer parked, and finishing them (published, or dropped for a
     /// rollback) lets the confirmed position pass it. Returns the new
     /// confirmed LSN when it moved.
-    pub fn resolve(&mut self, prepared: PreparedTx) -> Option<Lsn> {
+    pub(crate) fn resolve(&mut self, prepared: PreparedTx) -> Option<Lsn> {
         let tx = self.tx_mut(prepared.tx).filter(|tx| tx.parked)?;
         tx.parked = false;
         let (events, bytes) = (tx.unfinished, std::mem::take(&mut tx.parked_bytes));
@@ -316,7 +316,7 @@ impl AckTracker {
     }
 
     /// The event behind `ticket` is finished. Returns the new confirmed LSN when it moved.
-    pub fn finish(&mut self, ticket: Ticket) -> Option<Lsn> {
+    pub(crate) fn finish(&mut self, ticket: Ticket) -> Option<Lsn> {
         // None: its transaction was already confirmed or dropped.
         let tx = self.tx_mut(ticket.tx)?;
         if tx.unfinished == 0 {
@@ -335,7 +335,7 @@ impl AckTracker {
 
     /// A keepalive reported the server's `wal_end`. Returns the new confirmed
     /// LSN when it moved.
-    pub fn keepalive(&mut self, wal_end: Lsn) -> Option<Lsn> {
+    pub(crate) fn keepalive(&mut self, wal_end: Lsn) -> Option<Lsn> {
         if self.is_idle() && wal_end > self.confirmed {
             self.confirmed = wal_end;
             return Some(wal_end);

@@ -145,50 +145,50 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// The limit an adaptive limiter starts from.
-pub const INITIAL: usize = 8;
+pub(crate) const INITIAL: usize = 8;
 /// Slow start: the limit grows by this fraction of itself a round trip.
-pub const SLOW_START: f64 = 0.125;
+pub(crate) const SLOW_START: f64 = 0.125;
 /// Multiplicative decrease of the limit on back pressure (timeouts, 5xx).
-pub const BACK_OFF: f64 = 0.5;
+pub(crate) const BACK_OFF: f64 = 0.5;
 /// Multiplicative decrease of the limit on a rising RTT.
-pub const DECREASE: f64 = 0.9;
+pub(crate) const DECREASE: f64 = 0.9;
 /// An RTT this many standard deviations above the baseline mean is a rise.
-pub const DEVIATIONS: f64 = 2.5;
+pub(crate) const DEVIATIONS: f64 = 2.5;
 /// RTTs within this fraction of the baseline mean count as holding (jitter
 /// of a constant link must not read as a rise).
-pub const RISE: f64 = 0.05;
+pub(crate) const RISE: f64 = 0.05;
 /// An RTT this fraction above the baseline mean (or more) may lower the limit.
-pub const FALL_RISE: f64 = 0.25;
+pub(crate) const FALL_RISE: f64 = 0.25;
 /// The pace after the first throttling: this fraction of the rate calls
 /// were being sent at (slow start's rate, which a burst may have paid for
 /// several times over).
-pub const FIRST: f64 = 0.25;
+pub(crate) const FIRST: f64 = 0.25;
 /// The pace after throttling again before the lowered pace was taken: this
 /// fraction of it.
-pub const RETREAT: f64 = 0.5;
+pub(crate) const RETREAT: f64 = 0.5;
 /// The pace after throttling of a pace the destination had taken: this
 /// fraction of the rate it said no at.
-pub const EASE: f64 = 0.85;
+pub(crate) const EASE: f64 = 0.85;
 /// After a cut by [`EASE`], the pace is back at the rate the destination
 /// said no at after this long (while the relay has work to send)...
-pub const RETURN: Duration = Duration::from_secs(2);
+pub(crate) const RETURN: Duration = Duration::from_secs(2);
 /// ...or after the time this many calls take at that rate, when longer...
-pub const RETURN_CALLS: f64 = 100.0;
+pub(crate) const RETURN_CALLS: f64 = 100.0;
 /// ...but never longer than this.
-pub const MAX_RETURN: Duration = Duration::from_secs(10);
+pub(crate) const MAX_RETURN: Duration = Duration::from_secs(10);
 /// Calls sent after a cut that must be taken in a row before the pace counts
 /// as taken (an empty bucket still takes a call now and then, as it
 /// refills).
-pub const TAKEN: u32 = 3;
+pub(crate) const TAKEN: u32 = 3;
 /// Answers to calls sent after a cut needed before the share of them taken
 /// says how far to cut again.
-pub const JUDGED: u32 = 8;
+pub(crate) const JUDGED: u32 = 8;
 /// The slowest pace, in calls a second.
-pub const FLOOR: f64 = 1.0;
+pub(crate) const FLOOR: f64 = 1.0;
 /// Starts kept to measure the rate calls are sent at.
-pub const STARTS: usize = 256;
+pub(crate) const STARTS: usize = 256;
 /// The pace grows only while calls start at this share of it or more.
-pub const BINDING: f64 = 0.9;
+pub(crate) const BINDING: f64 = 0.9;
 /// How far behind its pace a call may start and the next still keep its
 /// place: a timer that wakes late starts what it owes, up to this much.
 const SLACK: Duration = Duration::from_millis(2);
@@ -212,7 +212,7 @@ pub enum Concurrency {
 
 /// What a finished batch says about the destination's load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
+pub(crate) enum Signal {
     /// Answered, nothing throttled: its RTT is a sample.
     Clean,
     /// The destination said to slow down (a quota: SNS `Throttling`, 429).
@@ -225,13 +225,13 @@ pub enum Signal {
 
 /// An exponentially weighted mean and variance.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Ewma {
+pub(crate) struct Ewma {
     state: Option<(f64, f64)>,
 }
 
 impl Ewma {
     /// Take in `x`.
-    pub fn update(&mut self, x: f64) {
+    pub(crate) fn update(&mut self, x: f64) {
         self.state = Some(match self.state {
             None => (x, 0.0),
             Some((mean, var)) => {
@@ -243,19 +243,19 @@ impl Ewma {
     }
 
     /// The mean, once anything was taken in.
-    pub fn mean(&self) -> Option<f64> {
+    pub(crate) fn mean(&self) -> Option<f64> {
         self.state.map(|(m, _)| m)
     }
 
     /// The standard deviation (0 before two values).
-    pub fn deviation(&self) -> f64 {
+    pub(crate) fn deviation(&self) -> f64 {
         self.state.map_or(0.0, |(_, v)| v.max(0.0).sqrt())
     }
 }
 
 /// The limit of batches in flight for one sink, and its pace.
 #[derive(Debug, Clone)]
-pub struct Limiter {
+pub(crate) struct Limiter {
     /// The limit from round-trip times and back pressure.
     limit: usize,
     ceiling: usize,
@@ -358,7 +358,7 @@ fn interval(rate: f64) -> Duration {
 
 impl Limiter {
     /// A limiter for `concurrency`.
-    pub fn new(concurrency: Concurrency) -> Self {
+    pub(crate) fn new(concurrency: Concurrency) -> Self {
         let (limit, ceiling, adaptive) = match concurrency {
             Concurrency::Fixed(n) => (n.max(1), n.max(1), false),
             Concurrency::Adaptive { ceiling } => {
@@ -380,7 +380,7 @@ impl Limiter {
     }
 
     /// Batches allowed in flight now.
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         match &self.pace {
             Some(pace) => self.limit.min(pace.room),
             None => self.limit,
@@ -389,25 +389,25 @@ impl Limiter {
 
     /// The pace in calls a second, once the destination has throttled.
     #[cfg(test)]
-    pub fn rate(&self) -> Option<f64> {
+    pub(crate) fn rate(&self) -> Option<f64> {
         self.pace.as_ref().map(|p| p.rate)
     }
 
     /// The baseline round-trip time, once one was measured.
-    pub fn rtt(&self) -> Option<Duration> {
+    pub(crate) fn rtt(&self) -> Option<Duration> {
         self.baseline
             .mean()
             .map(|s| Duration::from_secs_f64(s.max(0.0)))
     }
 
     /// The publisher had a batch for every slot: the limit is binding.
-    pub fn saturated(&mut self) {
+    pub(crate) fn saturated(&mut self) {
         self.window.saturated = true;
     }
 
     /// The publisher has a batch ready and a slot free at `now`: when it may
     /// start it, if not now (the pace holds it back until then).
-    pub fn paced_until(&mut self, now: Instant) -> Option<Instant> {
+    pub(crate) fn paced_until(&mut self, now: Instant) -> Option<Instant> {
         let next = self.pace.as_ref()?.next;
         (now < next).then(|| {
             self.window.held = true;
@@ -416,7 +416,7 @@ impl Limiter {
     }
 
     /// A batch started at `now`.
-    pub fn started(&mut self, now: Instant) {
+    pub(crate) fn started(&mut self, now: Instant) {
         if !self.adaptive {
             return;
         }
@@ -446,7 +446,7 @@ impl Limiter {
     }
 
     /// A batch came back at `now`, `rtt` after it was sent, saying `signal`.
-    pub fn finished(&mut self, now: Instant, rtt: Duration, signal: Signal) {
+    pub(crate) fn finished(&mut self, now: Instant, rtt: Duration, signal: Signal) {
         if !self.adaptive {
             return;
         }

@@ -46,7 +46,7 @@ const RESERVED: &[&str] = &[
 
 /// Encodes events in the configured format.
 #[derive(Debug, Clone)]
-pub struct Encoder {
+pub(crate) struct Encoder {
     format: EnvelopeFormat,
     /// The `source` attribute, already a JSON string literal.
     source_json: String,
@@ -54,7 +54,7 @@ pub struct Encoder {
 
 impl Encoder {
     /// An encoder for `format` with CloudEvents `source`.
-    pub fn new(format: EnvelopeFormat, source: &str) -> Self {
+    pub(crate) fn new(format: EnvelopeFormat, source: &str) -> Self {
         Self {
             format,
             source_json: serde_json::to_string(source).expect("a string serializes"),
@@ -62,12 +62,12 @@ impl Encoder {
     }
 
     /// The default `source`: `/<database>/<schema>.<table>`.
-    pub fn default_source(database: &str, table: &crate::config::TableName) -> String {
+    pub(crate) fn default_source(database: &str, table: &crate::config::TableName) -> String {
         format!("/{database}/{table}")
     }
 
     /// Append the message body for `event` to `out`.
-    pub fn encode(&self, event: &OutboxEvent, out: &mut Vec<u8>) {
+    pub(crate) fn encode(&self, event: &OutboxEvent, out: &mut Vec<u8>) {
         match self.format {
             EnvelopeFormat::Cloudevents => self.cloudevent(event, out),
             EnvelopeFormat::Raw => match &event.payload {
@@ -152,7 +152,7 @@ fn header_extensions(headers: &str, out: &mut Vec<u8>) {
 }
 
 /// CloudEvents attribute names are lower-case letters and digits.
-pub fn extension_name(key: &str) -> String {
+pub(crate) fn extension_name(key: &str) -> String {
     key.chars()
         .filter(char::is_ascii_alphanumeric)
         .map(|c| c.to_ascii_lowercase())

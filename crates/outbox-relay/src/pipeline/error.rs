@@ -349,7 +349,7 @@ impl RelayError {
 /// the request or the data (authentication 28, the database 3D, the catalog
 /// 42, data 22, invalidated slots 55000, internal errors XX) and needs a
 /// person.
-pub fn sqlstate_kind(code: &str) -> ErrorKind {
+pub(crate) fn sqlstate_kind(code: &str) -> ErrorKind {
     let class = code.get(..2).unwrap_or(code);
     match (code, class) {
         ("57P04", _) | (_, "3D") => ErrorKind::NoDatabase,

@@ -7,16 +7,16 @@
 //! The pipeline calls down into [`crate::postgres`]; destinations
 //! ([`crate::sink`]) implement [`sink::Sink`] and are handed in from above.
 
-pub mod ack;
-pub mod concurrency;
-pub mod envelope;
-pub mod error;
-pub mod outgoing;
-pub mod poller;
+pub(crate) mod ack;
+pub(crate) mod concurrency;
+pub(crate) mod envelope;
+pub(crate) mod error;
+pub(crate) mod outgoing;
+pub(crate) mod poller;
 mod prepared;
-pub mod publish;
-pub mod replay;
-pub mod route;
-pub mod rows;
-pub mod sink;
-pub mod stream;
+pub(crate) mod publish;
+pub(crate) mod replay;
+pub(crate) mod route;
+pub(crate) mod rows;
+pub(crate) mod sink;
+pub(crate) mod stream;

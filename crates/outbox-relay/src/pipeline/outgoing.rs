@@ -13,7 +13,7 @@ use crate::pipeline::sink::Message;
 
 /// What became of one event.
 #[derive(Debug)]
-pub enum Prepared {
+pub(crate) enum Prepared {
     /// Ready to publish.
     Publish(Message),
     /// Filtered out (`[filter]`): its id.
@@ -23,7 +23,7 @@ pub enum Prepared {
 }
 
 /// Filter, router and encoder of one relay.
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     encoder: Encoder,
     router: Router,
     filter: FilterConfig,
@@ -31,7 +31,7 @@ pub struct Outgoing {
 
 impl Outgoing {
     /// For `config`, on `database` (the default CloudEvents source names it).
-    pub fn new(config: &Config, database: &str) -> Self {
+    pub(crate) fn new(config: &Config, database: &str) -> Self {
         let source = config
             .envelope
             .source
@@ -46,7 +46,12 @@ impl Outgoing {
 
     /// Make `event` (committed at `commit_time`, 0 when unknown) a message
     /// carrying `ticket`, or say why not.
-    pub fn prepare(&mut self, event: OutboxEvent, ticket: Ticket, commit_time: i64) -> Prepared {
+    pub(crate) fn prepare(
+        &mut self,
+        event: OutboxEvent,
+        ticket: Ticket,
+        commit_time: i64,
+    ) -> Prepared {
         if !self
             .filter
             .admits(event.event_type(), event.aggregate_type())

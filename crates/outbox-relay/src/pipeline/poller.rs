@@ -54,14 +54,14 @@ const PASSED_SAMPLES: usize = 600;
 /// more than `poller.grace` before the newest passed sample: a transaction
 /// open longer than `grace` may be published twice, never missed.
 #[derive(Debug, Default)]
-pub struct Passed {
+pub(crate) struct Passed {
     /// (server time in seconds since the epoch, WAL position), oldest first.
     samples: std::collections::VecDeque<(f64, i64)>,
 }
 
 impl Passed {
     /// Record a sample; the time of the newest sample at or before `confirmed`, if any.
-    pub fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
+    pub(crate) fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
         if self.samples.len() == PASSED_SAMPLES {
             // Thin out rather than forget the oldest: a slot far behind still
             // reaches a sample, later and coarser.
@@ -84,11 +84,11 @@ impl Passed {
 
 /// `created_at` (Postgres timestamptz text) before which PENDING rows are
 /// swept without grace, after a slot was recreated.
-pub type Sweep = watch::Receiver<Option<String>>;
+pub(crate) type Sweep = watch::Receiver<Option<String>>;
 
 /// What one round did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Round {
+pub(crate) struct Round {
     /// Rows claimed.
     pub claimed: usize,
     /// Published (and marked or deleted).
@@ -138,7 +138,7 @@ impl Claimed {
 }
 
 /// The poller of one relay.
-pub struct Poller<S> {
+pub(crate) struct Poller<S> {
     config: Config,
     conn: ConnInfo,
     sink: Arc<S>,
@@ -149,7 +149,7 @@ pub struct Poller<S> {
 
 impl<S: Sink> Poller<S> {
     /// A poller for `config`, publishing with `sink`.
-    pub fn new(
+    pub(crate) fn new(
         config: &Config,
         sink: Arc<S>,
         sweep: Sweep,
@@ -170,7 +170,7 @@ impl<S: Sink> Poller<S> {
 
     /// Poll every `poller.interval` until `stop`; a round that claimed a full
     /// batch is followed by another at once.
-    pub async fn run(mut self, stop: CancellationToken) {
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
         let mut client: Option<(Client, Table)> = None;
         let mut failed_rounds = 0u32;
         loop {
@@ -261,7 +261,7 @@ impl<S: Sink> Poller<S> {
     /// One round: claim, publish, record, commit. The claim, the outcomes
     /// and the commit are one transaction: a round that fails before its
     /// commit leaves every row as it was, to be claimed again.
-    pub async fn round(
+    pub(crate) async fn round(
         &mut self,
         client: &mut Client,
         table: &Table,

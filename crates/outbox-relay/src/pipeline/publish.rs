@@ -62,7 +62,7 @@ use crate::retry::Backoff;
 
 /// What the replication loop hands the publisher.
 #[derive(Debug)]
-pub enum Dispatch {
+pub(crate) enum Dispatch {
     /// Publish this message.
     Publish(Message),
     /// This row cannot be published (it did not map, or has no route): record it.
@@ -78,7 +78,7 @@ pub enum Dispatch {
 
 /// The final word on one message.
 #[derive(Debug, Clone)]
-pub enum Completion {
+pub(crate) enum Completion {
     /// Durably accepted by the sink.
     Delivered(Ticket),
     /// Never acceptable; recorded in the database.
@@ -222,7 +222,7 @@ const MAX_SKIPPED_GROUPS: usize = 1024;
 /// message's final outcome on `done` (a finished batch's outcomes together:
 /// one wake-up of the replication loop per batch, not per message). Rejections are recorded with
 /// `recorder`; deliveries are marked with `marker`.
-pub async fn run<S: Sink>(
+pub(crate) async fn run<S: Sink>(
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
     marker: Option<Marker>,

@@ -29,7 +29,7 @@ const MAX_RETRIES: u32 = 10;
 /// Which rows to replay; every given criterion must hold. Also the
 /// `replay` command's selection flags.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct Selection {
+pub(crate) struct Selection {
     /// Rows created at or after this time (e.g. 2026-11-22T06:00:00Z).
     #[arg(long)]
     pub from: Option<String>,
@@ -58,7 +58,7 @@ pub struct Selection {
 
 /// What a replay did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// Rows selected.
     pub selected: usize,
     /// Published.
@@ -71,7 +71,7 @@ pub struct Replayed {
 
 /// Why a replay stopped.
 #[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
+pub(crate) enum ReplayError {
     /// A database error.
     #[error("postgres: {0}")]
     Sql(#[from] tokio_postgres::Error),
@@ -169,7 +169,7 @@ fn order(table: &Table) -> String {
 }
 
 /// Count the selected rows and show a few; publishes nothing.
-pub async fn dry_run(
+pub(crate) async fn dry_run(
     client: &Client,
     config: &Config,
     table: &Table,
@@ -214,7 +214,7 @@ pub async fn dry_run(
 }
 
 /// Publish the selected rows with `sink`, at most `rate` per second.
-pub async fn run<S: Sink>(
+pub(crate) async fn run<S: Sink>(
     client: &mut Client,
     config: &Config,
     table: &Table,

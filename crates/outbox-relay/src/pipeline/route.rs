@@ -19,12 +19,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub use crate::config::settings::Routes;
+pub(crate) use crate::config::settings::Routes;
 use crate::event::OutboxEvent;
 
 /// Computes each event's destination.
 #[derive(Debug, Clone)]
-pub struct Router {
+pub(crate) struct Router {
     routes: Routes,
     default: Option<Arc<str>>,
     /// What each distinct name a row or template gave came to, so each is
@@ -34,7 +34,7 @@ pub struct Router {
 
 impl Router {
     /// A router following `routes`.
-    pub fn new(routes: Routes) -> Self {
+    pub(crate) fn new(routes: Routes) -> Self {
         Self {
             default: routes.default.as_deref().map(Arc::from),
             routes,
@@ -44,7 +44,7 @@ impl Router {
 
     /// The event's destination, or why it has none (or may not have the
     /// one its data names).
-    pub fn route(&mut self, event: &OutboxEvent) -> Result<Arc<str>, String> {
+    pub(crate) fn route(&mut self, event: &OutboxEvent) -> Result<Arc<str>, String> {
         if let Some(named) = event.topic() {
             let full = (self.routes.expand)(named);
             return self.admit(full);

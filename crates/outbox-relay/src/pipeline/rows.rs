@@ -14,16 +14,16 @@ use crate::config::Config;
 use crate::event::{MappingError, RowMapping, TextRow};
 use crate::pipeline::ack::Ticket;
 use crate::pipeline::outgoing::Outgoing;
-pub use crate::pipeline::outgoing::Prepared;
+pub(crate) use crate::pipeline::outgoing::Prepared;
 use crate::pipeline::sink::Message;
 use crate::postgres::outbox::table::Table;
 
 /// Session settings that make `::text` print values as pgoutput does.
-pub const TEXT_SETTINGS: &str = "SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO'; \
+pub(crate) const TEXT_SETTINGS: &str = "SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO'; \
      SET LOCAL bytea_output = 'hex'; SET LOCAL extra_float_digits = 3";
 
 /// Turns rows of the outbox table into messages.
-pub struct Rows {
+pub(crate) struct Rows {
     mapping: RowMapping,
     outgoing: Outgoing,
     width: usize,
@@ -31,7 +31,11 @@ pub struct Rows {
 
 impl Rows {
     /// For `table` of `database`, configured by `config`.
-    pub fn new(config: &Config, table: &Table, database: &str) -> Result<Self, MappingError> {
+    pub(crate) fn new(
+        config: &Config,
+        table: &Table,
+        database: &str,
+    ) -> Result<Self, MappingError> {
         let described: Vec<(&str, u32)> = table
             .columns
             .iter()
@@ -45,13 +49,13 @@ impl Rows {
     }
 
     /// How many leading columns of a selected row are the table's.
-    pub fn width(&self) -> usize {
+    pub(crate) fn width(&self) -> usize {
         self.width
     }
 
     /// Make a message of `row`, whose first [`Rows::width`] columns are the
     /// table's, as text.
-    pub fn prepare(&mut self, row: &Row) -> Prepared {
+    pub(crate) fn prepare(&mut self, row: &Row) -> Prepared {
         let values = TextRow(
             (0..self.width)
                 .map(|i| {
@@ -71,7 +75,7 @@ impl Rows {
 }
 
 /// Split `messages` into runs of one destination of at most `max` each, in order.
-pub fn batches(messages: &[Message], max: usize) -> Vec<&[Message]> {
+pub(crate) fn batches(messages: &[Message], max: usize) -> Vec<&[Message]> {
     let mut out = Vec::new();
     let mut start = 0;
     for i in 1..=messages.len() {

@@ -30,9 +30,9 @@ use bytes::Bytes;
 
 use crate::event::OutboxEvent;
 /// Where events come from is a fact about the database; sinks learn it here.
-pub use crate::event::Source;
+pub(crate) use crate::event::Source;
 use crate::pipeline::ack::Ticket;
-pub use crate::pipeline::concurrency::Concurrency;
+pub(crate) use crate::pipeline::concurrency::Concurrency;
 
 /// One envelope on its way to the sink.
 #[derive(Debug, Clone)]

@@ -94,7 +94,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, TableName};
 use crate::event::RowMapping;
 use crate::pipeline::ack::{AckTracker, FramingError, Ticket};
-pub use crate::pipeline::error::{ErrorClass, RelayError};
+pub(crate) use crate::pipeline::error::{ErrorClass, RelayError};
 use crate::pipeline::outgoing::{Outgoing, Prepared};
 use crate::pipeline::publish::{self, Completion, Dispatch};
 use crate::pipeline::sink::Message;
@@ -150,7 +150,7 @@ const BURST_MAX: usize = 1024;
 
 /// A read of fewer events than this, when it took everything there was, is
 /// followed by the `stream.coalesce` pause.
-pub const COALESCE_BELOW: usize = 64;
+pub(crate) const COALESCE_BELOW: usize = 64;
 
 /// After a read of fewer than [`COALESCE_BELOW`] events that took everything
 /// there was, hold the thread for `pause` (`stream.coalesce`, default 1 ms)
@@ -222,7 +222,7 @@ pub struct Summary {
 /// Relay from the slot to `sink` until `stop` is cancelled (then shut down
 /// gracefully) or a fatal error. Transient errors start a new session after a
 /// backoff.
-pub async fn run<S: Sink>(
+pub(crate) async fn run<S: Sink>(
     config: &Config,
     sink: Arc<S>,
     stop: CancellationToken,

@@ -488,7 +488,7 @@ where
 
 /// What `pg_replication_slots` says about one slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotState {
+pub(crate) struct SlotState {
     /// Output plugin (`pgoutput` for ours); `None` for a physical slot.
     pub plugin: Option<String>,
     /// Database of a logical slot.
@@ -504,7 +504,7 @@ pub struct SlotState {
 }
 
 /// Look up `slot`; `None` when it does not exist.
-pub async fn slot_state(
+pub(crate) async fn slot_state(
     client: &tokio_postgres::Client,
     slot: &str,
 ) -> Result<Option<SlotState>, tokio_postgres::Error> {
@@ -526,7 +526,7 @@ pub async fn slot_state(
 }
 
 /// The server's `wal_sender_timeout`; zero when switched off.
-pub async fn wal_sender_timeout(
+pub(crate) async fn wal_sender_timeout(
     client: &tokio_postgres::Client,
 ) -> Result<Duration, tokio_postgres::Error> {
     let row = client.query_one("SHOW wal_sender_timeout", &[]).await?;
@@ -537,7 +537,7 @@ pub async fn wal_sender_timeout(
 /// Where events on `client`'s connection come from, for the sink
 /// ([`Source`]): the cluster's system identifier (which any role may read),
 /// `database` and `table`.
-pub async fn source(
+pub(crate) async fn source(
     client: &tokio_postgres::Client,
     database: &str,
     table: &crate::config::TableName,
@@ -556,7 +556,7 @@ pub async fn source(
 }
 
 /// How often to send standby status updates: `min(1 s, wal_sender_timeout / 2)`.
-pub fn status_interval(wal_sender_timeout: Duration) -> Duration {
+pub(crate) fn status_interval(wal_sender_timeout: Duration) -> Duration {
     const CEILING: Duration = Duration::from_secs(1);
     if wal_sender_timeout.is_zero() {
         CEILING

@@ -17,7 +17,7 @@
 
 /// The slot and the server as failover sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct State {
+pub(crate) struct State {
     /// `server_version_num`.
     pub server_version: i32,
     /// The slot's `failover` flag (`None`: before 17, or no slot).
@@ -31,7 +31,7 @@ pub struct State {
 
 impl State {
     /// Read it for `slot`.
-    pub async fn read(
+    pub(crate) async fn read(
         client: &tokio_postgres::Client,
         slot: &str,
     ) -> Result<State, tokio_postgres::Error> {
@@ -58,7 +58,7 @@ impl State {
     }
 
     /// What is wrong for a relay that wants (`wanted`) or has a failover slot.
-    pub fn problem(&self, wanted: bool) -> Option<Problem> {
+    pub(crate) fn problem(&self, wanted: bool) -> Option<Problem> {
         if wanted && self.server_version < 170_000 {
             return Some(Problem::Unsupported);
         }
@@ -75,7 +75,7 @@ impl State {
     }
 
     /// One line for `status`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.failover {
             None if self.server_version < 170_000 => {
                 "no failover slots before PostgreSQL 17".to_owned()
@@ -96,7 +96,7 @@ impl State {
 
 /// What keeps the slot from surviving a failover.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// `postgres.failover_slot` on a server before 17.
     Unsupported,
     /// `postgres.failover_slot`, but the slot was created without it.

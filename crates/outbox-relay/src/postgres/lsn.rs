@@ -6,7 +6,7 @@
 //! converts at those edges.
 
 /// Parse Postgres's `X/Y` LSN text (two hexadecimal halves).
-pub fn parse_lsn(text: &str) -> Option<u64> {
+pub(crate) fn parse_lsn(text: &str) -> Option<u64> {
     let (high, low) = text.split_once('/')?;
     let half = |h: &str| {
         (!h.is_empty() && h.len() <= 8)
@@ -17,7 +17,7 @@ pub fn parse_lsn(text: &str) -> Option<u64> {
 }
 
 /// Format an LSN as Postgres does (`16/B374D848`).
-pub fn format_lsn(lsn: u64) -> String {
+pub(crate) fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn as u32)
 }
 

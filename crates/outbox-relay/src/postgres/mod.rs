@@ -8,18 +8,18 @@
 
 pub mod check;
 mod connection;
-pub mod failover;
-pub mod lsn;
-pub mod monitor;
-pub mod outbox;
-pub mod platform;
-pub mod position;
-pub mod readiness;
+pub(crate) mod failover;
+pub(crate) mod lsn;
+pub(crate) mod monitor;
+pub(crate) mod outbox;
+pub(crate) mod platform;
+pub(crate) mod position;
+pub(crate) mod readiness;
 pub mod setup;
-pub mod silence;
-pub mod sql;
-pub mod stall;
-pub mod tls;
-pub mod walstream;
+pub(crate) mod silence;
+pub(crate) mod sql;
+pub(crate) mod stall;
+pub(crate) mod tls;
+pub(crate) mod walstream;
 
 pub use connection::*;

@@ -18,11 +18,11 @@ use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
 
 /// Time between looks.
-pub const INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 
 /// What the monitor measured.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SlotLag {
+pub(crate) struct SlotLag {
     /// `reserved`, `extended`, `unreserved`, `lost`, or `missing`.
     pub wal_status: String,
     /// pg_current_wal_lsn() − confirmed_flush_lsn.
@@ -40,7 +40,7 @@ pub struct SlotLag {
 }
 
 /// Measure `slot`.
-pub async fn slot_lag(
+pub(crate) async fn slot_lag(
     client: &tokio_postgres::Client,
     slot: &str,
 ) -> Result<SlotLag, tokio_postgres::Error> {
@@ -79,7 +79,7 @@ pub async fn slot_lag(
 }
 
 /// Rows in PENDING, FAILED and DEAD state.
-pub async fn row_counts(
+pub(crate) async fn row_counts(
     client: &tokio_postgres::Client,
     table: &Table,
 ) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
@@ -132,7 +132,7 @@ async fn look_for_stalls(
 }
 
 /// Watch the slot and the table until `stop`.
-pub async fn run(config: Config, stop: CancellationToken) {
+pub(crate) async fn run(config: Config, stop: CancellationToken) {
     let Ok(conn) = ConnInfo::new(&config.postgres) else {
         return;
     };

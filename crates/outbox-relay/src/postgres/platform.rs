@@ -47,7 +47,7 @@ pub enum Platform {
 }
 
 /// Every platform, in `--platform`'s order.
-pub const ALL: [Platform; 7] = [
+pub(crate) const ALL: [Platform; 7] = [
     Platform::SelfManaged,
     Platform::Rds,
     Platform::Aurora,
@@ -234,7 +234,7 @@ impl fmt::Display for Platform {
 
 /// What `setup --platform` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Choice {
+pub(crate) enum Choice {
     /// Tell it from the server ([`detect`]).
     Auto,
     /// This one.
@@ -261,7 +261,7 @@ impl std::str::FromStr for Choice {
 }
 
 /// The roles whose presence tells a platform.
-pub const MARKER_ROLES: &[&str] = &[
+pub(crate) const MARKER_ROLES: &[&str] = &[
     "rds_superuser",
     "rds_replication",
     "cloudsqlsuperuser",
@@ -273,12 +273,12 @@ pub const MARKER_ROLES: &[&str] = &[
 /// The platforms' own switches for logical decoding, reported with the
 /// roles (read through `pg_settings`, which leaves out what the role may not
 /// read instead of failing).
-pub const SETTINGS: &[&str] = &["rds.logical_replication", "cloudsql.logical_decoding"];
+pub(crate) const SETTINGS: &[&str] = &["rds.logical_replication", "cloudsql.logical_decoding"];
 
 /// One query, for any role on PostgreSQL 14–18: which of
 /// [`MARKER_ROLES`] exist (`$1`), which of [`SETTINGS`] exist and their values
 /// (`$2`), and whether a function `aurora_version` exists.
-pub const FACTS_SQL: &str = "\
+pub(crate) const FACTS_SQL: &str = "\
 SELECT ARRAY(SELECT rolname::text FROM pg_catalog.pg_roles \
              WHERE rolname = ANY($1::text[]) ORDER BY 1), \
        ARRAY(SELECT name FROM pg_catalog.pg_settings WHERE name = ANY($2::text[]) ORDER BY 1), \
@@ -287,7 +287,7 @@ SELECT ARRAY(SELECT rolname::text FROM pg_catalog.pg_roles \
 
 /// What the server shows of its platform.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// Those of [`MARKER_ROLES`] that exist.
     pub roles: Vec<String>,
     /// Those of [`SETTINGS`] that exist, with their values.
@@ -311,7 +311,7 @@ impl Facts {
 
 /// The platform [`detect`] chose, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Detection {
+pub(crate) struct Detection {
     /// The platform.
     pub platform: Platform,
     /// What it was told from, for people: "role rds_superuser, …".
@@ -360,7 +360,7 @@ fn candidates(facts: &Facts) -> Vec<(Platform, Vec<String>)> {
 /// exists too), Cloud SQL (`cloudsqlsuperuser`), Azure (`azure_pg_admin`),
 /// Supabase (`supabase_admin`) and Neon (`neon_superuser`) whose roles exist;
 /// self-managed when none do. When several do, the evidence names the others.
-pub fn detect(facts: &Facts) -> Detection {
+pub(crate) fn detect(facts: &Facts) -> Detection {
     let mut found = candidates(facts).into_iter();
     let Some((platform, marks)) = found.next() else {
         let evidence = if facts.roles.is_empty() {
@@ -391,7 +391,7 @@ pub fn detect(facts: &Facts) -> Detection {
 }
 
 /// Read the [`Facts`] with [`FACTS_SQL`].
-pub async fn facts(client: &tokio_postgres::Client) -> Result<Facts, tokio_postgres::Error> {
+pub(crate) async fn facts(client: &tokio_postgres::Client) -> Result<Facts, tokio_postgres::Error> {
     let row = client
         .query_one(FACTS_SQL, &[&MARKER_ROLES, &SETTINGS])
         .await?;
@@ -405,7 +405,7 @@ pub async fn facts(client: &tokio_postgres::Client) -> Result<Facts, tokio_postg
 }
 
 /// The platform of the server `client` is connected to.
-pub async fn detect_on(
+pub(crate) async fn detect_on(
     client: &tokio_postgres::Client,
 ) -> Result<Detection, tokio_postgres::Error> {
     Ok(detect(&facts(client).await?))
@@ -413,7 +413,7 @@ pub async fn detect_on(
 
 /// Like [`detect_on`], for texts only: self-managed when the facts cannot be
 /// read, so that telling the platform never fails `check` or `run`.
-pub async fn detect_or_self_managed(client: &tokio_postgres::Client) -> Platform {
+pub(crate) async fn detect_or_self_managed(client: &tokio_postgres::Client) -> Platform {
     match detect_on(client).await {
         Ok(detection) => detection.platform,
         Err(e) => {

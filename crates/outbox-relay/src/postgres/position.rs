@@ -42,7 +42,7 @@ use std::time::Duration;
 use crate::postgres::lsn::{format_lsn, parse_lsn};
 
 /// The name of the position table of outbox table `table`.
-pub fn table_name(table: &str) -> String {
+pub(crate) fn table_name(table: &str) -> String {
     format!("{table}_position")
 }
 
@@ -86,7 +86,7 @@ pub struct Choice {
 
 /// The start: the slot's position `slot`, or `kept` when it is later and
 /// comes from this system, timeline and database and within its WAL.
-pub fn choose(slot: u64, kept: Option<&Kept>, system: &System) -> Choice {
+pub(crate) fn choose(slot: u64, kept: Option<&Kept>, system: &System) -> Choice {
     let from_slot = |why: Option<String>, doubt: bool| Choice {
         lsn: slot,
         kept: false,
@@ -152,7 +152,7 @@ pub fn choose(slot: u64, kept: Option<&Kept>, system: &System) -> Choice {
 
 /// The kept position of `slot` in `table` (schema-qualified, quoted), or
 /// `None` when there is none or the table cannot be read (logged once).
-pub async fn load(
+pub(crate) async fn load(
     client: &tokio_postgres::Client,
     table: &str,
     slot: &str,
@@ -182,7 +182,7 @@ pub async fn load(
 
 /// Whether `table` exists and the relay may read and write it (for `check`
 /// and the start-up warning).
-pub async fn writable(
+pub(crate) async fn writable(
     client: &tokio_postgres::Client,
     table: &str,
 ) -> Result<bool, tokio_postgres::Error> {
@@ -205,7 +205,7 @@ fn missing_or_denied(error: &tokio_postgres::Error) -> bool {
 }
 
 /// Writes the confirmed position to the table as the session goes.
-pub struct Keeper {
+pub(crate) struct Keeper {
     client: Arc<tokio_postgres::Client>,
     sql: String,
     slot: String,
@@ -220,7 +220,7 @@ pub struct Keeper {
 impl Keeper {
     /// A keeper of `slot`'s position in `table` (schema-qualified, quoted)
     /// on `system`, starting at `start`.
-    pub fn new(
+    pub(crate) fn new(
         client: Arc<tokio_postgres::Client>,
         table: &str,
         slot: &str,
@@ -251,7 +251,7 @@ impl Keeper {
     /// last write and the previous write is done (the session offers it with
     /// each status update: at most every 200 ms while events finish, else
     /// once per status interval).
-    pub fn offer(&mut self, confirmed: u64, finished: u64) {
+    pub(crate) fn offer(&mut self, confirmed: u64, finished: u64) {
         if confirmed <= self.written || finished == self.finished_then {
             return;
         }
@@ -269,7 +269,7 @@ impl Keeper {
     }
 
     /// Write `confirmed` and wait for it (a graceful stop), within `limit`.
-    pub async fn finish(mut self, confirmed: u64, limit: Duration) {
+    pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration) {
         if let Some(writing) = self.writing.take() {
             let _ = tokio::time::timeout(limit, writing).await;
         }

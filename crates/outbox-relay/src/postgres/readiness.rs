@@ -40,7 +40,7 @@ pub enum Severity {
 
 /// What `run` does about a [`Problem`] at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// It stops: a person must change something first.
     Stops,
     /// It stops, unless `lifecycle.recreate_slot` is set and a poller can
@@ -55,7 +55,7 @@ pub enum Effect {
 impl Effect {
     /// How `check` reports it; `recreates`: whether `run` would recreate a
     /// lost slot (see [`Readiness::recreates`]).
-    pub fn severity(self, recreates: bool) -> Severity {
+    pub(crate) fn severity(self, recreates: bool) -> Severity {
         match self {
             Effect::Stops => Severity::Error,
             Effect::StopsUnlessRecreated if recreates => Severity::Warning,
@@ -65,19 +65,19 @@ impl Effect {
     }
 
     /// Whether waiting may mend it (`RelayError::Unusable::transient`).
-    pub fn transient(self) -> bool {
+    pub(crate) fn transient(self) -> bool {
         self == Effect::StandsBy
     }
 
     /// Whether `lifecycle.recreate_slot` mends it (`RelayError::Unusable::lost`).
-    pub fn lost(self) -> bool {
+    pub(crate) fn lost(self) -> bool {
         self == Effect::StopsUnlessRecreated
     }
 }
 
 /// What a finding is about, for `check`'s ok lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Area {
+pub(crate) enum Area {
     /// Server settings.
     Server,
     /// The replication slot.
@@ -90,7 +90,7 @@ pub enum Area {
 
 /// Something about the database that keeps the relay from running as configured.
 #[derive(Debug)]
-pub enum Problem {
+pub(crate) enum Problem {
     /// The server is a standby (in recovery): the relay writes (marking,
     /// recording, its position) and needs the primary.
     Standby,
@@ -188,7 +188,7 @@ pub enum Problem {
 
 /// The names the texts use.
 #[derive(Debug, Clone)]
-pub struct Names {
+pub(crate) struct Names {
     /// `postgres.slot`.
     pub slot: String,
     /// `postgres.publication`.
@@ -201,7 +201,7 @@ pub struct Names {
 
 impl Problem {
     /// What `run` does about it.
-    pub fn effect(&self) -> Effect {
+    pub(crate) fn effect(&self) -> Effect {
         match self {
             Problem::SlotMissing | Problem::Invalidated { .. } => Effect::StopsUnlessRecreated,
             Problem::Busy { .. } => Effect::StandsBy,
@@ -234,7 +234,7 @@ impl Problem {
     }
 
     /// What it is about.
-    pub fn area(&self) -> Area {
+    pub(crate) fn area(&self) -> Area {
         match self {
             Problem::WalLevel { .. } | Problem::Standby => Area::Server,
             Problem::SlotMissing
@@ -261,7 +261,7 @@ impl Problem {
     }
 
     /// What is wrong.
-    pub fn message(&self, at: &Names) -> String {
+    pub(crate) fn message(&self, at: &Names) -> String {
         let Names {
             slot,
             publication,
@@ -360,7 +360,7 @@ impl Problem {
     }
 
     /// How to fix it; `None` when [`message`](Self::message) says it already.
-    pub fn fix(&self, at: &Names) -> Option<String> {
+    pub(crate) fn fix(&self, at: &Names) -> Option<String> {
         let Names {
             slot,
             publication,
@@ -448,7 +448,7 @@ impl Problem {
     }
 
     /// The message and the fix: what `run` stops with and `check` prints.
-    pub fn describe(&self, at: &Names) -> String {
+    pub(crate) fn describe(&self, at: &Names) -> String {
         match self.fix(at) {
             Some(fix) => format!("{}: {fix}", self.message(at)),
             None => self.message(at),
@@ -482,14 +482,14 @@ fn invalidation(reason: Option<&str>) -> String {
 
 /// The first `server_version_num` whose pgoutput decodes prepared
 /// transactions (`two_phase`, protocol version 3).
-pub const TWO_PHASE_PGOUTPUT: i32 = 150_000;
+pub(crate) const TWO_PHASE_PGOUTPUT: i32 = 150_000;
 
 /// What PostgreSQL 16 says of an invalidated slot in place of a reason.
 const CONFLICTING: &str = "conflicting";
 
 /// What the slot looks like, as far as the relay cares.
 #[derive(Debug, Clone)]
-pub struct SlotView {
+pub(crate) struct SlotView {
     /// Position confirmed by the consumer.
     pub confirmed_flush: Option<u64>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
@@ -501,7 +501,7 @@ pub struct SlotView {
 
 /// Everything [`inspect`] found.
 #[derive(Debug)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     /// The names the texts use.
     pub names: Names,
     /// `wal_level`.
@@ -521,7 +521,7 @@ pub struct Readiness {
 
 /// What `run` may do, by [`Readiness::admit`].
 #[derive(Debug)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Stream from `start`.
     Start {
         /// The outbox table.
@@ -544,14 +544,14 @@ impl Readiness {
     /// Whether a poller can publish what a lost slot held: the table has the
     /// relay-managed columns and created_at. Without them, recreating the
     /// slot would silently skip what was written meanwhile.
-    pub fn sweepable(&self) -> bool {
+    pub(crate) fn sweepable(&self) -> bool {
         self.table
             .as_ref()
             .is_some_and(|t| t.managed && t.created_at.is_some())
     }
 
     /// Whether `run` recreates a missing or invalidated slot.
-    pub fn recreates(&self) -> bool {
+    pub(crate) fn recreates(&self) -> bool {
         self.recreate_slot && self.sweepable()
     }
 
@@ -560,7 +560,7 @@ impl Readiness {
     /// PostgreSQL 14's pgoutput cannot decode prepared transactions; on such
     /// a slot it sends them at COMMIT PREPARED as ordinary transactions
     /// (Begin … Commit), which protocol version 1 reads as it is.
-    pub fn protocol(&self) -> Protocol {
+    pub(crate) fn protocol(&self) -> Protocol {
         match &self.slot {
             Some(slot) if slot.two_phase && self.server_version_num >= TWO_PHASE_PGOUTPUT => {
                 Protocol::TwoPhase
@@ -570,14 +570,14 @@ impl Readiness {
     }
 
     /// How `check` reports `problem`.
-    pub fn severity(&self, problem: &Problem) -> Severity {
+    pub(crate) fn severity(&self, problem: &Problem) -> Severity {
         problem.effect().severity(self.recreates())
     }
 
     /// What `run` does: the first problem that stops it, else the first that
     /// makes it stand by, else a lost slot; otherwise start. A lost slot
     /// comes last so that it is never recreated for a relay that cannot run.
-    pub fn admit(self) -> Admission {
+    pub(crate) fn admit(self) -> Admission {
         let mut problems = self.problems;
         let first = |problems: &mut Vec<Problem>, effect: Effect| {
             let at = problems.iter().position(|p| p.effect() == effect)?;
@@ -606,7 +606,7 @@ impl Readiness {
 
 /// Inspect the server, `postgres.slot`, `postgres.table` and
 /// `postgres.publication` as `config` names them.
-pub async fn inspect(
+pub(crate) async fn inspect(
     client: &tokio_postgres::Client,
     config: &Config,
 ) -> Result<Readiness, tokio_postgres::Error> {
@@ -848,7 +848,7 @@ async fn inspect_table(
 }
 
 /// `check`'s ok line for the slot.
-pub fn slot_summary(ready: &Readiness, view: &SlotView) -> String {
+pub(crate) fn slot_summary(ready: &Readiness, view: &SlotView) -> String {
     let two_phase = match (view.two_phase, ready.protocol()) {
         (false, _) => "",
         (true, Protocol::TwoPhase) => {

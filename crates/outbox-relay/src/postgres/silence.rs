@@ -42,7 +42,7 @@ use std::time::Duration;
 
 /// How long opening a socket to Postgres may take (each host of the URL,
 /// on both connections).
-pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
@@ -52,7 +52,7 @@ const KEEPALIVE_PROBES: u32 = 3;
 
 /// Set TCP keepalive and `TCP_USER_TIMEOUT` on `socket` from `timeout`
 /// (nothing when it is zero).
-pub fn tune(socket: &tokio::net::TcpStream, timeout: Duration) -> io::Result<()> {
+pub(crate) fn tune(socket: &tokio::net::TcpStream, timeout: Duration) -> io::Result<()> {
     if timeout.is_zero() {
         return Ok(());
     }
@@ -75,7 +75,7 @@ pub fn tune(socket: &tokio::net::TcpStream, timeout: Duration) -> io::Result<()>
 /// For request/response protocols (the SQL connection): any bytes read
 /// count as the answer. Idle time with nothing asked is not bounded (TCP
 /// keepalive watches that).
-pub struct Watched<S> {
+pub(crate) struct Watched<S> {
     inner: S,
     timeout: Duration,
     /// When the oldest request not yet answered went out.
@@ -85,7 +85,7 @@ pub struct Watched<S> {
 
 impl<S> Watched<S> {
     /// Watch `inner`; a zero `timeout` watches nothing.
-    pub fn new(inner: S, timeout: Duration) -> Watched<S> {
+    pub(crate) fn new(inner: S, timeout: Duration) -> Watched<S> {
         Watched {
             inner,
             timeout,

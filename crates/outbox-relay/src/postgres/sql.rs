@@ -7,7 +7,7 @@
 //! none can change the statement.
 
 /// Quote an identifier the way Postgres's `quote_ident` does.
-pub fn quote_ident(name: &str) -> String {
+pub(crate) fn quote_ident(name: &str) -> String {
     let plain = !name.is_empty()
         && name
             .bytes()
@@ -22,12 +22,12 @@ pub fn quote_ident(name: &str) -> String {
 }
 
 /// Quote a string literal.
-pub fn quote_literal(value: &str) -> String {
+pub(crate) fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
 /// `schema.name`, each part quoted as needed: a table's name in SQL text.
-pub fn qualified(schema: &str, name: &str) -> String {
+pub(crate) fn qualified(schema: &str, name: &str) -> String {
     format!("{}.{}", quote_ident(schema), quote_ident(name))
 }
 

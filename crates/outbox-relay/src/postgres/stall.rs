@@ -56,18 +56,18 @@ use std::time::{Duration, Instant};
 use crate::postgres::sql::quote_literal;
 
 /// How long a wait lasts before it is a stall.
-pub const STALL_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const STALL_AFTER: Duration = Duration::from_secs(10);
 
 /// The wait event of a walsender that waits for `synchronized_standby_slots`.
-pub const WAIT_FOR_STANDBY: &str = "WaitForStandbyConfirmation";
+pub(crate) const WAIT_FOR_STANDBY: &str = "WaitForStandbyConfirmation";
 
 /// The metric's label vocabulary is the causes' names: it lives with the
 /// metric, below this wing.
-pub use crate::metrics::StallCause as Cause;
+pub(crate) use crate::metrics::StallCause as Cause;
 
 /// One stall: its cause, what it is about, and what to do.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Stall {
+pub(crate) struct Stall {
     /// The cause.
     pub cause: Cause,
     /// What it waits for: standby slot names, a backend's PID, a gid. With
@@ -87,7 +87,7 @@ pub struct Stall {
 
 impl Stall {
     /// The message and the fix, as the log, `/readyz`, `status` and `check` say it.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!("{}: {}", self.message, self.fix)
     }
 
@@ -98,7 +98,7 @@ impl Stall {
 
 /// What the server said, read by [`look`].
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Look {
+pub(crate) struct Look {
     /// The slot's name.
     pub slot: String,
     /// The slot exists and was created with `two_phase`, on a server whose
@@ -117,7 +117,7 @@ pub struct Look {
 /// The server process holding the slot: its walsender, or the backend
 /// creating it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Holder {
+pub(crate) struct Holder {
     /// Its PID.
     pub pid: i32,
     /// `pg_stat_activity.backend_type` (`walsender`, `client backend`).
@@ -134,7 +134,7 @@ pub struct Holder {
 
 /// A lock the slot's process waits for.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct LockWait {
+pub(crate) struct LockWait {
     /// Seconds since `pg_locks.waitstart`.
     pub waited: Option<f64>,
     /// `locktype`: `transactionid`, `virtualxid`, `relation`, …
@@ -153,7 +153,7 @@ pub struct LockWait {
 /// (without `pg_read_all_stats` the state and ages of another role's
 /// backends are hidden: `None`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Backend {
+pub(crate) struct Backend {
     /// Its PID; 0: a prepared transaction.
     pub pid: i32,
     /// `datname`.
@@ -170,7 +170,7 @@ pub struct Backend {
 
 /// A slot `synchronized_standby_slots` names.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct StandbySlot {
+pub(crate) struct StandbySlot {
     /// Its name.
     pub name: String,
     /// `slot_type` (`physical`, `logical`); `None`: no such slot.
@@ -198,7 +198,7 @@ impl StandbySlot {
 
 /// A prepared transaction.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PreparedXact {
+pub(crate) struct PreparedXact {
     /// `gid`.
     pub gid: String,
     /// `database`.
@@ -215,7 +215,7 @@ pub struct PreparedXact {
 
 /// The stalls `look` shows: what the slot's process waits for first, then a
 /// prepared transaction older than `max_prepared_age` (0: not looked at).
-pub fn diagnose(look: &Look, max_prepared_age: Duration) -> Vec<Stall> {
+pub(crate) fn diagnose(look: &Look, max_prepared_age: Duration) -> Vec<Stall> {
     let mut stalls = Vec::new();
     if let Some(holder) = &look.holder {
         stalls.extend(waiting(look, holder));
@@ -476,7 +476,7 @@ fn backend(b: &Backend) -> String {
 }
 
 /// `42 s`, `7 min`, `3.5 h`.
-pub fn age(seconds: f64) -> String {
+pub(crate) fn age(seconds: f64) -> String {
     let seconds = seconds.max(0.0);
     if seconds < 120.0 {
         format!("{seconds:.0} s")
@@ -488,7 +488,7 @@ pub fn age(seconds: f64) -> String {
 }
 
 /// Ask the server about slot `slot` (see the module docs).
-pub async fn look(
+pub(crate) async fn look(
     client: &tokio_postgres::Client,
     slot: &str,
 ) -> Result<Look, tokio_postgres::Error> {
@@ -636,7 +636,7 @@ async fn standby_slots(
 
 /// `run`'s memory of the stalls across looks: which are on, since when.
 #[derive(Debug, Default)]
-pub struct Watch {
+pub(crate) struct Watch {
     on: Vec<On>,
     /// What the last look found that one look does not make a stall.
     passing: Vec<(Cause, String)>,
@@ -652,7 +652,7 @@ struct On {
 
 /// What changed with a look ([`Watch::observe`]).
 #[derive(Debug, Default)]
-pub struct Changes {
+pub(crate) struct Changes {
     /// Stalls that started (or whose cause or subject changed): log them.
     pub started: Vec<Stall>,
     /// Stalls that are over.
@@ -665,7 +665,7 @@ const MISSES_TO_END: u32 = 2;
 
 impl Watch {
     /// Take in what a look at `now` found ([`diagnose`]).
-    pub fn observe(&mut self, found: Vec<Stall>, now: Instant) -> Changes {
+    pub(crate) fn observe(&mut self, found: Vec<Stall>, now: Instant) -> Changes {
         let mut changes = Changes::default();
         let passing: Vec<(Cause, String)> = found
             .iter()
@@ -704,14 +704,14 @@ impl Watch {
     }
 
     /// The stalls on now, first cause first.
-    pub fn stalls(&self) -> impl Iterator<Item = &Stall> {
+    pub(crate) fn stalls(&self) -> impl Iterator<Item = &Stall> {
         self.on.iter().map(|on| &on.stall)
     }
 
     /// How long the longest stall of `cause` has lasted at `now` (0: none):
     /// the server's figure where it has one, else since the first look that
     /// found it.
-    pub fn seconds(&self, cause: Cause, now: Instant) -> f64 {
+    pub(crate) fn seconds(&self, cause: Cause, now: Instant) -> f64 {
         self.on
             .iter()
             .filter(|on| on.stall.cause == cause)

@@ -29,11 +29,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
 /// The settings the connector acts on; both connections name them from here.
-pub use crate::config::tls::{ChannelBindingMode, Roots, SslMode, SslNegotiation, TlsSettings};
+pub(crate) use crate::config::tls::{
+    ChannelBindingMode, Roots, SslMode, SslNegotiation, TlsSettings,
+};
 
 /// Both connections refuse a login without channel binding in the same
 /// words, which [`crate::report::Chain`] also uses: they live with it.
-pub use crate::report::channel_binding_refused;
+pub(crate) use crate::report::channel_binding_refused;
 
 /// Where `ssl_root_cert = "system"` found its CAs, as libpq's `system` does:
 /// the operating system's trust store, read by `rustls-native-certs` (on
@@ -44,7 +46,7 @@ pub use crate::report::channel_binding_refused;
 /// compiled into the relay (`webpki-roots`). Which one was used is logged
 /// once at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SystemRoots {
+pub(crate) enum SystemRoots {
     /// CA certificates the operating system's store gave.
     OperatingSystem {
         /// How many were usable.
@@ -194,7 +196,7 @@ pub(crate) fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
 
 /// What a TLS failure is, read from rustls's typed error, never its text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsFailure {
+pub(crate) enum TlsFailure {
     /// The server's certificate does not chain to a trusted CA.
     UnknownIssuer,
     /// The server's certificate is not valid for the host name.
@@ -216,7 +218,7 @@ pub enum TlsFailure {
 impl TlsFailure {
     /// What `error` (or an error behind it, an I/O error's inner one
     /// included) says in rustls's types.
-    pub fn of(error: &(dyn std::error::Error + 'static)) -> TlsFailure {
+    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> TlsFailure {
         let mut next = Some(error);
         while let Some(e) = next {
             if let Some(tls) = e.downcast_ref::<rustls::Error>() {
@@ -266,7 +268,7 @@ impl TlsFailure {
     }
 
     /// Whether a person must change something (a retry will not help).
-    pub fn needs_a_person(self) -> bool {
+    pub(crate) fn needs_a_person(self) -> bool {
         self != TlsFailure::Broken
     }
 }
@@ -275,7 +277,12 @@ impl TlsFailure {
 ///
 /// `failure` says what it is; `detail` is the TLS library's own text, shown
 /// in parentheses. The same words come out for both connections.
-pub fn explain(failure: TlsFailure, detail: &str, settings: &TlsSettings, host: &str) -> String {
+pub(crate) fn explain(
+    failure: TlsFailure,
+    detail: &str,
+    settings: &TlsSettings,
+    host: &str,
+) -> String {
     let roots = settings
         .roots
         .as_ref()
@@ -481,7 +488,7 @@ where
 /// the ordinary one, and its failures explained in the same words. A server
 /// that declines gives the plain stream back, unless TLS is `required` (every
 /// mode but `prefer`).
-pub async fn negotiate(
+pub(crate) async fn negotiate(
     connector: &MakeRustls,
     mut tcp: tokio::net::TcpStream,
     host: &str,
@@ -500,7 +507,7 @@ pub async fn negotiate(
 /// handshake comes next (`false`: the server declined and TLS is not
 /// `required`). A server that declines a required TLS is a [`TlsError`]
 /// ([`TlsFailure::NotOffered`]) in the same words on both connections.
-pub async fn ask_for_tls<S: AsyncRead + AsyncWrite + Unpin>(
+pub(crate) async fn ask_for_tls<S: AsyncRead + AsyncWrite + Unpin>(
     connector: &MakeRustls,
     stream: &mut S,
     host: &str,
@@ -626,7 +633,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
 /// needs, the certificate was already parsed by the handshake, and a parser
 /// (x509-parser, or x509-cert with der) would add a dependency tree for a
 /// thirty-line lookup. The walk is bounds-checked and fails closed.
-pub fn tls_server_end_point(certificate: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn tls_server_end_point(certificate: &[u8]) -> Option<Vec<u8>> {
     use sha2::Digest as _;
     // The OIDs' DER contents, arc by arc.
     const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01]; // 1.2.840.113549.1.1

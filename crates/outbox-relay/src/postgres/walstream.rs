@@ -49,7 +49,7 @@ use crate::postgres::position;
 use crate::postgres::tls::{ChannelBindingMode, MakeRustls, RustlsStream, TlsError};
 
 /// Size of the read buffer: one `recv` takes up to this much of the stream.
-pub const READ_BUFFER: usize = 256 * 1024;
+pub(crate) const READ_BUFFER: usize = 256 * 1024;
 
 /// The largest backend message accepted (PostgreSQL's own limit on a
 /// message is 1 GiB).

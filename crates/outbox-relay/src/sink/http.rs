@@ -53,20 +53,21 @@ use tokio::net::TcpStream;
 type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// How long an idle connection is kept for the next request.
-pub const IDLE: Duration = Duration::from_secs(20);
+pub(super) const IDLE: Duration = Duration::from_secs(20);
 
 /// The `User-Agent` of the relay's HTTP requests.
-pub const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
+pub(super) const AGENT: &str = concat!("outbox-relay/", env!("CARGO_PKG_VERSION"));
 
 /// What the pooled client connects with.
-pub type Connector = HttpsConnector<Route>;
+pub(super) type Connector = HttpsConnector<Route>;
 
 /// hyper-util's pooled HTTP/1.1 client over a [`Connector`].
-pub type Pooled = hyper_util::client::legacy::Client<Connector, http_body_util::Full<bytes::Bytes>>;
+pub(super) type Pooled =
+    hyper_util::client::legacy::Client<Connector, http_body_util::Full<bytes::Bytes>>;
 
 /// A pooled client over `connector`, keeping idle connections for
 /// [`IDLE`], at most `max_idle` (at least one) per host.
-pub fn pooled(connector: Connector, max_idle: usize) -> Pooled {
+pub(super) fn pooled(connector: Connector, max_idle: usize) -> Pooled {
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .pool_idle_timeout(IDLE)
@@ -78,7 +79,7 @@ pub fn pooled(connector: Connector, max_idle: usize) -> Pooled {
 
 /// A proxy to go through.
 #[derive(Debug, Clone)]
-pub struct Proxy {
+pub(super) struct Proxy {
     /// `http://host:port/`.
     pub uri: Uri,
     /// `Basic …` when the URL has a user.
@@ -89,7 +90,7 @@ pub struct Proxy {
 
 /// The proxy for `endpoint` as `env` (a variable lookup) says;
 /// `Err((variable, message))` for a proxy URL that cannot be used.
-pub fn proxy_for(
+pub(super) fn proxy_for(
     endpoint: &Uri,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Proxy>, (&'static str, String)> {
@@ -184,7 +185,7 @@ fn no_proxy_as_hyper_reads_it(list: &str) -> String {
 
 /// How a connection reaches the endpoint.
 #[derive(Clone)]
-pub enum Route {
+pub(crate) enum Route {
     /// Straight there.
     Direct(HttpConnector),
     /// Through a `CONNECT` tunnel (an `https` endpoint behind a proxy).
@@ -199,7 +200,7 @@ pub enum Route {
 /// `https` endpoint. `user_timeout` bounds how long sent data may stay
 /// unacknowledged (`TCP_USER_TIMEOUT`, Linux), so a connection into a
 /// silent network fails instead of waiting on the kernel's retransmissions.
-pub fn connector(
+pub(super) fn connector(
     proxy: Option<&Proxy>,
     https: bool,
     connect_timeout: Duration,
@@ -281,7 +282,7 @@ impl tower_service::Service<Uri> for Route {
 
 /// A TCP connection, marked as a proxy's when the proxy forwards requests:
 /// the pooled client then sends them in absolute form.
-pub struct Conn {
+pub(crate) struct Conn {
     io: TokioIo<TcpStream>,
     forwarded: bool,
 }
@@ -378,7 +379,7 @@ fn roots() -> Result<rustls::RootCertStore, String> {
 
 /// An error with its sources, on one line, each said once (hyper and
 /// hyper-util repeat a source's text in their own).
-pub fn with_sources(error: &dyn StdError) -> String {
+pub(super) fn with_sources(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -394,7 +395,7 @@ pub fn with_sources(error: &dyn StdError) -> String {
 
 /// Whether a TLS failure is among `error`'s sources: the endpoint's
 /// certificate, or the handshake.
-pub fn is_tls(error: &(dyn StdError + 'static)) -> bool {
+pub(super) fn is_tls(error: &(dyn StdError + 'static)) -> bool {
     let mut source = Some(error);
     while let Some(cause) = source {
         if cause.is::<rustls::Error>() {

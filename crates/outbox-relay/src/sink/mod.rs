@@ -12,13 +12,13 @@ use std::time::Duration;
 use crate::config::settings::{Settings, SetupError, Unnamed};
 use crate::pipeline::sink::{Concurrency, Message, Outcome, Sink, Source};
 
-pub mod aws;
+pub(crate) mod aws;
 mod http;
 mod unknown;
 
-pub use sns::{SnsConfig, SnsSink};
-pub use stdout::StdoutSink;
-pub use webhook::{WebhookConfig, WebhookSink};
+pub(crate) use sns::{SnsConfig, SnsSink};
+pub(crate) use stdout::StdoutSink;
+pub(crate) use webhook::{WebhookConfig, WebhookSink};
 
 /// Every destination, one line each:
 /// `name: Variant(SinkType, SettingsType) = |section| expression making the sink`.
@@ -31,7 +31,7 @@ pub use webhook::{WebhookConfig, WebhookSink};
 /// type so callers need one code path. Adding a destination is one line here.
 macro_rules! destinations {
     ($($(#[$doc:meta])* $name:ident: $variant:ident($sink:ty, $settings:ty) = |$section:ident| $build:expr;)+) => {
-        $($(#[$doc])* pub mod $name;)+
+        $($(#[$doc])* pub(crate) mod $name;)+
 
         /// The destinations `[sink] kind` can name.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -81,13 +81,13 @@ macro_rules! destinations {
         }
 
         /// The configured sink.
-        pub enum Configured {
+        pub(crate) enum Configured {
             $($(#[$doc])* $variant(Box<$sink>),)+
         }
 
         impl Configured {
             /// Build the sink `kind` names from its section of `sections`.
-            pub async fn new(kind: Kind, sections: &Sections) -> Result<Self, SetupError> {
+            pub(crate) async fn new(kind: Kind, sections: &Sections) -> Result<Self, SetupError> {
                 Ok(match kind {
                     $(Kind::$variant => {
                         let $section = &sections.$name;

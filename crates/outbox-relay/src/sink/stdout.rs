@@ -75,7 +75,7 @@ impl Write for Closed {
 }
 
 /// Writes envelopes as lines to a writer, by default standard output.
-pub struct StdoutSink {
+pub(crate) struct StdoutSink {
     output: Output,
     /// A buffer for the next batch.
     spare: Mutex<Vec<u8>>,
@@ -83,7 +83,7 @@ pub struct StdoutSink {
 
 impl StdoutSink {
     /// A sink on the process's standard output.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let sink = match std::io::stdout().as_fd().try_clone_to_owned() {
             Ok(fd) => Self::on(fd),
             Err(_) => Self::with_writer(Box::new(Closed)),
@@ -94,7 +94,7 @@ impl StdoutSink {
 
     /// A sink on an open file descriptor; how it is written depends on what
     /// it is (see the module docs).
-    pub fn on(fd: OwnedFd) -> Self {
+    pub(crate) fn on(fd: OwnedFd) -> Self {
         let file = std::fs::File::from(fd);
         let Ok(meta) = file.metadata() else {
             return Self::with_writer(Box::new(file));
@@ -117,7 +117,7 @@ impl StdoutSink {
 
     /// A sink on any writer, written by a thread of its own (the fallback
     /// for outputs the runtime cannot wait on, and tests).
-    pub fn with_writer(mut writer: Box<dyn Write + Send>) -> Self {
+    pub(crate) fn with_writer(mut writer: Box<dyn Write + Send>) -> Self {
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("stdout-sink".into())
@@ -134,7 +134,7 @@ impl StdoutSink {
 
     /// How batches are written: `directly`, `to a non-blocking pipe` or
     /// `by a writer thread`.
-    pub fn path(&self) -> &'static str {
+    pub(crate) fn path(&self) -> &'static str {
         match self.output {
             Output::Direct(_) => "directly",
             Output::Pipe(_) => "to a non-blocking pipe",

@@ -15,14 +15,14 @@ use std::time::{Duration, Instant};
 /// forever. Keyed by event id; an event leaves the map at its next other
 /// outcome, and the map is bounded by the events in flight (a retried event
 /// always comes back).
-pub struct UnknownSince {
+pub(crate) struct UnknownSince {
     since: Mutex<HashMap<Box<str>, Instant>>,
     limit: Duration,
 }
 
 impl UnknownSince {
     /// Retry unknown failures for `limit`.
-    pub fn new(limit: Duration) -> Self {
+    pub(crate) fn new(limit: Duration) -> Self {
         Self {
             since: Mutex::new(HashMap::new()),
             limit,
@@ -30,14 +30,14 @@ impl UnknownSince {
     }
 
     /// How long unknown failures are retried.
-    pub fn limit(&self) -> Duration {
+    pub(crate) fn limit(&self) -> Duration {
         self.limit
     }
 
     /// Settle a batch: `unknown` are the ids that failed for an unknown
     /// reason now, `other` those that had any other outcome. The ids of
     /// `unknown` that have failed so for `limit` are returned (and forgotten).
-    pub fn settle<'a>(
+    pub(crate) fn settle<'a>(
         &self,
         now: Instant,
         unknown: impl IntoIterator<Item = &'a str>,

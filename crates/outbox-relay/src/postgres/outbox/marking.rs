@@ -81,7 +81,7 @@ const RECONNECT_FOR: Duration = Duration::from_secs(150);
 
 /// What to record about a row.
 #[derive(Debug, Clone)]
-pub enum Mark {
+pub(crate) enum Mark {
     /// It was published.
     Published(String),
     /// It was filtered out.
@@ -120,7 +120,7 @@ impl Drop for Ending {
 
 /// Sends marks to the marking task; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Marker {
+pub(crate) struct Marker {
     tx: mpsc::UnboundedSender<Mark>,
     backlog: Arc<Backlog>,
 }
@@ -129,7 +129,7 @@ impl Marker {
     /// Record `mark` (a no-op once the task is gone). Never waits: the
     /// queue is bounded by the replication loop, which stops reading while
     /// [`Marker::full`].
-    pub fn send(&self, mark: Mark) {
+    pub(crate) fn send(&self, mark: Mark) {
         // Counted before it is sent, so the task never counts it down first.
         self.backlog.unmarked.fetch_add(1, Ordering::Relaxed);
         if self.tx.send(mark).is_err() {
@@ -138,19 +138,19 @@ impl Marker {
     }
 
     /// Rows published or filtered out and not yet marked (queued or being written).
-    pub fn unmarked(&self) -> usize {
+    pub(crate) fn unmarked(&self) -> usize {
         self.backlog.unmarked.load(Ordering::Relaxed)
     }
 
     /// Whether the unmarked rows are at `lifecycle.max_unmarked` (and the
     /// task still runs): then the stream waits for [`Marker::room`].
-    pub fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         self.unmarked() >= self.backlog.limit && !self.backlog.ended.load(Ordering::Relaxed)
     }
 
     /// Resolves once marks have been written since the last call (at once
     /// when that happened meanwhile). Cancel-safe.
-    pub async fn room(&self) {
+    pub(crate) async fn room(&self) {
         self.backlog.room.notified().await
     }
 }
@@ -226,7 +226,7 @@ impl Writer {
 /// them. Unmarked rows are held to `max_unmarked` by the caller
 /// ([`Marker::full`]). The task ends (after writing what it has) when every
 /// [`Marker`] is dropped.
-pub fn spawn(
+pub(crate) fn spawn(
     client: Arc<tokio_postgres::Client>,
     conn: ConnInfo,
     table: &Table,

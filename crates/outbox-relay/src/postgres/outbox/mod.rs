@@ -2,7 +2,7 @@
 //! published ([`marking`]), recording rows failed ([`record`]) and deleting
 //! what is done ([`retention`]).
 
-pub mod marking;
-pub mod record;
-pub mod retention;
-pub mod table;
+pub(crate) mod marking;
+pub(crate) mod record;
+pub(crate) mod retention;
+pub(crate) mod table;

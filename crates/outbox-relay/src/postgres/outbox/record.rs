@@ -88,7 +88,7 @@ pub enum RecordError {
 }
 
 /// Records rejected events in the database.
-pub struct Recorder {
+pub(crate) struct Recorder {
     client: Arc<tokio_postgres::Client>,
     mode: Mode,
     /// The outbox table and its dead-letter table, for messages.
@@ -102,7 +102,7 @@ pub struct Recorder {
 impl Recorder {
     /// Find out where rejections can be recorded for `table`; an error when
     /// there is nowhere (the relay must not acknowledge what it cannot record).
-    pub async fn detect(
+    pub(crate) async fn detect(
         client: Arc<tokio_postgres::Client>,
         config: &Config,
         table: &Table,
@@ -145,7 +145,7 @@ impl Recorder {
     /// an error (the session then restarts on a fresh connection, and nothing
     /// is acknowledged meanwhile). [`RecordError::RowGone`] when the row is
     /// gone and there is no dead-letter table.
-    pub async fn record(
+    pub(crate) async fn record(
         &self,
         id: &str,
         event: Option<&crate::event::OutboxEvent>,

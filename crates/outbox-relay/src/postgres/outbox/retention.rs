@@ -21,7 +21,7 @@ use crate::postgres::ConnInfo;
 
 /// What one run removed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Purged {
+pub(crate) struct Purged {
     /// Rows deleted.
     pub rows: u64,
     /// Transactions (batches) used.
@@ -32,7 +32,7 @@ pub struct Purged {
 
 /// Delete what is older than `older_than` now, batch by batch, until nothing
 /// is left or `stop` is cancelled.
-pub async fn purge(
+pub(crate) async fn purge(
     client: &Client,
     table: &Table,
     older_than: Duration,
@@ -193,7 +193,7 @@ async fn drop_partition(
 }
 
 /// Run retention every `retention.interval` until `stop`.
-pub async fn run(config: Config, stop: CancellationToken) {
+pub(crate) async fn run(config: Config, stop: CancellationToken) {
     let retention = &config.retention;
     let conn = match ConnInfo::new(&config.postgres) {
         Ok(c) => c,

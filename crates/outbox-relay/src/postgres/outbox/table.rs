@@ -6,12 +6,12 @@ use crate::config::{Config, OnPublished};
 use crate::postgres::sql::{qualified, quote_ident};
 
 /// Name of the dead-letter table for outbox table `table`.
-pub fn dead_letter_table(table: &str) -> String {
+pub(crate) fn dead_letter_table(table: &str) -> String {
     format!("{table}_dead_letter")
 }
 
 /// The relay-managed columns the lifecycle features need.
-pub const MANAGED: [&str; 5] = [
+pub(crate) const MANAGED: [&str; 5] = [
     "publish_state",
     "attempts",
     "last_error",
@@ -21,7 +21,7 @@ pub const MANAGED: [&str; 5] = [
 
 /// What the relay knows about the outbox table.
 #[derive(Debug, Clone)]
-pub struct Table {
+pub(crate) struct Table {
     /// `"schema"."table"`, quoted.
     pub qualified: String,
     /// The id column, quoted.
@@ -43,7 +43,7 @@ pub struct Table {
 
 impl Table {
     /// Read the table's description; `None` when it does not exist.
-    pub async fn inspect(
+    pub(crate) async fn inspect(
         client: &tokio_postgres::Client,
         config: &Config,
     ) -> Result<Option<Self>, tokio_postgres::Error> {
@@ -83,13 +83,13 @@ impl Table {
     }
 
     /// `WHERE`-clause test of the id column against a `text[]` parameter `$n`.
-    pub fn id_in(&self, n: usize) -> String {
+    pub(crate) fn id_in(&self, n: usize) -> String {
         format!("{} = ANY(${n}::text[]::{}[])", self.id, self.id_type)
     }
 
     /// The statement that records rows (ids in `$1`) as published in `mode`:
     /// mark them, or delete them; `None` when the table is left alone.
-    pub fn published_sql(&self, mode: OnPublished) -> Option<String> {
+    pub(crate) fn published_sql(&self, mode: OnPublished) -> Option<String> {
         match mode {
             OnPublished::Mark => Some(format!(
                 "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
@@ -102,7 +102,7 @@ impl Table {
     }
 
     /// The statement that records rows (ids in `$1`) as filtered out in `mode`.
-    pub fn skipped_sql(&self, mode: OnPublished) -> Option<String> {
+    pub(crate) fn skipped_sql(&self, mode: OnPublished) -> Option<String> {
         match mode {
             OnPublished::Mark => Some(format!(
                 "UPDATE {} SET publish_state = 'SKIPPED', published_at = now() WHERE {}",
@@ -121,7 +121,7 @@ impl Table {
     /// `SELECT` list of every column of the table aliased `alias`, as text,
     /// in table order. Qualify `ORDER BY` with the alias too: an unqualified
     /// name would bind to these text output columns and defeat the indexes.
-    pub fn text_columns(&self, alias: &str) -> String {
+    pub(crate) fn text_columns(&self, alias: &str) -> String {
         self.columns
             .iter()
             .map(|(n, _)| format!("{alias}.{}::text", quote_ident(n)))
@@ -132,7 +132,7 @@ impl Table {
     /// The statement that records a failed attempt: `$1` id, `$2` reason,
     /// `$3` too old (bool), `$4` seconds until the next attempt. DEAD once
     /// `max_attempts` is reached or the row is too old; FAILED otherwise.
-    pub fn failure_sql(&self, max_attempts: i32) -> String {
+    pub(crate) fn failure_sql(&self, max_attempts: i32) -> String {
         format!(
             "UPDATE {} SET publish_state = CASE WHEN attempts + 1 >= {max_attempts} OR $3 THEN 'DEAD' ELSE 'FAILED' END, \
              attempts = attempts + 1, last_error = $2, next_attempt_at = now() + make_interval(secs => $4) \

@@ -254,7 +254,7 @@ pub enum Answer {
 /// (EventBridge `Entries`, Kinesis `Records`): an error code, or the id the
 /// service gave the entry.
 #[derive(Debug, serde::Deserialize)]
-pub struct Positional {
+pub(crate) struct Positional {
     /// The entry's error code, when it failed.
     #[serde(rename = "ErrorCode")]
     pub error_code: Option<String>,
@@ -268,7 +268,7 @@ pub struct Positional {
 
 /// The answers of `results`, by position, for `entries` entries (those the
 /// answer does not list: `None`).
-pub fn positional(results: Vec<Positional>, entries: usize) -> Vec<Option<Answer>> {
+pub(crate) fn positional(results: Vec<Positional>, entries: usize) -> Vec<Option<Answer>> {
     let mut answers: Vec<Option<Answer>> = results
         .into_iter()
         .take(entries)
@@ -289,7 +289,7 @@ pub fn positional(results: Vec<Positional>, entries: usize) -> Vec<Option<Answer
 /// What becomes of one message before it is an [`Outcome`]: the class of a
 /// failure is kept until the batch is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Taken by the destination.
     Delivered,
     /// Never acceptable.
@@ -897,14 +897,19 @@ pub(crate) fn missing<P: Protocol>(destination: &str, reason: &str) -> String {
 /// Whether an entry of `verdicts` is to be sent again: the entries after it
 /// then wait unsent, without a verdict (a failure of their own would start
 /// [`UnknownSince`]'s clock for entries that never reached the service).
-pub fn retrying(verdicts: &[Option<Verdict>]) -> bool {
+pub(crate) fn retrying(verdicts: &[Option<Verdict>]) -> bool {
     verdicts
         .iter()
         .any(|v| matches!(v, Some(Verdict::Retry(..))))
 }
 
 /// The messages at `indices` are to be sent again, for `reason`.
-pub fn retry_all(indices: &[usize], verdicts: &mut [Option<Verdict>], class: Class, reason: &str) {
+pub(crate) fn retry_all(
+    indices: &[usize],
+    verdicts: &mut [Option<Verdict>],
+    class: Class,
+    reason: &str,
+) {
     for &i in indices {
         verdicts[i] = Some(Verdict::Retry(class, reason.to_owned()));
     }
@@ -912,7 +917,7 @@ pub fn retry_all(indices: &[usize], verdicts: &mut [Option<Verdict>], class: Cla
 
 /// The outcomes of `verdicts`: a failure of unknown class is retried until
 /// the same event has failed so for `unknown`'s limit, then recorded.
-pub fn settle(
+pub(crate) fn settle(
     unknown: &UnknownSince,
     batch: &[Message],
     verdicts: Vec<Option<Verdict>>,
@@ -952,7 +957,7 @@ pub fn settle(
 
 /// Whether `value` is 64 lower-case hex digits: what [`fifo_id`] and the
 /// claim-check keys replace a value by.
-pub fn looks_hashed(value: &str) -> bool {
+pub(crate) fn looks_hashed(value: &str) -> bool {
     value.len() == 64
         && value
             .bytes()
@@ -966,7 +971,7 @@ pub fn looks_hashed(value: &str) -> bool {
 /// practice. So is a value that looks like such a hash, so no row's id can
 /// be the hash another row's id was replaced by (and a destination that
 /// deduplicates by it drop the other).
-pub fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
     use sha2::Digest as _;
     let fits = !value.is_empty()
         && value.len() <= 128

@@ -17,7 +17,7 @@ use super::{Service, SetupError};
 use crate::sink::http;
 
 /// The pooled connections to one AWS endpoint.
-pub struct Transport {
+pub(crate) struct Transport {
     /// hyper-util's pooled client.
     pub pooled: http::Pooled,
     /// `Proxy-Authorization` for requests an `http` proxy forwards (a
@@ -27,7 +27,7 @@ pub struct Transport {
 
 /// The transport to `endpoint` of `service`, through the proxy the
 /// variables of `env` name, keeping up to `max_idle` idle connections.
-pub fn transport(
+pub(crate) fn transport(
     service: Service,
     endpoint: &Endpoint,
     max_idle: usize,
@@ -66,7 +66,7 @@ pub fn transport(
 /// What a request that got no answer says: its sources (the client's own
 /// words, "client error (Connect)", say less), and for a connection that
 /// failed in TLS, which CAs were trusted.
-pub fn failure(error: &hyper_util::client::legacy::Error) -> String {
+pub(crate) fn failure(error: &hyper_util::client::legacy::Error) -> String {
     let cause = std::error::Error::source(error).unwrap_or(error);
     let text = http::with_sources(cause);
     if error.is_connect() && http::is_tls(error) {

@@ -15,7 +15,7 @@ use super::Service;
 /// The endpoint set for `service`, and the key or variable that set it:
 /// `explicit` (the relay's key and its value, empty when unset), else the
 /// SDK's settings. `None`: nothing is set; the service's rules decide.
-pub fn configured(
+pub(crate) fn configured(
     sdk: &SdkConfig,
     service: &Service,
     explicit: (&'static str, &str),
@@ -44,7 +44,7 @@ pub fn configured(
 /// `explicit`) path-style (`<endpoint>/<bucket>`, as local and compatible
 /// endpoints take it); else AWS's own, virtual-hosted
 /// (`https://<bucket>.s3.<region>.amazonaws.com`), named by `bucket_key`.
-pub fn s3_bucket(
+pub(crate) fn s3_bucket(
     sdk: &SdkConfig,
     region: &str,
     explicit: (&'static str, &str),
@@ -65,7 +65,7 @@ pub fn s3_bucket(
 }
 
 /// The ARN partition of `region` (`aws`, `aws-cn`, `aws-us-gov`, …).
-pub fn partition(region: &str) -> &'static str {
+pub(crate) fn partition(region: &str) -> &'static str {
     match region {
         r if r.starts_with("cn-") => "aws-cn",
         r if r.starts_with("us-gov-") => "aws-us-gov",
@@ -83,7 +83,7 @@ pub fn partition(region: &str) -> &'static str {
 /// the dual-stack `api.aws` names. The same rules the SDKs' resolvers apply
 /// to these services for a region (the relay does not compile three SDK
 /// crates for them; SNS keeps its SDK's resolver, already in the tree).
-pub fn regional(prefix: &str, region: &str, fips: bool, dual_stack: bool) -> String {
+pub(crate) fn regional(prefix: &str, region: &str, fips: bool, dual_stack: bool) -> String {
     let (suffix, dual_suffix) = match region {
         r if r.starts_with("cn-") => ("amazonaws.com.cn", "api.amazonwebservices.com.cn"),
         r if r.starts_with("us-isob-") => ("sc2s.sgov.gov", "sc2s.sgov.gov"),
@@ -105,7 +105,7 @@ pub fn regional(prefix: &str, region: &str, fips: bool, dual_stack: bool) -> Str
 /// The endpoint of `service` for a sink: configured ([`configured`], with
 /// the sink's own `explicit` key), else [`regional`] for `prefix` with the
 /// FIPS and dual-stack settings of `sdk`. With the key that set it.
-pub fn for_service(
+pub(crate) fn for_service(
     sdk: &SdkConfig,
     service: &Service,
     explicit: (&'static str, &str),
@@ -128,7 +128,7 @@ pub fn for_service(
 
 /// An endpoint URL taken apart for requests.
 #[derive(Debug, Clone)]
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// As the operator wrote it, for messages.
     pub text: String,
     /// The URI requests are signed for and sent to: scheme, authority
@@ -141,7 +141,7 @@ pub struct Endpoint {
 impl Endpoint {
     /// `url` (`http://` or `https://`, a host, an optional port and path,
     /// no query), or why it cannot be used.
-    pub fn parse(url: &str) -> Result<Self, String> {
+    pub(crate) fn parse(url: &str) -> Result<Self, String> {
         let uri: Uri = url.parse().map_err(|e| format!("{e}"))?;
         let https = match uri.scheme_str() {
             Some("https") => true,
@@ -192,13 +192,13 @@ impl Endpoint {
     }
 
     /// Whether requests go over TLS.
-    pub fn is_https(&self) -> bool {
+    pub(crate) fn is_https(&self) -> bool {
         self.uri.scheme_str() == Some("https")
     }
 
     /// The URI of `key` under the endpoint's path (the path itself when
     /// `key` is empty).
-    pub fn join(&self, key: &str) -> Result<Uri, String> {
+    pub(crate) fn join(&self, key: &str) -> Result<Uri, String> {
         if key.is_empty() {
             return Ok(self.uri.clone());
         }

@@ -22,7 +22,7 @@
 //! proxy's page) is `Unknown`, not `Invalid`.
 
 use crate::pipeline::sink::Cause;
-pub use crate::sink::unknown::UnknownSince;
+pub(crate) use crate::sink::unknown::UnknownSince;
 
 /// What an answer means for the entries it concerns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +199,7 @@ fn known(code: &str) -> Option<Class> {
 
 /// Whether SNS's error `code` says the credentials are good but may not do
 /// what was asked (rather than being unknown, expired or badly signed).
-pub fn permission_denied(code: &str) -> bool {
+pub(crate) fn permission_denied(code: &str) -> bool {
     matches!(
         code,
         "AuthorizationError"
@@ -213,7 +213,7 @@ pub fn permission_denied(code: &str) -> bool {
 /// `endpoint`, with `body`, whose error the protocol parsed as `error`)
 /// says: its class, the service's error code, and a reason (the code and
 /// message, else the status, the endpoint and the start of the body).
-pub fn refusal(
+pub(crate) fn refusal(
     status: hyper::StatusCode,
     endpoint: &str,
     body: &[u8],
@@ -238,7 +238,7 @@ pub fn refusal(
 
 /// Whether SNS's error `code` says the credentials themselves are expired
 /// or unknown (so the cached ones are dropped and the chain asked again).
-pub fn stale_credentials(code: &str) -> bool {
+pub(crate) fn stale_credentials(code: &str) -> bool {
     matches!(
         code,
         "ExpiredToken"

@@ -8,12 +8,12 @@ use hyper::Method;
 use super::Request;
 
 /// `Content-Type` of AWS JSON 1.0 (SQS).
-pub const JSON_10: &str = "application/x-amz-json-1.0";
+pub(crate) const JSON_10: &str = "application/x-amz-json-1.0";
 /// `Content-Type` of AWS JSON 1.1 (EventBridge, Kinesis).
-pub const JSON_11: &str = "application/x-amz-json-1.1";
+pub(crate) const JSON_11: &str = "application/x-amz-json-1.1";
 
 /// The header naming the operation.
-pub fn target(operation: &'static str) -> [(HeaderName, HeaderValue); 1] {
+pub(crate) fn target(operation: &'static str) -> [(HeaderName, HeaderValue); 1] {
     [(
         HeaderName::from_static("x-amz-target"),
         HeaderValue::from_static(operation),
@@ -21,7 +21,7 @@ pub fn target(operation: &'static str) -> [(HeaderName, HeaderValue); 1] {
 }
 
 /// A call of the operation `target` names ([`target`]) with `body`.
-pub fn request<'a>(
+pub(crate) fn request<'a>(
     content_type: &'static str,
     target: &'a [(HeaderName, HeaderValue)],
     body: Vec<u8>,

@@ -10,26 +10,26 @@ use std::time::{Duration, Instant};
 
 /// How long a fact a service gave is used before it is asked again: a change
 /// on the service (a queue's limit raised, a bus deleted) is seen within it.
-pub const KNOWN_FOR: Duration = Duration::from_secs(60);
+pub(crate) const KNOWN_FOR: Duration = Duration::from_secs(60);
 /// How long a stand-in is used when the service did not answer, so that an
 /// outage does not make every batch ask again, one at a time.
-pub const UNANSWERED_FOR: Duration = Duration::from_secs(10);
+pub(crate) const UNANSWERED_FOR: Duration = Duration::from_secs(10);
 
 /// How long a fact is used that only a sign from the service ends
 /// ([`Known::forget_if`]): an SNS topic's limit, learned again when SNS
 /// refuses what it let through. For a process, forever (yet an `Instant`
 /// can still be this far ahead).
-pub const UNTIL_FORGOTTEN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+pub(crate) const UNTIL_FORGOTTEN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Most destinations a sink remembers facts of. A row may name any
 /// destination its sink allows (`crate::config::allow`), so an application can
 /// name very many: past this the facts that expired go, and if that is not
 /// enough all of them (each is asked again when next needed), so memory stays
 /// bounded (DESIGN.md invariant 6). As many as the router's cache of names.
-pub const MAX_KNOWN: usize = 10_000;
+pub(crate) const MAX_KNOWN: usize = 10_000;
 
 /// Per destination: a fact and until when it holds.
-pub struct Known<T> {
+pub(crate) struct Known<T> {
     facts: Mutex<HashMap<Arc<str>, (T, Instant)>>,
     /// Per destination, held while it is asked about: one ask at a time
     /// for it, and its batches that start meanwhile wait for the answer;
@@ -51,7 +51,7 @@ impl<T: Clone> Known<T> {
     /// `ask` answers now, kept for the duration it returns with it. `ask` is
     /// given the fact it replaces (expired), if any, so that a lasting
     /// problem is said when it starts, not at every ask.
-    pub async fn get<F, Fut>(&self, destination: &Arc<str>, ask: F) -> T
+    pub(crate) async fn get<F, Fut>(&self, destination: &Arc<str>, ask: F) -> T
     where
         F: FnOnce(Option<T>) -> Fut,
         Fut: Future<Output = (T, Duration)>,
@@ -94,7 +94,7 @@ impl<T: Clone> Known<T> {
 
     /// Forget `destination`'s fact if `stale` says so of it (it is asked
     /// again when next needed); whether it was forgotten.
-    pub fn forget_if(&self, destination: &str, stale: impl FnOnce(&T) -> bool) -> bool {
+    pub(crate) fn forget_if(&self, destination: &str, stale: impl FnOnce(&T) -> bool) -> bool {
         let mut facts = self.lock();
         let forget = facts.get(destination).is_some_and(|(fact, _)| stale(fact));
         if forget {
@@ -104,7 +104,7 @@ impl<T: Clone> Known<T> {
     }
 
     /// Whether a fact of `destination` is kept (fresh or not).
-    pub fn holds(&self, destination: &str) -> bool {
+    pub(crate) fn holds(&self, destination: &str) -> bool {
         self.lock().contains_key(destination)
     }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 /// What the endpoint received, request by request.
 #[derive(Clone, Default)]
-pub struct Seen {
+pub(crate) struct Seen {
     /// Each request's head (request line and headers).
     pub heads: Arc<Mutex<Vec<String>>>,
     /// Each request's body.
@@ -15,7 +15,7 @@ pub struct Seen {
 
 /// Serve on a free port of 127.0.0.1: its URL, and what it receives.
 /// `answer` gives the whole HTTP response to a request of this head.
-pub async fn endpoint(answer: impl Fn(&str) -> String + Send + 'static) -> (String, Seen) {
+pub(crate) async fn endpoint(answer: impl Fn(&str) -> String + Send + 'static) -> (String, Seen) {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -52,7 +52,7 @@ pub async fn endpoint(answer: impl Fn(&str) -> String + Send + 'static) -> (Stri
 }
 
 /// A client of `service` at `url` with fixed test credentials.
-pub fn client(service: crate::sink::aws::Service, url: &str) -> crate::sink::aws::Client {
+pub(crate) fn client(service: crate::sink::aws::Service, url: &str) -> crate::sink::aws::Client {
     let credentials =
         aws_credential_types::Credentials::new("AKIDTEST", "secret", None, None, "test");
     let sdk = aws_config::SdkConfig::builder()
@@ -72,7 +72,7 @@ pub fn client(service: crate::sink::aws::Service, url: &str) -> crate::sink::aws
 }
 
 /// An HTTP 200 response with the AWS JSON 1.1 `body`.
-pub fn json_ok(body: &str) -> String {
+pub(crate) fn json_ok(body: &str) -> String {
     format!(
         "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -80,7 +80,7 @@ pub fn json_ok(body: &str) -> String {
 }
 
 /// An HTTP 400 response refusing the call with the AWS JSON error `code`.
-pub fn json_refusal(code: &str, message: &str) -> String {
+pub(crate) fn json_refusal(code: &str, message: &str) -> String {
     let body = format!(r#"{{"__type":"{code}","message":"{message}"}}"#);
     format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/x-amz-json-1.1\r\ncontent-length: {}\r\n\r\n{body}",

@@ -27,20 +27,20 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region, SdkConfig};
 
-pub mod batch;
+pub(crate) mod batch;
 mod client;
-pub mod connect;
-pub mod endpoint;
-pub mod errors;
-pub mod json;
-pub mod known;
+pub(crate) mod connect;
+pub(crate) mod endpoint;
+pub(crate) mod errors;
+pub(crate) mod json;
+pub(crate) mod known;
 #[cfg(test)]
-pub mod local;
-pub mod query;
-pub mod settings;
+pub(crate) mod local;
+pub(crate) mod query;
+pub(crate) mod settings;
 
-pub use crate::config::settings::SetupError;
-pub use client::{CallError, Client, Request};
+pub(crate) use crate::config::settings::SetupError;
+pub(crate) use client::{CallError, Client, Request};
 
 /// An AWS service as the layer needs to know it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,35 +55,35 @@ pub struct Service {
 }
 
 /// Amazon SNS.
-pub const SNS: Service = Service {
+pub(crate) const SNS: Service = Service {
     signing_name: "sns",
     service_id: "SNS",
     endpoint_variable: "AWS_ENDPOINT_URL_SNS",
 };
 
 /// Amazon S3.
-pub const S3: Service = Service {
+pub(crate) const S3: Service = Service {
     signing_name: "s3",
     service_id: "S3",
     endpoint_variable: "AWS_ENDPOINT_URL_S3",
 };
 
 /// Amazon SQS.
-pub const SQS: Service = Service {
+pub(crate) const SQS: Service = Service {
     signing_name: "sqs",
     service_id: "SQS",
     endpoint_variable: "AWS_ENDPOINT_URL_SQS",
 };
 
 /// Amazon EventBridge.
-pub const EVENTBRIDGE: Service = Service {
+pub(crate) const EVENTBRIDGE: Service = Service {
     signing_name: "events",
     service_id: "EventBridge",
     endpoint_variable: "AWS_ENDPOINT_URL_EVENTBRIDGE",
 };
 
 /// Amazon Kinesis Data Streams.
-pub const KINESIS: Service = Service {
+pub(crate) const KINESIS: Service = Service {
     signing_name: "kinesis",
     service_id: "Kinesis",
     endpoint_variable: "AWS_ENDPOINT_URL_KINESIS",
@@ -94,7 +94,10 @@ pub const KINESIS: Service = Service {
 /// object as its JSON text. Absent, `null` and empty ones are left out (the
 /// services refuse empty attribute values), and so is every header of a row
 /// whose headers are not a JSON object.
-pub fn header_values<'a>(headers: Option<&str>, names: &'a [String]) -> Vec<(&'a str, String)> {
+pub(crate) fn header_values<'a>(
+    headers: Option<&str>,
+    names: &'a [String],
+) -> Vec<(&'a str, String)> {
     let Some(headers) = headers.filter(|_| !names.is_empty()) else {
         return Vec::new();
     };
@@ -121,7 +124,7 @@ pub fn header_values<'a>(headers: Option<&str>, names: &'a [String]) -> Vec<(&'a
 /// for AWS). The service refuses a message whose attribute breaks one of
 /// these, so every event carrying such a header would end FAILED: refused at
 /// start-up instead.
-pub fn message_attribute_name(name: &str) -> Result<(), &'static str> {
+pub(crate) fn message_attribute_name(name: &str) -> Result<(), &'static str> {
     if name.is_empty() {
         return Err("it is empty");
     }
@@ -152,7 +155,7 @@ pub fn message_attribute_name(name: &str) -> Result<(), &'static str> {
 
 /// The region of an ARN (`arn:aws:kinesis:eu-west-1:…` is `eu-west-1`), if
 /// `name` is one.
-pub fn arn_region(name: &str) -> Option<&str> {
+pub(crate) fn arn_region(name: &str) -> Option<&str> {
     name.strip_prefix("arn:")
         .and_then(|arn| arn.split(':').nth(2))
         .filter(|r| !r.is_empty())
@@ -160,7 +163,7 @@ pub fn arn_region(name: &str) -> Option<&str> {
 
 /// What an AWS destination's section says about its calls.
 #[derive(Debug, Clone, Copy)]
-pub struct Calls<'a> {
+pub(crate) struct Calls<'a> {
     /// The region set for the sink (or read from its destination), if any.
     pub region: Option<&'a str>,
     /// Its key (`sqs.region`).
@@ -180,7 +183,7 @@ pub struct Calls<'a> {
 /// A client for `service` as `calls` says: the standard settings
 /// ([`load`]), the endpoint by the SDK's order ([`endpoint::for_service`],
 /// `prefix` naming the service's regional host).
-pub async fn client(
+pub(crate) async fn client(
     service: Service,
     prefix: &str,
     calls: Calls<'_>,
@@ -216,7 +219,7 @@ pub async fn client(
 /// relay setting) over `AWS_REGION` and profiles, and the timeouts of the
 /// credential providers that call out (instance metadata, STS, SSO). Fails,
 /// naming `region_key`, when no region is set anywhere.
-pub async fn load(
+pub(crate) async fn load(
     region: Option<&str>,
     region_key: &'static str,
     operation_timeout: Duration,

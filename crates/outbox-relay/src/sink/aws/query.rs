@@ -20,7 +20,7 @@ use aws_smithy_xml::decode::{try_data, Document, ScopedDecoder};
 /// bytes, so a branch (or a copy of the run before it) mispredicts often.
 /// Every byte writes its three-byte form from [`FORM`] into room made
 /// beforehand and moves on by that form's length.
-pub fn encode(out: &mut Vec<u8>, value: &[u8]) {
+pub(crate) fn encode(out: &mut Vec<u8>, value: &[u8]) {
     let start = out.len();
     out.resize(start + value.len() * 3, 0);
     let room = &mut out[start..];
@@ -56,7 +56,7 @@ const FORM: [[u8; 4]; 256] = {
 
 /// The `Code` and `Message` of an error answer (`ErrorResponse/Error`, also
 /// found nested a level deeper), when the body is one.
-pub fn parse_error(xml: &[u8]) -> Option<(String, Option<String>)> {
+pub(crate) fn parse_error(xml: &[u8]) -> Option<(String, Option<String>)> {
     let mut doc = Document::try_from(xml).ok()?;
     let mut root = doc.root_element().ok()?;
     find_error(&mut root, 0)
@@ -64,7 +64,7 @@ pub fn parse_error(xml: &[u8]) -> Option<(String, Option<String>)> {
 
 /// The `RequestId` of an answer, for error messages (AWS support asks for
 /// it): the first `<RequestId>` holding a plain token.
-pub fn request_id(xml: &[u8]) -> Option<&str> {
+pub(crate) fn request_id(xml: &[u8]) -> Option<&str> {
     let start = memchr::memmem::find(xml, b"<RequestId>")? + b"<RequestId>".len();
     let len = memchr::memchr(b'<', &xml[start..])?;
     let id = std::str::from_utf8(&xml[start..start + len]).ok()?.trim();

@@ -25,13 +25,13 @@ use crate::config::allow;
 use crate::config::settings::{verbatim, Routes};
 
 /// Default `linger`: how long a partial batch waits for more messages.
-pub const DEFAULT_LINGER: Duration = Duration::from_millis(5);
+pub(crate) const DEFAULT_LINGER: Duration = Duration::from_millis(5);
 /// Default `operation_timeout`.
-pub const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `attempt_timeout`.
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default `retry_unknown_errors_for`.
-pub const DEFAULT_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_RETRY_UNKNOWN_ERRORS_FOR: Duration = Duration::from_secs(600);
 
 /// An AWS destination's settings section: a struct refusing unknown keys,
 /// whose missing keys take their defaults, with its `Default`,
@@ -152,7 +152,7 @@ pub(crate) use section;
 /// Check the call settings every AWS batch destination has, each problem
 /// under `section.key`: both timeouts above zero and an attempt no longer
 /// than its call, a linger of at most a second, an HTTP(S) endpoint.
-pub fn check_calls(
+pub(crate) fn check_calls(
     section: &str,
     endpoint_url: &str,
     (operation_timeout, attempt_timeout): (Duration, Duration),
@@ -183,7 +183,11 @@ pub fn check_calls(
 /// bus, a stream), sent as named: any bare name (it is the relay's own
 /// account and region's), ARNs in the partition, region and account of
 /// `default`, and the patterns of `allowed_destinations`.
-pub fn named_routes(default: &str, allowed_destinations: &[String], missing: &str) -> Routes {
+pub(crate) fn named_routes(
+    default: &str,
+    allowed_destinations: &[String],
+    missing: &str,
+) -> Routes {
     Routes {
         default: (!default.is_empty()).then(|| default.to_owned()),
         template: None,

@@ -6,7 +6,7 @@ use crate::config::settings::{check_template, Routes, Settings};
 use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutEvents` calls in flight.
-pub const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
+pub(crate) const DEFAULT_EVENTBRIDGE_IN_FLIGHT_BATCHES: usize = 500;
 
 section! {
     /// `[eventbridge]`: the EventBridge sink.
@@ -84,7 +84,11 @@ impl Settings for EventBridgeConfig {
                 "sources starting with aws. are reserved for AWS services".into(),
             );
         }
-        allow::check_patterns("eventbridge.allowed_destinations", &self.allowed_destinations, bad);
+        allow::check_patterns(
+            "eventbridge.allowed_destinations",
+            &self.allowed_destinations,
+            bad,
+        );
         self.check_calls(bad);
     }
 
@@ -107,7 +111,9 @@ mod tests {
 
     #[test]
     fn the_eventbridge_sink_needs_a_bus_and_names_each_bad_key() {
-        let eb = |extra: &str| format!("{MINIMAL}\n[sink]\nkind = \"eventbridge\"\n[eventbridge]\n{extra}");
+        let eb = |extra: &str| {
+            format!("{MINIMAL}\n[sink]\nkind = \"eventbridge\"\n[eventbridge]\n{extra}")
+        };
         let p = problems(load(&eb(""), &[]).unwrap_err());
         assert!(p.iter().any(|p| p.key == "eventbridge.bus"), "{p:?}");
         let p = problems(
@@ -117,7 +123,11 @@ mod tests {
             )
             .unwrap_err(),
         );
-        for key in ["eventbridge.bus", "eventbridge.source", "eventbridge.detail_type"] {
+        for key in [
+            "eventbridge.bus",
+            "eventbridge.source",
+            "eventbridge.detail_type",
+        ] {
             assert!(p.iter().any(|p| p.key == key), "{key}: {p:?}");
         }
         let ok = load(
@@ -125,6 +135,9 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(ok.destinations.eventbridge.region_or_arn(), Some("eu-west-1"));
+        assert_eq!(
+            ok.destinations.eventbridge.region_or_arn(),
+            Some("eu-west-1")
+        );
     }
 }

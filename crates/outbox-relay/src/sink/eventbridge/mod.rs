@@ -44,19 +44,21 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::pipeline::sink::{Cause, Message, Outcome};
-use crate::sink::aws::batch::{positional, Answer, BatchSink, Batches, Gate, missing, Positional, Protocol, Question};
+use crate::sink::aws::batch::{
+    missing, positional, Answer, BatchSink, Batches, Gate, Positional, Protocol, Question,
+};
 use crate::sink::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::sink::aws::{self, json, SetupError};
 
-pub mod config;
+pub(crate) mod config;
 
-pub use config::EventBridgeConfig;
+pub(crate) use config::EventBridgeConfig;
 
 /// EventBridge's limit of an entry and of a call, in bytes.
-pub const MAX_EVENT_SIZE: usize = 1_048_576;
+pub(crate) const MAX_EVENT_SIZE: usize = 1_048_576;
 
 /// Publishes to EventBridge.
-pub type EventBridgeSink = BatchSink<PutEvents, Buses>;
+pub(crate) type EventBridgeSink = BatchSink<PutEvents, Buses>;
 
 impl EventBridgeSink {
     /// A sink for `config` (validated).
@@ -91,7 +93,9 @@ impl EventBridgeSink {
             // event: say so now, naming the permission (of the default bus,
             // which is not asked about later, too: rows may name others). An
             // unanswered question is asked again when events come.
-            let body = serde_json::json!({ "Name": &config.bus }).to_string().into_bytes();
+            let body = serde_json::json!({ "Name": &config.bus })
+                .to_string()
+                .into_bytes();
             if let Err(Question::Refused(reason)) =
                 batches.ask("AWSEvents.DescribeEventBus", body).await
             {
@@ -257,8 +261,9 @@ impl Protocol for PutEvents {
     const MAX_REQUEST_BYTES: usize = MAX_EVENT_SIZE;
 
     fn size(&self, message: &Message) -> Result<usize, String> {
-        let detail = std::str::from_utf8(&message.body)
-            .map_err(|_| "the envelope is not UTF-8 text; EventBridge takes a JSON object as Detail".to_owned())?;
+        let detail = std::str::from_utf8(&message.body).map_err(|_| {
+            "the envelope is not UTF-8 text; EventBridge takes a JSON object as Detail".to_owned()
+        })?;
         if !detail.trim_start().starts_with('{') {
             return Err(
                 "EventBridge takes only a JSON object as Detail, and this envelope is not one \
@@ -329,9 +334,10 @@ mod tests {
     #[tokio::test]
     async fn a_denied_permission_is_kept_as_refused_and_stale_credentials_are_asked_again() {
         let ask = |code: &'static str| async move {
-            let (url, _) =
-                crate::sink::aws::local::endpoint(move |_| crate::sink::aws::local::json_refusal(code, "no"))
-                    .await;
+            let (url, _) = crate::sink::aws::local::endpoint(move |_| {
+                crate::sink::aws::local::json_refusal(code, "no")
+            })
+            .await;
             let batches = Batches::new(
                 crate::sink::aws::local::client(aws::EVENTBRIDGE, &url),
                 PutEvents {
@@ -341,7 +347,9 @@ mod tests {
                 Duration::from_secs(5),
                 Duration::from_secs(600),
             );
-            batches.ask("AWSEvents.DescribeEventBus", b"{}".to_vec()).await
+            batches
+                .ask("AWSEvents.DescribeEventBus", b"{}".to_vec())
+                .await
         };
         for (code, refused) in [
             ("AccessDeniedException", true),
@@ -392,7 +400,9 @@ mod tests {
 
         let (url, seen) = crate::sink::aws::local::endpoint(|head| {
             if head.contains("x-amz-target: AWSEvents.PutEvents") {
-                crate::sink::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                crate::sink::aws::local::json_ok(
+                    r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#,
+                )
             } else {
                 crate::sink::aws::local::json_refusal(
                     "ResourceNotFoundException",
@@ -411,11 +421,19 @@ mod tests {
         }
         assert_eq!(outcomes.len(), 2);
         assert!(
-            !seen.heads.lock().unwrap().iter().any(|h| h.contains("PutEvents")),
+            !seen
+                .heads
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|h| h.contains("PutEvents")),
             "nothing sent to a bus that does not exist"
         );
         // The default bus always exists: not asked about.
-        assert_eq!(sink.publish(&[event("default")]).await, [Outcome::Delivered]);
+        assert_eq!(
+            sink.publish(&[event("default")]).await,
+            [Outcome::Delivered]
+        );
         assert_eq!(describes(&seen), 1);
     }
 
@@ -427,7 +445,9 @@ mod tests {
         ] {
             let (url, seen) = crate::sink::aws::local::endpoint(move |head| {
                 if head.contains("x-amz-target: AWSEvents.PutEvents") {
-                    crate::sink::aws::local::json_ok(r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#)
+                    crate::sink::aws::local::json_ok(
+                        r#"{"FailedEntryCount":0,"Entries":[{"EventId":"e"}]}"#,
+                    )
                 } else {
                     crate::sink::aws::local::json_refusal(code, "no")
                 }
@@ -439,7 +459,14 @@ mod tests {
                 matches!(&outcomes[..], [Outcome::Retryable(r)] if r.cause == cause && r.reason.contains(code)),
                 "{code}: {outcomes:?}"
             );
-            let puts = || seen.heads.lock().unwrap().iter().filter(|h| h.contains("PutEvents")).count();
+            let puts = || {
+                seen.heads
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|h| h.contains("PutEvents"))
+                    .count()
+            };
             assert_eq!(puts(), 0, "{code}: nothing sent unverified");
             if code == "AccessDeniedException" {
                 // A bus a row chose, not the configured one: recorded, so no
@@ -451,11 +478,18 @@ mod tests {
                     "{outcomes:?}"
                 );
                 let long = Message::for_test("e-3", "a", r#"{"id":"e-3"}"#, &"b".repeat(300));
-                assert!(matches!(&sink_at(&url).publish(&[long]).await[..], [Outcome::Rejected(_)]));
+                assert!(matches!(
+                    &sink_at(&url).publish(&[long]).await[..],
+                    [Outcome::Rejected(_)]
+                ));
             }
             let mut unverified = sink_at(&url);
             unverified.gate_mut().verify = false;
-            assert_eq!(unverified.publish(&[event]).await, [Outcome::Delivered], "{code}");
+            assert_eq!(
+                unverified.publish(&[event]).await,
+                [Outcome::Delivered],
+                "{code}"
+            );
             assert_eq!(puts(), 1);
         }
     }

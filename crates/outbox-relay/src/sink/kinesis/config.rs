@@ -6,11 +6,11 @@ use crate::config::settings::{Routes, Settings};
 use crate::sink::aws::settings::{named_routes, section};
 
 /// Default ceiling of `PutRecords` calls in flight.
-pub const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
+pub(crate) const DEFAULT_KINESIS_IN_FLIGHT_BATCHES: usize = 200;
 /// A stream's record size limit unless raised (`MaxRecordSizeInKiB` 1024).
-pub const DEFAULT_MAX_RECORD_SIZE: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_RECORD_SIZE: usize = 1 << 20;
 /// The most a stream's record size limit can be raised to.
-pub const MAX_RECORD_SIZE: usize = 10 << 20;
+pub(crate) const MAX_RECORD_SIZE: usize = 10 << 20;
 
 section! {
     /// `[kinesis]`: the Kinesis Data Streams sink.
@@ -79,7 +79,11 @@ impl Settings for KinesisConfig {
                 format!("must be from 1024 to {MAX_RECORD_SIZE} bytes (the stream's MaxRecordSizeInKiB)"),
             );
         }
-        allow::check_patterns("kinesis.allowed_destinations", &self.allowed_destinations, bad);
+        allow::check_patterns(
+            "kinesis.allowed_destinations",
+            &self.allowed_destinations,
+            bad,
+        );
         self.check_calls(bad);
     }
 
@@ -105,7 +109,8 @@ mod tests {
         let k = |extra: &str| format!("{MINIMAL}\n[sink]\nkind = \"kinesis\"\n[kinesis]\n{extra}");
         let p = problems(load(&k(""), &[]).unwrap_err());
         assert!(p.iter().any(|p| p.key == "kinesis.stream"), "{p:?}");
-        let p = problems(load(&k("stream = \"a b\"\nmax_record_size = 20000000"), &[]).unwrap_err());
+        let p =
+            problems(load(&k("stream = \"a b\"\nmax_record_size = 20000000"), &[]).unwrap_err());
         for key in ["kinesis.stream", "kinesis.max_record_size"] {
             assert!(p.iter().any(|p| p.key == key), "{key}: {p:?}");
         }

@@ -20,20 +20,22 @@
 //! which every endpoint takes. A stream that does not exist rejects its
 //! records ([`crate::sink::aws::errors`]).
 
-use std::borrow::Cow;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 use crate::pipeline::sink::Message;
-use crate::sink::aws::batch::{positional, Answer, BatchSink, Batches, Fixed, Positional, Protocol};
+use crate::sink::aws::batch::{
+    positional, Answer, BatchSink, Batches, Fixed, Positional, Protocol,
+};
 use crate::sink::aws::{self, json, SetupError};
 
-pub mod config;
+pub(crate) mod config;
 
-pub use config::KinesisConfig;
+pub(crate) use config::KinesisConfig;
 
 /// Publishes to Kinesis Data Streams.
-pub type KinesisSink = BatchSink<PutRecords, Fixed>;
+pub(crate) type KinesisSink = BatchSink<PutRecords, Fixed>;
 
 impl KinesisSink {
     /// A sink for `config` (validated).
@@ -156,14 +158,13 @@ impl Protocol for PutRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::aws::errors::{classify, Class};
     use crate::pipeline::sink::{Cause, Outcome, Retry};
+    use crate::sink::aws::errors::{classify, Class};
     use std::time::Duration;
 
     fn message(id: &str, group: &str) -> Message {
         Message::for_test(id, group, &format!("{{\"id\":\"{id}\"}}"), "s")
     }
-
 
     #[tokio::test]
     async fn records_behind_a_failed_one_wait_unsent_and_take_none_of_its_failure() {
@@ -183,9 +184,17 @@ mod tests {
             Duration::ZERO,
         );
         // Strict order: a-1 alone, then a-2 with b-1 in the next call.
-        let batch = [message("a-1", "a"), message("a-2", "a"), message("b-1", "b")];
+        let batch = [
+            message("a-1", "a"),
+            message("a-2", "a"),
+            message("b-1", "b"),
+        ];
         let outcomes = batches.publish(&batch, 1 << 20).await;
-        assert_eq!(seen.bodies.lock().unwrap().len(), 1, "the second call waits");
+        assert_eq!(
+            seen.bodies.lock().unwrap().len(),
+            1,
+            "the second call waits"
+        );
         assert!(
             matches!(&outcomes[0], Outcome::Rejected(reason) if reason.contains("NewKindOfFailure")),
             "{:?}",
@@ -214,7 +223,10 @@ mod tests {
             panic!("{answers:?}")
         };
         assert_eq!(classify(None, Some(code), None), Class::Throttled);
-        assert_eq!(classify(None, Some("InternalFailure"), None), Class::Unavailable);
+        assert_eq!(
+            classify(None, Some("InternalFailure"), None),
+            Class::Unavailable
+        );
         assert_eq!(
             classify(Some(400), Some("ResourceNotFoundException"), None),
             Class::Missing

@@ -38,18 +38,18 @@ use aws_smithy_xml::decode::{try_data, Document};
 
 use std::sync::PoisonError;
 
-use crate::sink::aws::errors::{self, Class};
 use crate::pipeline::sink::Source;
+use crate::sink::aws::errors::{self, Class};
 use crate::sink::aws::{Client, Request};
 
 /// The pointer's class name, first in the body.
-pub const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+pub(crate) const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
 /// The attribute that marks a message as a pointer and gives the payload's
 /// size in bytes.
-pub const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
+pub(crate) const SIZE_ATTRIBUTE: &str = "ExtendedPayloadSize";
 
 /// Where large payloads go.
-pub struct ClaimCheck {
+pub(crate) struct ClaimCheck {
     client: Client,
     bucket: String,
     /// The keys' prefix for the events' source, once told
@@ -59,7 +59,7 @@ pub struct ClaimCheck {
 
 impl ClaimCheck {
     /// Payloads go to `bucket` through `client` (for S3, at the bucket's endpoint: [`crate::sink::aws::endpoint::s3_bucket`]).
-    pub fn new(client: Client, bucket: String) -> Self {
+    pub(crate) fn new(client: Client, bucket: String) -> Self {
         Self {
             client,
             bucket,
@@ -68,7 +68,7 @@ impl ClaimCheck {
     }
 
     /// The events come from `source`.
-    pub fn source(&self, source: &Source) {
+    pub(crate) fn source(&self, source: &Source) {
         let prefix = prefix(source);
         let mut known = self.prefix.write().unwrap_or_else(PoisonError::into_inner);
         if known.as_ref().is_some_and(|k| *k != prefix) {
@@ -79,7 +79,11 @@ impl ClaimCheck {
 
     /// Store `payload` for the event `event_id`; the body of the message
     /// that points at it.
-    pub async fn store(&self, event_id: &str, payload: &[u8]) -> Result<String, (Class, String)> {
+    pub(crate) async fn store(
+        &self,
+        event_id: &str,
+        payload: &[u8],
+    ) -> Result<String, (Class, String)> {
         let prefix = self
             .prefix
             .read()
@@ -88,7 +92,8 @@ impl ClaimCheck {
             .ok_or_else(|| {
                 (
                     Class::Unknown,
-                    "the events' source is not known yet (it names the payload's object)".to_owned(),
+                    "the events' source is not known yet (it names the payload's object)"
+                        .to_owned(),
                 )
             })?;
         let key = object_key(&prefix, event_id);
@@ -133,7 +138,7 @@ impl ClaimCheck {
 
 /// The keys' prefix for events of `source`:
 /// `outbox-relay/<system identifier>/<database>/<schema.table>/`.
-pub fn prefix(source: &Source) -> String {
+pub(crate) fn prefix(source: &Source) -> String {
     format!(
         "outbox-relay/{}/{}/{}/",
         part(&source.system),
@@ -143,7 +148,7 @@ pub fn prefix(source: &Source) -> String {
 }
 
 /// The object key of the event `event_id` under `prefix`.
-pub fn object_key(prefix: &str, event_id: &str) -> String {
+pub(crate) fn object_key(prefix: &str, event_id: &str) -> String {
     format!("{prefix}{}", part(event_id))
 }
 
@@ -166,7 +171,7 @@ fn part(value: &str) -> Cow<'_, str> {
 }
 
 /// The pointer body for `key` in `bucket`.
-pub fn pointer(bucket: &str, key: &str) -> String {
+pub(crate) fn pointer(bucket: &str, key: &str) -> String {
     serde_json::json!([POINTER_CLASS, {"s3BucketName": bucket, "s3Key": key}]).to_string()
 }
 
@@ -203,7 +208,10 @@ mod tests {
             table: table.into(),
         };
         let orders = prefix(&source("public.outbox"));
-        assert_eq!(orders, "outbox-relay/7713132220160448154/app/public.outbox/");
+        assert_eq!(
+            orders,
+            "outbox-relay/7713132220160448154/app/public.outbox/"
+        );
         assert_eq!(object_key(&orders, uuid), format!("{orders}{uuid}"));
         let odd = object_key(&orders, "order 42/é");
         assert_eq!(odd.len(), orders.len() + 64);
@@ -217,7 +225,10 @@ mod tests {
         let lookalike = &hashed[orders.len()..];
         assert_ne!(object_key(&orders, lookalike), hashed);
         let odd_table = prefix(&source("public.\"Outbox Table\""));
-        assert!(odd_table.ends_with('/') && odd_table.len() == "outbox-relay/7713132220160448154/app/".len() + 65);
+        assert!(
+            odd_table.ends_with('/')
+                && odd_table.len() == "outbox-relay/7713132220160448154/app/".len() + 65
+        );
         assert_eq!(part("..").len(), 64);
         assert_eq!(
             s3_error_code(b"<?xml version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>m</Message></Error>"),

@@ -9,12 +9,12 @@ use crate::sink::aws::settings::section;
 
 /// Default ceiling of SNS PublishBatch calls in flight: enough for 100k
 /// events/s (10 a call) 50 ms away.
-pub const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
+pub(crate) const DEFAULT_SNS_IN_FLIGHT_BATCHES: usize = 500;
 /// Message attributes always set on SNS messages.
-pub const SNS_FIXED_ATTRIBUTES: [&str; 4] =
+pub(crate) const SNS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
 /// SNS (and raw SQS delivery) accept at most this many message attributes.
-pub const SNS_MAX_ATTRIBUTES: usize = 10;
+pub(crate) const SNS_MAX_ATTRIBUTES: usize = 10;
 
 section! {
     /// `[sns]`: the SNS sink.
@@ -234,8 +234,8 @@ impl Settings for SnsConfig {
         let own = (!region.is_empty() && !account.is_empty())
             .then(|| format!("arn:{partition}:sns:{region}:{account}:*"));
         // A template whose partition, region and account are written out.
-        let templated = allow::same_account(&self.topic_template)
-            .filter(|rule| !rule.contains('{'));
+        let templated =
+            allow::same_account(&self.topic_template).filter(|rule| !rule.contains('{'));
         let (r, a) = (region.clone(), account.clone());
         Routes {
             default: (!self.topic_arn.is_empty()).then(|| self.topic_arn.clone()),
@@ -267,7 +267,7 @@ impl Settings for SnsConfig {
 
 /// Whether SNS (and SQS, which receives the attributes of raw delivery)
 /// accepts `name` as a message attribute name ([`crate::sink::aws::message_attribute_name`]).
-pub use crate::sink::aws::message_attribute_name as sns_attribute_name;
+pub(crate) use crate::sink::aws::message_attribute_name as sns_attribute_name;
 
 #[cfg(test)]
 mod tests {
@@ -283,10 +283,18 @@ mod tests {
         )
         .unwrap();
         let allowed = written.destinations.sns.routes().allowed;
-        assert!(allowed.check("arn:aws:sns:us-east-1:123456789012:orders").is_ok());
-        assert!(allowed.check("arn:aws:sns:us-east-1:999999999999:orders").is_err());
+        assert!(allowed
+            .check("arn:aws:sns:us-east-1:123456789012:orders")
+            .is_ok());
+        assert!(allowed
+            .check("arn:aws:sns:us-east-1:999999999999:orders")
+            .is_err());
         let p = problems(load(&sns("topic_template = \"arn:aws:sns:{region}:{account}:{aggregate_type}\"\naccount_id = \"\""), &[]).unwrap_err());
-        assert!(p.iter().any(|p| p.key == "sns.topic_template" && p.message.contains("account")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|p| p.key == "sns.topic_template" && p.message.contains("account")),
+            "{p:?}"
+        );
     }
 
     #[test]

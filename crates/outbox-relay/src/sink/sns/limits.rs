@@ -36,14 +36,14 @@ use crate::sink::aws::known::{Known, UNANSWERED_FOR, UNTIL_FORGOTTEN};
 
 /// SNS's limit of a topic without `MaximumMessageSize`, and of every topic
 /// before the attribute existed.
-pub const DEFAULT_LIMIT: usize = 256 * 1024;
+pub(crate) const DEFAULT_LIMIT: usize = 256 * 1024;
 /// The most `MaximumMessageSize` can be.
-pub const MAX_LIMIT: usize = 1024 * 1024;
+pub(crate) const MAX_LIMIT: usize = 1024 * 1024;
 /// A learned limit is not learned again sooner than this.
 const RELEARN_AFTER: Duration = Duration::from_secs(60);
 
 /// The limits learned so far.
-pub struct TopicLimits {
+pub(crate) struct TopicLimits {
     configured: Option<usize>,
     known: Known<Limit>,
     denied_logged: AtomicBool,
@@ -60,7 +60,7 @@ enum Limit {
 
 impl TopicLimits {
     /// `configured`: `sns.max_message_size`, 0 to learn each topic's.
-    pub fn new(configured: usize) -> Self {
+    pub(crate) fn new(configured: usize) -> Self {
         Self {
             configured: (configured > 0).then_some(configured),
             known: Known::default(),
@@ -71,7 +71,7 @@ impl TopicLimits {
     /// The limit of `topic`: configured, known, or asked of SNS through
     /// `batches` now. An error (its class and reason) means it cannot be
     /// learned now.
-    pub async fn get<P: Protocol>(
+    pub(crate) async fn get<P: Protocol>(
         &self,
         batches: &Batches<P>,
         topic: &Arc<str>,
@@ -133,11 +133,12 @@ impl TopicLimits {
     /// Whether the message is worth retrying: the limit was forgotten now,
     /// or is not known any more (another message of the same answer had it
     /// forgotten), so the retry is measured against the limit learned again.
-    pub fn refused(&self, topic: &str) -> bool {
+    pub(crate) fn refused(&self, topic: &str) -> bool {
         self.configured.is_none()
-            && (self.known.forget_if(topic, |limit| {
-                matches!(limit, Limit::Learned { at, .. } if at.elapsed() >= RELEARN_AFTER)
-            }) || !self.known.holds(topic))
+            && (self.known.forget_if(
+                topic,
+                |limit| matches!(limit, Limit::Learned { at, .. } if at.elapsed() >= RELEARN_AFTER),
+            ) || !self.known.holds(topic))
     }
 }
 
@@ -157,7 +158,9 @@ mod tests {
     /// An SNS endpoint answering `GetTopicAttributes` with each of `answers`
     /// in turn (`Some(value)`: the topic's `MaximumMessageSize`, `None`:
     /// none); then with `AuthorizationError`. What it received, too.
-    async fn sns(answers: Vec<Option<&'static str>>) -> (Batches<super::super::PublishBatch>, local::Seen) {
+    async fn sns(
+        answers: Vec<Option<&'static str>>,
+    ) -> (Batches<super::super::PublishBatch>, local::Seen) {
         let calls = std::sync::atomic::AtomicUsize::new(0);
         let (url, seen) = local::endpoint(move |_| {
             let (status, body) = match answers.get(calls.fetch_add(1, Ordering::SeqCst)) {
@@ -182,7 +185,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_configured_limit_wins_and_learned_ones_are_kept_per_topic() {
-        let topic = |name: &str| -> Arc<str> { Arc::from(format!("arn:aws:sns:us-east-1:1:{name}")) };
+        let topic =
+            |name: &str| -> Arc<str> { Arc::from(format!("arn:aws:sns:us-east-1:1:{name}")) };
         let (t1, t2, t3, t4) = (topic("t1"), topic("t2"), topic("t3"), topic("t4"));
         let (batches, seen) = sns(vec![Some("1048576"), None, Some("10485760")]).await;
         let limits = TopicLimits::new(0);
@@ -192,11 +196,19 @@ mod tests {
         assert_eq!(seen.bodies.lock().unwrap().len(), 2, "one ask a topic");
         assert!(!limits.refused(&t1), "learned just now: not again yet");
         assert_eq!(limits.get(&batches, &t3).await, Ok(MAX_LIMIT));
-        assert_eq!(limits.get(&batches, &t4).await, Ok(DEFAULT_LIMIT), "may not be read");
+        assert_eq!(
+            limits.get(&batches, &t4).await,
+            Ok(DEFAULT_LIMIT),
+            "may not be read"
+        );
         let configured = TopicLimits::new(300_000);
         assert_eq!(configured.get(&batches, &t1).await, Ok(300_000));
         assert!(!configured.refused(&t1));
-        assert_eq!(seen.bodies.lock().unwrap().len(), 4, "nothing asked when configured");
+        assert_eq!(
+            seen.bodies.lock().unwrap().len(),
+            4,
+            "nothing asked when configured"
+        );
     }
 
     #[tokio::test]
@@ -207,11 +219,32 @@ mod tests {
         let stale = Instant::now() - RELEARN_AFTER - Duration::from_secs(1);
         limits
             .known
-            .get(&topic, |_| async move { (Limit::Learned { bytes: MAX_LIMIT, at: stale }, UNTIL_FORGOTTEN) })
+            .get(&topic, |_| async move {
+                (
+                    Limit::Learned {
+                        bytes: MAX_LIMIT,
+                        at: stale,
+                    },
+                    UNTIL_FORGOTTEN,
+                )
+            })
             .await;
-        assert!(limits.refused(&topic), "the first refused message has the stale limit forgotten");
-        assert!(limits.refused(&topic), "a second one of the same answer is retried too");
-        assert_eq!(limits.get(&batches, &topic).await, Ok(MAX_LIMIT), "learned again");
-        assert!(!limits.refused(&topic), "learned just now: the refusal stands");
+        assert!(
+            limits.refused(&topic),
+            "the first refused message has the stale limit forgotten"
+        );
+        assert!(
+            limits.refused(&topic),
+            "a second one of the same answer is retried too"
+        );
+        assert_eq!(
+            limits.get(&batches, &topic).await,
+            Ok(MAX_LIMIT),
+            "learned again"
+        );
+        assert!(
+            !limits.refused(&topic),
+            "learned just now: the refusal stands"
+        );
     }
 }

@@ -65,13 +65,13 @@ use crate::sink::aws::batch::{
 use crate::sink::aws::errors::Class;
 use crate::sink::aws::{self, Client, SetupError};
 
-pub mod claim_check;
-pub mod config;
+pub(crate) mod claim_check;
+pub(crate) mod config;
 
-pub mod limits;
+pub(crate) mod limits;
 mod protocol;
 
-pub use config::SnsConfig;
+pub(crate) use config::SnsConfig;
 
 /// SNS's endpoint for `region` by its rules (the SNS SDK's resolver: every
 /// partition, GovCloud, China, ISO; the FIPS and dual-stack settings of
@@ -192,14 +192,22 @@ pub struct Topics {
 }
 
 impl Gate<PublishBatch> for Topics {
-    async fn admit(&self, batches: &Batches<PublishBatch>, topic: &Arc<str>) -> Result<usize, Outcome> {
+    async fn admit(
+        &self,
+        batches: &Batches<PublishBatch>,
+        topic: &Arc<str>,
+    ) -> Result<usize, Outcome> {
         Ok(self.admission(batches, topic).await?.limit)
     }
 
     /// The learned limit matters only to messages over the default one:
     /// while it cannot be learned, batches without them go as usual (a
     /// credential or endpoint problem shows in their publish) and those wait.
-    async fn admission(&self, batches: &Batches<PublishBatch>, topic: &Arc<str>) -> Result<Admission, Outcome> {
+    async fn admission(
+        &self,
+        batches: &Batches<PublishBatch>,
+        topic: &Arc<str>,
+    ) -> Result<Admission, Outcome> {
         Ok(match self.limits.get(batches, topic).await {
             Ok(limit) => Admission::sure(limit),
             Err((class, reason)) => {
@@ -249,7 +257,12 @@ impl PublishBatch {
 
     /// The request entry of `entry` with the id `index`, and its size in
     /// bytes as SNS counts it: body (or stand-in) and attributes.
-    fn entry<'a>(&'a self, index: usize, entry: Entry<'a>, fifo: bool) -> (protocol::Entry<'a>, usize) {
+    fn entry<'a>(
+        &'a self,
+        index: usize,
+        entry: Entry<'a>,
+        fifo: bool,
+    ) -> (protocol::Entry<'a>, usize) {
         let Entry { message, stand_in } = entry;
         let event = &message.event;
         let body = stand_in.map_or(&message.body[..], str::as_bytes);
@@ -335,7 +348,14 @@ impl Protocol for PublishBatch {
                     sender_fault,
                 } => {
                     let sender_fault = Some(sender_fault);
-                    (id, Answer::Failed { code, message, sender_fault })
+                    (
+                        id,
+                        Answer::Failed {
+                            code,
+                            message,
+                            sender_fault,
+                        },
+                    )
                 }
             };
             // Ids that are not ours are left out; of an entry listed twice,
@@ -369,9 +389,15 @@ impl Protocol for PublishBatch {
 
     fn alarm(&self, alarm: Alarm, topic: &str, error: &str) {
         match alarm {
-            Alarm::NoCredentials => tracing::error!(topic, error = %error, "the AWS credential chain gave no credentials; retrying"),
-            Alarm::Signing => tracing::error!(topic, error = %error, "cannot sign SNS requests; retrying"),
-            Alarm::Refused => tracing::error!(topic, error = %error, "SNS refused the credentials or permissions; retrying"),
+            Alarm::NoCredentials => {
+                tracing::error!(topic, error = %error, "the AWS credential chain gave no credentials; retrying")
+            }
+            Alarm::Signing => {
+                tracing::error!(topic, error = %error, "cannot sign SNS requests; retrying")
+            }
+            Alarm::Refused => {
+                tracing::error!(topic, error = %error, "SNS refused the credentials or permissions; retrying")
+            }
         }
     }
 }
@@ -414,7 +440,10 @@ mod tests {
                     Message::for_test("d", "g3", "{}", topic),
                 ];
                 let outcomes = batches.publish(&batch, 262_144).await;
-                assert!(outcomes.iter().all(|o| *o == Outcome::Delivered), "{outcomes:?}");
+                assert!(
+                    outcomes.iter().all(|o| *o == Outcome::Delivered),
+                    "{outcomes:?}"
+                );
                 let bodies = std::mem::take(&mut *seen.bodies.lock().unwrap());
                 bodies
                     .iter()

@@ -13,7 +13,7 @@ use crate::sink::aws::query::encode;
 
 /// One entry of a `PublishBatch` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry<'a> {
+pub(super) struct Entry<'a> {
     /// The entry id: the message's index in the sink's batch.
     pub index: usize,
     /// The message body (UTF-8 text, as SNS requires: envelopes are JSON or
@@ -28,7 +28,7 @@ pub struct Entry<'a> {
 }
 
 /// The form body of a `PublishBatch` of `entries` to `topic`.
-pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
+pub(super) fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
     let estimate = entries
         .iter()
         .map(|e| e.message.len() * 3 / 2 + 600)
@@ -91,7 +91,7 @@ pub fn publish_batch_body(topic: &str, entries: &[Entry<'_>]) -> Vec<u8> {
 }
 
 /// The form body of a `GetTopicAttributes` of `topic`.
-pub fn get_topic_attributes_body(topic: &str) -> Vec<u8> {
+pub(super) fn get_topic_attributes_body(topic: &str) -> Vec<u8> {
     let mut body = b"Action=GetTopicAttributes&Version=2010-03-31&TopicArn=".to_vec();
     encode(&mut body, topic.as_bytes());
     body
@@ -99,7 +99,10 @@ pub fn get_topic_attributes_body(topic: &str) -> Vec<u8> {
 
 /// The value of the topic attribute `name` in a `GetTopicAttributesResponse`
 /// (`…/Attributes/entry/{key,value}`), `None` when the topic has none.
-pub fn parse_topic_attribute(xml: &[u8], name: &str) -> Result<Option<String>, XmlDecodeError> {
+pub(super) fn parse_topic_attribute(
+    xml: &[u8],
+    name: &str,
+) -> Result<Option<String>, XmlDecodeError> {
     let mut doc = Document::try_from(xml)?;
     let mut root = doc.root_element()?;
     if !root.start_el().matches("GetTopicAttributesResponse") {
@@ -138,7 +141,7 @@ pub fn parse_topic_attribute(xml: &[u8], name: &str) -> Result<Option<String>, X
 
 /// What SNS said about one entry of a `PublishBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EntryResult {
+pub(super) enum EntryResult {
     /// Listed under `Successful`.
     Published {
         /// The entry id (ours are numbers; any other is `None`).
@@ -158,7 +161,7 @@ pub enum EntryResult {
 }
 
 /// The entries of a `PublishBatchResponse`, successful and failed.
-pub fn parse_publish_batch(xml: &[u8]) -> Result<Vec<EntryResult>, XmlDecodeError> {
+pub(super) fn parse_publish_batch(xml: &[u8]) -> Result<Vec<EntryResult>, XmlDecodeError> {
     match all_published(xml) {
         Some(results) => Ok(results),
         None => parse_publish_batch_fully(xml),

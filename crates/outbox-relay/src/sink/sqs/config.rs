@@ -7,14 +7,14 @@ use crate::config::settings::{check_template, verbatim, Routes, Settings};
 use crate::sink::aws::settings::section;
 
 /// Default ceiling of `SendMessageBatch` calls in flight.
-pub const DEFAULT_SQS_IN_FLIGHT_BATCHES: usize = 500;
+pub(crate) const DEFAULT_SQS_IN_FLIGHT_BATCHES: usize = 500;
 /// Message attributes always set.
-pub const SQS_FIXED_ATTRIBUTES: [&str; 4] =
+pub(crate) const SQS_FIXED_ATTRIBUTES: [&str; 4] =
     ["event_id", "event_type", "aggregate_type", "aggregate_id"];
 /// SQS accepts at most this many message attributes.
-pub const SQS_MAX_ATTRIBUTES: usize = 10;
+pub(crate) const SQS_MAX_ATTRIBUTES: usize = 10;
 /// The most `MaximumMessageSize` can be (and its default since 2025).
-pub const SQS_MAX_MESSAGE_SIZE: usize = 1_048_576;
+pub(crate) const SQS_MAX_MESSAGE_SIZE: usize = 1_048_576;
 
 section! {
     /// `[sqs]`: the SQS sink.
@@ -211,7 +211,11 @@ mod tests {
         let p = problems(load(&sqs(
             "queue_url = \"https://sqs.eu-west-1.amazonaws.com/123456789012/orders\"\nattributes = [\"a\", \"b\", \"c\", \"d\", \"e\", \"f\", \"g\"]\nmax_message_size = 10\nattempt_timeout = \"20s\"",
         ), &[]).unwrap_err());
-        for key in ["sqs.attributes", "sqs.max_message_size", "sqs.attempt_timeout"] {
+        for key in [
+            "sqs.attributes",
+            "sqs.max_message_size",
+            "sqs.attempt_timeout",
+        ] {
             assert!(p.iter().any(|p| p.key == key), "{key}: {p:?}");
         }
         let ok = load(

@@ -29,19 +29,19 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::event::OutboxEvent;
 use crate::pipeline::sink::{Message, Outcome};
 use crate::sink::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
 use crate::sink::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::sink::aws::{self, json, SetupError};
-use crate::event::OutboxEvent;
 
-pub mod config;
+pub(crate) mod config;
 
-pub use config::SqsConfig;
+pub(crate) use config::SqsConfig;
 use config::SQS_MAX_MESSAGE_SIZE;
 
 /// Publishes to SQS.
-pub type SqsSink = BatchSink<Sqs, QueueLimits>;
+pub(crate) type SqsSink = BatchSink<Sqs, QueueLimits>;
 
 impl SqsSink {
     /// A sink for `config` (validated): the standard AWS settings, explicit
@@ -395,7 +395,10 @@ mod tests {
         assert_eq!(answers[2], Some(Answer::Accepted));
         assert!(matches!(
             &answers[3],
-            Some(Answer::Failed { sender_fault: Some(false), .. })
+            Some(Answer::Failed {
+                sender_fault: Some(false),
+                ..
+            })
         ));
         assert_eq!(answers[4], None, "not mentioned");
         assert!(sqs.answers(b"<html>", 1).is_err());

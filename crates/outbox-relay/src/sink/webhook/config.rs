@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
-use crate::config::value::{de_duration, Secret};
 use crate::config::allow::{self, Allowed};
 use crate::config::settings::{check_template, Routes, Settings};
+use crate::config::value::{de_duration, Secret};
+use crate::pipeline::concurrency::{Concurrency, ConcurrencyMode};
 
 /// Default ceiling of requests in flight: 12,800 events/s one at a time
 /// 20 ms away (`batch = true` carries up to 100 events a request).
-pub const DEFAULT_WEBHOOK_IN_FLIGHT: usize = 256;
+pub(crate) const DEFAULT_WEBHOOK_IN_FLIGHT: usize = 256;
 /// Most events one batched request carries.
-pub const MAX_WEBHOOK_BATCH: usize = 100;
+pub(crate) const MAX_WEBHOOK_BATCH: usize = 100;
 
 /// `[webhook]`: HTTP POST, signed as the Standard Webhooks specification says.
 #[derive(Debug, Clone, Deserialize)]
@@ -90,7 +90,9 @@ impl WebhookConfig {
     /// `allowed_origins`.
     pub fn allowed(&self) -> Result<Allowed, String> {
         let template = self.url_template.split('{').next().unwrap_or_default();
-        let configured = [self.url.as_str(), template].into_iter().filter(|u| !u.is_empty());
+        let configured = [self.url.as_str(), template]
+            .into_iter()
+            .filter(|u| !u.is_empty());
         Allowed::origins(configured.chain(self.allowed_origins.iter().map(String::as_str)))
     }
 }
@@ -116,7 +118,9 @@ impl Settings for WebhookConfig {
             );
         }
         if !self.url.is_empty() {
-            if let Err(message) = http_url(&self.url).and_then(|()| allow::Origin::of(&self.url).map(drop)) {
+            if let Err(message) =
+                http_url(&self.url).and_then(|()| allow::Origin::of(&self.url).map(drop))
+            {
                 bad("webhook.url", message);
             }
         }
@@ -129,9 +133,12 @@ impl Settings for WebhookConfig {
                     "webhook.url_template",
                     "must start with http:// or https://".into(),
                 );
-            } else if let Err(message) = allow::check_url_template(&self.url_template).and_then(|()| {
-                allow::Origin::of(self.url_template.split('{').next().unwrap_or_default()).map(drop)
-            }) {
+            } else if let Err(message) =
+                allow::check_url_template(&self.url_template).and_then(|()| {
+                    allow::Origin::of(self.url_template.split('{').next().unwrap_or_default())
+                        .map(drop)
+                })
+            {
                 bad("webhook.url_template", message);
             }
         }
@@ -199,18 +206,31 @@ mod tests {
     #[test]
     fn the_url_and_the_template_both_give_their_origin_and_user_information_is_refused() {
         let both = load(
-            &webhook("url = \"https://a.test/in\"\nurl_template = \"https://b.test/{aggregate_type}\""),
+            &webhook(
+                "url = \"https://a.test/in\"\nurl_template = \"https://b.test/{aggregate_type}\"",
+            ),
             &[],
         )
         .unwrap();
         let allowed = both.destinations.webhook.routes().allowed;
-        assert!(allowed.check("https://a.test/x").is_ok() && allowed.check("https://b.test/x").is_ok());
+        assert!(
+            allowed.check("https://a.test/x").is_ok() && allowed.check("https://b.test/x").is_ok()
+        );
         assert!(allowed.check("https://c.test/x").is_err());
         for (body, key) in [
             ("url = \"https://user@a.test/in\"", "webhook.url"),
-            ("url_template = \"https://{aggregate_type}.a.test/\"", "webhook.url_template"),
-            ("url_template = \"https://a.test/{aggregate_type}?t={event_type}\"", "webhook.url_template"),
-            ("url = \"https://a.test/\"\nallowed_origins = [\"ftp://x\"]", "webhook.allowed_origins"),
+            (
+                "url_template = \"https://{aggregate_type}.a.test/\"",
+                "webhook.url_template",
+            ),
+            (
+                "url_template = \"https://a.test/{aggregate_type}?t={event_type}\"",
+                "webhook.url_template",
+            ),
+            (
+                "url = \"https://a.test/\"\nallowed_origins = [\"ftp://x\"]",
+                "webhook.allowed_origins",
+            ),
         ] {
             let p = problems(load(&webhook(body), &[]).unwrap_err());
             assert!(p.iter().any(|p| p.key == key), "{body}: {p:?}");

@@ -46,16 +46,16 @@ use crate::pipeline::sink::{Cause, Concurrency, Message, Outcome, Sink};
 use crate::sink::http;
 use crate::sink::unknown::UnknownSince;
 
-pub mod config;
+pub(crate) mod config;
 mod sign;
 
-pub use config::WebhookConfig;
+pub(crate) use config::WebhookConfig;
 
 /// Most of an answer read (for the reason of a rejection).
 const MAX_ANSWER: usize = 64 << 10;
 
 /// POSTs envelopes to webhook endpoints.
-pub struct WebhookSink {
+pub(crate) struct WebhookSink {
     pooled: http::Pooled,
     key: ring::hmac::Key,
     batch: bool,
@@ -71,7 +71,7 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     /// A sink for `config` (validated).
-    pub fn new(config: &WebhookConfig) -> Result<Self, SetupError> {
+    pub(crate) fn new(config: &WebhookConfig) -> Result<Self, SetupError> {
         let key =
             sign::key(config.secret.as_ref().map_or("", |s| s.expose())).map_err(|message| {
                 SetupError {
@@ -128,9 +128,7 @@ impl WebhookSink {
         let request = match request {
             Ok(request) => request,
             Err(e) => {
-                return Verdict::Now(Outcome::Rejected(format!(
-                    "cannot form the request: {e}"
-                )))
+                return Verdict::Now(Outcome::Rejected(format!("cannot form the request: {e}")))
             }
         };
         let exchange = async {
@@ -151,9 +149,10 @@ impl WebhookSink {
                 Cause::TimedOut,
                 format!("no answer from {url} within {:?}", self.timeout),
             )),
-            Ok(Err(error)) => {
-                Verdict::Now(Outcome::retry(Cause::Unavailable, format!("{url}: {error}")))
-            }
+            Ok(Err(error)) => Verdict::Now(Outcome::retry(
+                Cause::Unavailable,
+                format!("{url}: {error}"),
+            )),
             Ok(Ok((status, body))) => {
                 verdict(url, status, &body, self.configured.as_deref() == Some(url))
             }
@@ -196,7 +195,7 @@ enum Verdict {
 /// order, each prefixed by its length (so no two lists of ids give the same
 /// bytes). The same events in the same order always get the same id, and any
 /// other list another.
-pub fn batch_id<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
+pub(crate) fn batch_id<'a>(ids: impl IntoIterator<Item = &'a str>) -> String {
     use sha2::Digest as _;
     let mut hash = sha2::Sha256::new();
     for id in ids {
@@ -215,7 +214,11 @@ impl WebhookSink {
     /// The outcome of `verdict` for each of `events` (the ids its request
     /// carried, in order): a bounded retry gives up only on the events that
     /// have been answered so for the whole window, the others are retried.
-    fn settle<'a>(&self, verdict: Verdict, events: impl Iterator<Item = &'a str> + Clone) -> Vec<Outcome> {
+    fn settle<'a>(
+        &self,
+        verdict: Verdict,
+        events: impl Iterator<Item = &'a str> + Clone,
+    ) -> Vec<Outcome> {
         self.settle_at(std::time::Instant::now(), verdict, events)
     }
 
@@ -319,7 +322,10 @@ mod tests {
             );
         }
         for code in [404, 409, 425] {
-            assert!(matches!(v(code), Verdict::NotYet(ref r) if r.contains("why")), "{code}");
+            assert!(
+                matches!(v(code), Verdict::NotYet(ref r) if r.contains("why")),
+                "{code}"
+            );
         }
         // A URL data chose does not hold the slot forever on 401/403.
         for code in [401, 403] {
@@ -353,11 +359,18 @@ mod tests {
         let later = t0 + Duration::from_secs(600);
         let both = sink.settle_at(later, not_yet(), ["a", "b"].into_iter());
         assert!(matches!(&both[0], Outcome::Rejected(r) if r.contains("retry_unknown_errors_for")));
-        assert!(matches!(&both[1], Outcome::Retryable(_)), "b joined late: {both:?}");
+        assert!(
+            matches!(&both[1], Outcome::Retryable(_)),
+            "b joined late: {both:?}"
+        );
         // Delivered: b's clock is cleared.
         let done = sink.settle_at(later, Verdict::Now(Outcome::Delivered), ["b"].into_iter());
         assert_eq!(done, [Outcome::Delivered]);
-        let again = sink.settle_at(later + Duration::from_secs(600), not_yet(), ["b"].into_iter());
+        let again = sink.settle_at(
+            later + Duration::from_secs(600),
+            not_yet(),
+            ["b"].into_iter(),
+        );
         assert!(matches!(&again[..], [Outcome::Retryable(_)]));
     }
 

@@ -7,7 +7,7 @@ use base64::Engine as _;
 
 /// The signing key of `secret` (`whsec_<base64>`, or the base64 alone), or
 /// what is wrong with it (never echoing it).
-pub fn key(secret: &str) -> Result<ring::hmac::Key, String> {
+pub(super) fn key(secret: &str) -> Result<ring::hmac::Key, String> {
     let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
     let bytes = STANDARD.decode(encoded).map_err(|_| {
         "is not whsec_ followed by base64 (the form Standard Webhooks libraries generate)"
@@ -24,7 +24,7 @@ pub fn key(secret: &str) -> Result<ring::hmac::Key, String> {
 
 /// The `webhook-signature` value for a message `id` sent at `timestamp`
 /// (Unix seconds) with `body`.
-pub fn signature(key: &ring::hmac::Key, id: &str, timestamp: i64, body: &[u8]) -> String {
+pub(super) fn signature(key: &ring::hmac::Key, id: &str, timestamp: i64, body: &[u8]) -> String {
     let mut context = ring::hmac::Context::with_key(key);
     context.update(id.as_bytes());
     context.update(b".");
