@@ -28,6 +28,9 @@ use tokio::task::JoinHandle;
 use super::receiver::{Receiver, SECRET};
 use crate::outbox::Outbox;
 
+/// How a destination's consumer finds the envelope (and its id) in what it read.
+type BodyOf = fn(&str) -> Option<(String, String)>;
+
 /// The `source` of the relay's EventBridge events, which the bus's rule matches.
 const SOURCE: &str = "com.example.conformance";
 
@@ -280,41 +283,40 @@ impl Destination {
         let endpoint = proxy.endpoint();
         let name = outbox.db.name().to_owned();
         let common = format!("region = \"us-east-1\"\nendpoint_url = \"{endpoint}\"\n{timeouts}");
-        let (section, queue, body): (String, Option<String>, fn(&str) -> Option<(String, String)>) =
-            match kind {
-                Kind::SnsStandard | Kind::SnsFifo => {
-                    let fifo = kind == Kind::SnsFifo;
-                    let topic_name = if fifo {
-                        format!("{name}.fifo")
-                    } else {
-                        name.clone()
-                    };
-                    let topic = sns::topic_with_queue(moto.as_str(), &topic_name, fifo, true).await;
-                    (
-                        format!(
-                            "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"{}\"\n{common}",
-                            topic.arn
-                        ),
-                        Some(topic.queue_url),
-                        envelope,
-                    )
-                }
-                Kind::SqsStandard | Kind::SqsFifo => {
-                    let queue_name = if kind == Kind::SqsFifo {
-                        format!("{name}.fifo")
-                    } else {
-                        name.clone()
-                    };
-                    let url = aws_json::create_queue(moto.as_str(), &queue_name).await;
-                    (
-                        format!("[sink]\nkind = \"sqs\"\n[sqs]\nqueue_url = \"{url}\"\n{common}"),
-                        Some(url),
-                        envelope,
-                    )
-                }
-                Kind::EventBridge => {
-                    let bus = aws_json::bus_to_queue(moto.as_str(), &name, SOURCE).await;
-                    (
+        let (section, queue, body): (String, Option<String>, BodyOf) = match kind {
+            Kind::SnsStandard | Kind::SnsFifo => {
+                let fifo = kind == Kind::SnsFifo;
+                let topic_name = if fifo {
+                    format!("{name}.fifo")
+                } else {
+                    name.clone()
+                };
+                let topic = sns::topic_with_queue(moto.as_str(), &topic_name, fifo, true).await;
+                (
+                    format!(
+                        "[sink]\nkind = \"sns\"\n[sns]\ntopic_arn = \"{}\"\n{common}",
+                        topic.arn
+                    ),
+                    Some(topic.queue_url),
+                    envelope,
+                )
+            }
+            Kind::SqsStandard | Kind::SqsFifo => {
+                let queue_name = if kind == Kind::SqsFifo {
+                    format!("{name}.fifo")
+                } else {
+                    name.clone()
+                };
+                let url = aws_json::create_queue(moto.as_str(), &queue_name).await;
+                (
+                    format!("[sink]\nkind = \"sqs\"\n[sqs]\nqueue_url = \"{url}\"\n{common}"),
+                    Some(url),
+                    envelope,
+                )
+            }
+            Kind::EventBridge => {
+                let bus = aws_json::bus_to_queue(moto.as_str(), &name, SOURCE).await;
+                (
                         format!(
                             "[sink]\nkind = \"eventbridge\"\n[eventbridge]\nbus = \"{}\"\nsource = \"{SOURCE}\"\n{common}",
                             bus.bus
@@ -322,19 +324,17 @@ impl Destination {
                         Some(bus.queue_url),
                         detail,
                     )
-                }
-                Kind::Kinesis => {
-                    aws_json::create_stream(moto.as_str(), &name, 2).await;
-                    (
-                        format!(
-                            "[sink]\nkind = \"kinesis\"\n[kinesis]\nstream = \"{name}\"\n{common}"
-                        ),
-                        None,
-                        envelope,
-                    )
-                }
-                Kind::Webhook | Kind::WebhookBatch => unreachable!(),
-            };
+            }
+            Kind::Kinesis => {
+                aws_json::create_stream(moto.as_str(), &name, 2).await;
+                (
+                    format!("[sink]\nkind = \"kinesis\"\n[kinesis]\nstream = \"{name}\"\n{common}"),
+                    None,
+                    envelope,
+                )
+            }
+            Kind::Webhook | Kind::WebhookBatch => unreachable!(),
+        };
         let reader = match queue {
             Some(url) => read_queue(moto.as_str(), url, body, Arc::clone(&processed)).await,
             None => read_stream(moto.as_str(), name, Arc::clone(&processed)).await,

@@ -101,7 +101,7 @@ async fn insert_runs(
     let mut out = Vec::new();
     for _ in 0..txs {
         let order: Vec<usize> = (0..GROUPS)
-            .flat_map(|g| std::iter::repeat(g).take(run))
+            .flat_map(|g| std::iter::repeat_n(g, run))
             .collect();
         let groups: Vec<String> = order.iter().map(|g| format!("g{g}")).collect();
         let marks: Vec<String> = order
@@ -332,7 +332,7 @@ pub(crate) async fn run(kind: Kind, fault: Fault) {
             // alone would then be refused too, and recorded.
             let script: Vec<Injected> = answers
                 .iter()
-                .flat_map(|a| std::iter::repeat(Injected::Refuse(a.clone())).take(3))
+                .flat_map(|a| std::iter::repeat_n(Injected::Refuse(a.clone()), 3))
                 .collect();
             dest.script(&script);
             committed.extend(insert(&outbox, 2, None).await);
