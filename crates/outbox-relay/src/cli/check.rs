@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use super::{connect, EXIT_CHECK, EXIT_FAILURE};
 use crate::config::Config;
 use crate::postgres::check::{Finding, Severity};
-use crate::sink::Kind;
 
 /// Print the findings; the exit code.
 pub(super) async fn run(config: &Config) -> ExitCode {
@@ -35,15 +34,9 @@ pub(super) async fn run(config: &Config) -> ExitCode {
 
 /// What a row's `topic` column or a template may name (`crate::config::allow`).
 fn routing(config: &Config) -> Finding {
-    let allowed = config.destination().routes().allowed.describe();
-    let key = match config.sink.kind {
-        Kind::Webhook => "webhook.allowed_origins",
-        Kind::Sns => "sns.allowed_destinations",
-        Kind::Sqs => "sqs.allowed_destinations",
-        Kind::EventBridge => "eventbridge.allowed_destinations",
-        Kind::Kinesis => "kinesis.allowed_destinations",
-        Kind::Stdout => "",
-    };
+    let destination = config.destination();
+    let allowed = destination.routes().allowed.describe();
+    let key = destination.allowed_key().unwrap_or_default();
     let message = if key.is_empty() {
         "routing: one destination, nothing for data to name".to_owned()
     } else if allowed.is_empty() {

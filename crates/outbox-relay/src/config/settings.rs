@@ -27,6 +27,13 @@ pub trait Settings {
     fn secrets(&self) -> &'static [&'static str] {
         &[]
     }
+
+    /// The key that widens what rows and templates may name
+    /// (`sns.allowed_destinations`), for `check`; `None` where data names
+    /// nothing (one destination).
+    fn allowed_key(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// A destination's sink cannot be built from its settings (or the

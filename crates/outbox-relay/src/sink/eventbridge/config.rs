@@ -60,6 +60,10 @@ pub(crate) fn bus_name(name: &str) -> Result<(), String> {
 }
 
 impl Settings for EventBridgeConfig {
+    fn allowed_key(&self) -> Option<&'static str> {
+        Some("eventbridge.allowed_destinations")
+    }
+
     fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.bus.is_empty() {
             bad(

@@ -64,6 +64,10 @@ fn stream_name(name: &str) -> Result<(), String> {
 }
 
 impl Settings for KinesisConfig {
+    fn allowed_key(&self) -> Option<&'static str> {
+        Some("kinesis.allowed_destinations")
+    }
+
     fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.stream.is_empty() {
             bad(

@@ -216,6 +216,10 @@ impl SnsConfig {
 }
 
 impl Settings for SnsConfig {
+    fn allowed_key(&self) -> Option<&'static str> {
+        Some("sns.allowed_destinations")
+    }
+
     fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
         self.check_topics(bad);
         self.check_attributes(bad);

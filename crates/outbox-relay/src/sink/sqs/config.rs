@@ -97,6 +97,10 @@ fn queue_url(url: &str) -> Result<(), String> {
 }
 
 impl Settings for SqsConfig {
+    fn allowed_key(&self) -> Option<&'static str> {
+        Some("sqs.allowed_destinations")
+    }
+
     fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.queue_url.is_empty() && self.queue_template.is_empty() {
             bad(

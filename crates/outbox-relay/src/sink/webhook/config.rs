@@ -110,6 +110,10 @@ fn http_url(url: &str) -> Result<(), String> {
 }
 
 impl Settings for WebhookConfig {
+    fn allowed_key(&self) -> Option<&'static str> {
+        Some("webhook.allowed_origins")
+    }
+
     fn validate(&self, bad: &mut dyn FnMut(&str, String)) {
         if self.url.is_empty() && self.url_template.is_empty() {
             bad(
