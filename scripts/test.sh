@@ -33,6 +33,9 @@ bash scripts/install-deps.sh
 PG_BIN=$(pg_bin)
 export PG_BIN
 
+# The crate's wings: imports run downward, no cycle between files (docs/architecture.md).
+python3 scripts/wings.py >/dev/null || { python3 scripts/wings.py; exit 1; }
+
 cargo build --workspace --all-targets "${locked[@]}"
 
 pg_dir=$(mktemp -d /tmp/outbox-relay-pg.XXXXXX)
