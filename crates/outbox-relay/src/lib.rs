@@ -1,20 +1,23 @@
 //! outbox-relay: the transactional outbox pattern by log tailing.
 //!
+//! Three wings on a shared ground, imports running downward
+//! (docs/architecture.md):
+//!
 //! ```text
-//!  app tx: INSERT business rows + INSERT outbox row ── COMMIT
-//!                                  │ WAL
-//!                                  ▼
-//!  replication  (slot, pgoutput, publication WITH (publish = 'insert'))
-//!    → pgoutput decoder            (crate `pgoutput`)
-//!    → row → OutboxEvent           ([`event`], column mapping from config)
-//!    → envelope bytes              ([`envelope`], CloudEvents 1.0 or raw)
-//!    → publisher → sink            ([`publish`], [`sink`]: per-event outcomes, retries)
-//!    → ack tracker                 ([`ack`]: in-order watermark over commits)
-//!    → standby status update (flush LSN) to Postgres
+//!  composition  main, cli, relay      builds the sink, runs the workers
+//!  sink         destinations, aws     implement the pipeline's contract
+//!  pipeline     stream, publish, ack  how an event travels
+//!  postgres     walstream, outbox     every conversation with the database
+//!  ground       config, event, metrics
 //! ```
 //!
-//! The module docs of [`ack`] and [`replication`] state the delivery
-//! invariants and why they hold.
+//! An event's path: the replication stream ([`pipeline::stream`]) decodes
+//! an insert into an event ([`event`]), [`pipeline::outgoing`] routes and
+//! encodes it, [`pipeline::publish`] hands batches to the sink
+//! ([`pipeline::sink::Sink`]), and [`pipeline::ack`] turns the answers into
+//! the confirmed LSN the stream reports. The module docs of
+//! [`pipeline::ack`] and [`pipeline::stream`] state the delivery invariants
+//! and why they hold.
 
 // Inside the crate an item is `pub(crate)` at most: what leaves it is listed
 // below, so a `pub` elsewhere would claim a reach it does not have.
