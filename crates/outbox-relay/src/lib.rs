@@ -19,6 +19,9 @@
 //! [`pipeline::ack`] and [`pipeline::stream`] state the delivery invariants
 //! and why they hold.
 
+// The modules are private on purpose and their docs are read with
+// --document-private-items, so links into them are meant to resolve there.
+#![allow(rustdoc::private_intra_doc_links)]
 // Inside the crate an item is `pub(crate)` at most: what leaves it is listed
 // below, so a `pub` elsewhere would claim a reach it does not have.
 #![deny(unreachable_pub)]
