@@ -1,7 +1,7 @@
 //! From a replicated row to an [`OutboxEvent`], through the configured column mapping.
 //!
-//! A [`Relation`](pgoutput::Relation) message describes a table's columns by
-//! position; [`RowMapping::new`] resolves the configured column names to
+//! A [`Relation`] message describes a table's columns by position;
+//! [`RowMapping::new`] resolves the configured column names to
 //! positions once per relation (Postgres re-sends the Relation after a
 //! reconnect or a DDL change, and the mapping is rebuilt then). Mapping a row
 //! is then a walk over the tuple without lookups by name.
@@ -707,7 +707,8 @@ pub(crate) fn rfc3339_from_pg(pg: &str) -> String {
     out
 }
 
-/// [`rfc3339_from_pg`], appended to `out`.
+/// Postgres `timestamptz` text (ISO DateStyle) to RFC 3339, appended to
+/// `out`; a `timestamp` without zone is taken as UTC.
 fn rfc3339_from_pg_into(pg: &str, out: &mut String) {
     let begin = out.len();
     // The first space (between date and time) becomes a `T`.
@@ -745,7 +746,8 @@ pub(crate) fn rfc3339_from_pg_micros(micros: i64) -> String {
     out
 }
 
-/// [`rfc3339_from_pg_micros`], appended to `out`.
+/// Microseconds since 2000-01-01 UTC (Postgres epoch) to RFC 3339 in UTC,
+/// appended to `out`.
 fn rfc3339_from_pg_micros_into(micros: i64, out: &mut String) {
     use std::fmt::Write;
     let (secs, frac) = crate::time::unix_secs_from_pg_micros(micros);

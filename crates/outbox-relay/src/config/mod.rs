@@ -36,7 +36,8 @@ use value::field_names;
 pub(crate) use value::{de_duration, parse_duration, Secret};
 
 /// Every key at its default, commented: what `outbox-relay config` prints.
-/// A test keeps it equal to the real defaults and complete ([`keys`]).
+/// A test keeps it equal to the real defaults and complete: every key the
+/// structs declare (`keys`, compiled for the tests only) is in it.
 pub(crate) const DEFAULT_CONFIG: &str = include_str!("default-config.toml");
 
 /// Prefix of the environment variables that override configuration keys.

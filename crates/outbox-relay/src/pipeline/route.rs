@@ -8,9 +8,10 @@
 //! 3. the sink's default destination.
 //!
 //! What the names mean is the sink's: each destination's settings describe
-//! their rules as [`Routes`] (`crate::sink::Settings::routes`). A name that a
-//! row or a template gives is held to the sink's [`Allowed`] rules first
-//! (routing is configuration, not data: `crate::config::allow`); one outside
+//! their rules as [`Routes`] ([`crate::config::settings::Settings::routes`]).
+//! A name that a row or a template gives is held to the sink's
+//! [`Allowed`](crate::config::allow::Allowed) rules first (routing is
+//! configuration, not data: [`crate::config::allow`]); one outside
 //! them is an error here, so the event is recorded as failed and nothing is
 //! sent for it. A route the rules allow that names no existing destination is
 //! not an error here: the destination answers that it does not exist, and the

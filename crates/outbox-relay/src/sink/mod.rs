@@ -29,6 +29,10 @@ pub(crate) use webhook::{WebhookConfig, WebhookSink};
 /// From the list come [`Kind`], the sections' struct [`Sections`] (which
 /// [`crate::config::Config`] holds), and [`Configured`], the sink behind one
 /// type so callers need one code path. Adding a destination is one line here.
+/// The line's `///` comes before the module's own `//!` docs, so rustdoc
+/// resolves all of them from this module: links in a destination's module
+/// docs spell full paths (`crate::sink::sns::Topics`) and cannot reach its
+/// private items.
 macro_rules! destinations {
     ($($(#[$doc:meta])* $name:ident: $variant:ident($sink:ty, $settings:ty) = |$section:ident| $build:expr;)+) => {
         $($(#[$doc])* pub(crate) mod $name;)+

@@ -21,20 +21,22 @@
 //! `PutEvents` takes events for a custom bus that does not exist, gives them
 //! an `EventId` and drops them (aws/aws-cli#9186; LocalStack does the same on
 //! purpose). So before the first batch to a bus, and again after
-//! [`KNOWN_FOR`], the sink asks `DescribeEventBus`: a bus that does not
-//! exist has its events recorded FAILED, naming it, as a missing SNS topic or
-//! SQS queue does. Nothing is sent to a bus that could not be verified:
-//! while `DescribeEventBus` goes unanswered the events are retried as in an
-//! outage (the slot waits); a role that may not describe the configured bus
-//! (no `events:DescribeEventBus`; for the `default` bus it is asked about
-//! too) stops the relay at start-up naming the permission, and a bus a row
-//! names that the role may not describe has its events recorded FAILED
-//! naming the permission (replayable once it is granted), so no row can hold
-//! the slot. A name that is no bus name (over 256 characters, other
-//! characters) is recorded without a call. `eventbridge.verify_bus = false`
-//! opts out: the events of a bus that cannot be verified are then sent
-//! unchecked, at the risk above. A bus known to exist is asked about again
-//! after [`KNOWN_FOR`]: one deleted meanwhile takes events for that long.
+//! [`KNOWN_FOR`](crate::sink::aws::known::KNOWN_FOR), the sink asks
+//! `DescribeEventBus`: a bus that does not exist has its events recorded
+//! FAILED, naming it, as a missing SNS topic or SQS queue does. Nothing is
+//! sent to a bus that could not be verified: while `DescribeEventBus` goes
+//! unanswered the events are retried as in an outage (the slot waits); a role
+//! that may not describe the configured bus (no `events:DescribeEventBus`; for
+//! the `default` bus it is asked about too) stops the relay at start-up naming
+//! the permission, and a bus a row names that the role may not describe has its
+//! events recorded FAILED naming the permission (replayable once it is
+//! granted), so no row can hold the slot. A name that is no bus name (over 256
+//! characters, other characters) is recorded without a call.
+//! `eventbridge.verify_bus = false` opts out: the events of a bus that cannot
+//! be verified are then sent unchecked, at the risk above. A bus known to exist
+//! is asked about again after
+//! [`KNOWN_FOR`](crate::sink::aws::known::KNOWN_FOR): one deleted meanwhile
+//! takes events for that long.
 //!
 //! EventBridge does not promise the order in which targets receive events;
 //! the relay still sends each ordering group in commit order.

@@ -2,11 +2,12 @@
 //!
 //! "Delivered" means SNS listed the entry as successful. Each batch goes to one topic (the publisher groups by destination) and
 //! is split into requests of at most 10 entries and the topic's size limit
-//! ([`limits`]: its `MaximumMessageSize`, 256 KiB unless set, up to 1 MiB),
+//! ([`limits`](crate::sink::sns::limits): its `MaximumMessageSize`, 256 KiB
+//! unless set, up to 1 MiB),
 //! counted in bytes over message bodies and attributes (names, types and
 //! values), as SNS counts; a message over the limit alone is rejected, or
 //! with `sns.large_payload_bucket` stored in S3 and replaced by a pointer
-//! ([`claim_check`]).
+//! ([`claim_check`](mod@crate::sink::sns::claim_check)).
 //!
 //! On FIFO topics (ARN ending in `.fifo`) every entry carries
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
@@ -29,11 +30,16 @@
 //! | topic `NotFound` | rejected, every entry |
 //! | anything else (an entry failure of an unknown code, not the sender's fault) | retried for `sns.retry_unknown_errors_for`, then rejected |
 //!
-//! A retry carries its [`Cause`] ([`Class::cause`]): throttling is
-//! [`Cause::Throttled`], a timeout [`Cause::TimedOut`], a 5xx or a connection
-//! failure [`Cause::Unavailable`]: the load signals on which the publisher's
-//! concurrency limit shrinks. Credential, signing and unknown client errors
-//! are [`Cause::Other`]: sending less would not help them.
+//! A retry carries its [`Cause`](crate::pipeline::sink::Cause)
+//! ([`Class::cause`](crate::sink::aws::errors::Class::cause)): throttling is
+//! [`Cause::Throttled`](crate::pipeline::sink::Cause::Throttled), a timeout
+//! [`Cause::TimedOut`](crate::pipeline::sink::Cause::TimedOut), a 5xx or a
+//! connection failure
+//! [`Cause::Unavailable`](crate::pipeline::sink::Cause::Unavailable): the
+//! load signals on which the publisher's concurrency limit shrinks.
+//! Credential, signing and unknown client errors are
+//! [`Cause::Other`](crate::pipeline::sink::Cause::Other): sending less would
+//! not help them.
 //!
 //! A request of several entries refused for a reason one entry could cause
 //! (an invalid or unknown one) does not condemn them all: the entries are sent
@@ -41,17 +47,20 @@
 //! reached SNS is sent again below the publisher (it retries with the
 //! configured policy); operation and attempt timeouts are explicit so no call
 //! hangs. FIFO ids SNS would refuse (over 128 characters, not printable
-//! ASCII) are replaced by their SHA-256 ([`fifo_id`]).
+//! ASCII) are replaced by their SHA-256
+//! ([`fifo_id`](crate::sink::aws::batch::fifo_id)).
 //!
 //! All of that is the batch loop every AWS destination shares
 //! ([`crate::sink::aws::batch`]), over the AWS layer ([`crate::sink::aws`]:
 //! endpoint settings, credentials, signing, pooled connections, proxies) and
 //! its Query protocol ([`crate::sink::aws::query`]). This folder adds SNS's
-//! `PublishBatch` ([`PublishBatch`]: entries and answers, `protocol.rs`, one
-//! buffer per request) and what SNS learns or keeps of each topic
-//! ([`Topics`]: its size limit, [`limits`]; large payloads, [`claim_check`]).
-//! SNS's own endpoint rules (every partition, FIPS, dual-stack) come from the
-//! SNS SDK's resolver when no endpoint is configured ([`rules`]).
+//! `PublishBatch` ([`PublishBatch`](crate::sink::sns::PublishBatch): entries
+//! and answers, `protocol.rs`, one buffer per request) and what SNS learns or
+//! keeps of each topic ([`Topics`](crate::sink::sns::Topics): its size limit,
+//! [`limits`](crate::sink::sns::limits); large payloads,
+//! [`claim_check`](mod@crate::sink::sns::claim_check)). SNS's own endpoint
+//! rules (every partition, FIPS, dual-stack) come from the SNS SDK's resolver
+//! when no endpoint is configured (`rules`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -185,7 +194,7 @@ fn claim_check(
 }
 
 /// What the sink keeps of each topic: its size limit ([`limits`]), and
-/// where payloads over it go ([`claim_check`]).
+/// where payloads over it go ([`claim_check`](mod@claim_check)).
 pub struct Topics {
     limits: limits::TopicLimits,
     claim_check: Option<claim_check::ClaimCheck>,

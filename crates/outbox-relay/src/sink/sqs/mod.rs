@@ -10,10 +10,10 @@
 //!
 //! On FIFO queues (URL ending in `.fifo`) every entry carries
 //! `MessageGroupId` = the event's ordering group and `MessageDeduplicationId`
-//! = the event id (hashed when SQS would refuse them, [`fifo_id`]), so the
-//! queue keeps each group in order and drops repeats within its five-minute
-//! window. Standard queues do not keep order; the relay still sends each
-//! group in order.
+//! = the event id (hashed when SQS would refuse them,
+//! [`fifo_id`](crate::sink::aws::batch::fifo_id)), so the queue keeps each
+//! group in order and drops repeats within its five-minute window. Standard
+//! queues do not keep order; the relay still sends each group in order.
 //!
 //! Message attributes: `event_id`, `event_type`, `aggregate_type`,
 //! `aggregate_id` and the headers named in `sqs.attributes`, as `String`.

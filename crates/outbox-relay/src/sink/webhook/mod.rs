@@ -9,14 +9,15 @@
 //!
 //! * `webhook-id` names the content (DESIGN.md invariant 10): one event's is
 //!   its outbox row id; a batch's is derived from the ordered ids of the
-//!   events it carries ([`batch_id`]). The specification tells receivers to
-//!   drop a `webhook-id` they have processed, and the publisher forms batches
-//!   anew after a retry, so an id naming a batch's *first event* would name
-//!   different content the second time and the receiver would drop events it
-//!   never processed. `webhook-timestamp` is the time of the attempt, so a
-//!   retried request passes the receiver's tolerance check.
+//!   events it carries ([`batch_id`](crate::sink::webhook::batch_id)). The
+//!   specification tells receivers to drop a `webhook-id` they have processed,
+//!   and the publisher forms batches anew after a retry, so an id naming a
+//!   batch's *first event* would name different content the second time and the
+//!   receiver would drop events it never processed. `webhook-timestamp` is the
+//!   time of the attempt, so a retried request passes the receiver's tolerance
+//!   check.
 //! * The answer decides, per request (a batch shares it), in one table
-//!   ([`verdict`]): 2xx delivered; 408, 429, 5xx, a connection that fails or
+//!   (`verdict`): 2xx delivered; 408, 429, 5xx, a connection that fails or
 //!   no answer within `webhook.timeout` retried with the publisher's backoff
 //!   (they lower the concurrency); 401 and 403 from the configured `url`
 //!   retried as access errors without a bound, as the AWS sinks retry theirs
