@@ -718,11 +718,13 @@ fn retry_relearned<P, G: Gate<P>>(
     sizes: &[Option<usize>],
     verdicts: &mut [Option<Verdict>],
 ) {
+    let mut relearning = false;
     for (verdict, size) in verdicts.iter_mut().zip(sizes) {
         let (Some(Verdict::Rejected(reason)), Some(size)) = (&*verdict, *size) else {
             continue;
         };
-        if let Some(note) = gate.relearn(destination, size) {
+        if let Some(note) = gate.relearn(destination, size, relearning) {
+            relearning = true;
             let reason = format!("{reason} ({note})");
             *verdict = Some(Verdict::Retry(Class::Unknown, reason));
         }
@@ -790,9 +792,11 @@ pub trait Gate<P>: Send + Sync + 'static {
     /// The service rejected an entry of `size` bytes to `destination` that
     /// the gate's limit let through. `Some(why)`: the limit it learned may be
     /// stale and is learned again, and the entry is retried, its reason
-    /// noting why; `None`: the rejection stands.
-    fn relearn(&self, destination: &str, size: usize) -> Option<&'static str> {
-        let _ = (destination, size);
+    /// noting why; `None`: the rejection stands. `relearning`: an earlier
+    /// entry of the same answer already had the limit learned again, so an
+    /// entry the stale limit could explain is retried under the new one too.
+    fn relearn(&self, destination: &str, size: usize, relearning: bool) -> Option<&'static str> {
+        let _ = (destination, size, relearning);
         None
     }
 
@@ -988,4 +992,59 @@ pub(crate) fn fifo_id(value: &str) -> std::borrow::Cow<'_, str> {
         hex.push_str(&format!("{byte:02x}"));
     }
     std::borrow::Cow::Owned(hex)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A gate whose limit is stale until it is learned again, which happens
+    /// once (as SNS's topic limits: forgotten by the first refusal).
+    struct Stale {
+        learned: AtomicUsize,
+    }
+
+    impl<P: Sync> Gate<P> for Stale {
+        async fn admit(&self, _: &Batches<P>, _: &Arc<str>) -> Result<usize, Outcome> {
+            Ok(usize::MAX)
+        }
+
+        fn relearn(&self, _: &str, size: usize, relearning: bool) -> Option<&'static str> {
+            let forgotten_now = self.learned.fetch_add(1, Ordering::SeqCst) == 0;
+            (size > 10 && (relearning || forgotten_now)).then_some("learned again")
+        }
+    }
+
+    #[test]
+    fn every_entry_of_one_answer_refused_over_a_stale_limit_is_retried_not_only_the_first() {
+        let gate = Stale {
+            learned: AtomicUsize::new(0),
+        };
+        let refused = || Some(Verdict::Rejected("too large".into()));
+        let mut verdicts = vec![
+            refused(),
+            Some(Verdict::Delivered),
+            refused(),
+            refused(),
+            refused(),
+        ];
+        let sizes = [Some(20), Some(20), Some(30), Some(5), None];
+        retry_relearned::<(), _>(&gate, "t", &sizes, &mut verdicts);
+        let retried = |v: &Option<Verdict>| matches!(v, Some(Verdict::Retry(Class::Unknown, r)) if r == "too large (learned again)");
+        assert!(retried(&verdicts[0]), "the first: {:?}", verdicts[0]);
+        assert_eq!(verdicts[1], Some(Verdict::Delivered));
+        assert!(
+            retried(&verdicts[2]),
+            "a later one of the same answer: {:?}",
+            verdicts[2]
+        );
+        assert_eq!(
+            verdicts[3],
+            refused(),
+            "one the limit cannot explain stands"
+        );
+        assert_eq!(verdicts[4], refused(), "one not measured stands");
+    }
 }

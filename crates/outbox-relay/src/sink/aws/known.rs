@@ -103,11 +103,6 @@ impl<T: Clone> Known<T> {
         forget
     }
 
-    /// Whether a fact of `destination` is kept (fresh or not).
-    pub(crate) fn holds(&self, destination: &str) -> bool {
-        self.lock().contains_key(destination)
-    }
-
     fn fresh(&self, destination: &str) -> Option<T> {
         self.lock()
             .get(destination)

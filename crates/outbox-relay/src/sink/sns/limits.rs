@@ -130,15 +130,13 @@ impl TopicLimits {
 
     /// SNS refused a message the learned limit of `topic` let through:
     /// forget the limit, unless it was learned within the last minute.
-    /// Whether the message is worth retrying: the limit was forgotten now,
-    /// or is not known any more (another message of the same answer had it
-    /// forgotten), so the retry is measured against the limit learned again.
+    /// Whether it was forgotten (and the message is worth retrying).
     pub(crate) fn refused(&self, topic: &str) -> bool {
         self.configured.is_none()
-            && (self.known.forget_if(
+            && self.known.forget_if(
                 topic,
                 |limit| matches!(limit, Limit::Learned { at, .. } if at.elapsed() >= RELEARN_AFTER),
-            ) || !self.known.holds(topic))
+            )
     }
 }
 
@@ -208,43 +206,6 @@ mod tests {
             seen.bodies.lock().unwrap().len(),
             4,
             "nothing asked when configured"
-        );
-    }
-
-    #[tokio::test]
-    async fn every_message_of_one_answer_over_a_stale_limit_is_retried_not_only_the_first() {
-        let topic: Arc<str> = Arc::from("arn:aws:sns:us-east-1:1:t");
-        let (batches, _) = sns(vec![Some("1048576")]).await;
-        let limits = TopicLimits::new(0);
-        let stale = Instant::now() - RELEARN_AFTER - Duration::from_secs(1);
-        limits
-            .known
-            .get(&topic, |_| async move {
-                (
-                    Limit::Learned {
-                        bytes: MAX_LIMIT,
-                        at: stale,
-                    },
-                    UNTIL_FORGOTTEN,
-                )
-            })
-            .await;
-        assert!(
-            limits.refused(&topic),
-            "the first refused message has the stale limit forgotten"
-        );
-        assert!(
-            limits.refused(&topic),
-            "a second one of the same answer is retried too"
-        );
-        assert_eq!(
-            limits.get(&batches, &topic).await,
-            Ok(MAX_LIMIT),
-            "learned again"
-        );
-        assert!(
-            !limits.refused(&topic),
-            "learned just now: the refusal stands"
         );
     }
 }

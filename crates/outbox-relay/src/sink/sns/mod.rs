@@ -239,8 +239,8 @@ impl Gate<PublishBatch> for Topics {
 
     /// A refusal of what only a learned limit above the default let through:
     /// the topic's limit may have been lowered; learn it again.
-    fn relearn(&self, topic: &str, size: usize) -> Option<&'static str> {
-        (size > limits::DEFAULT_LIMIT && self.limits.refused(topic))
+    fn relearn(&self, topic: &str, size: usize, relearning: bool) -> Option<&'static str> {
+        (size > limits::DEFAULT_LIMIT && (relearning || self.limits.refused(topic)))
             .then_some("the topic's MaximumMessageSize is read again")
     }
 
