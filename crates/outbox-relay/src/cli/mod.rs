@@ -177,7 +177,8 @@ pub fn main() -> ExitCode {
 }
 
 fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log.level);
+    let filter =
+        tracing_subscriber::EnvFilter::builder().parse_lossy(with_wing_targets(&config.log.level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -185,6 +186,59 @@ fn init_logging(config: &Config) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Pretty => builder.with_ansi(false).try_init(),
     };
+}
+
+/// A log target is its module's path, and the modules live in wings
+/// (`outbox_relay::pipeline::stream`); a `log.level` written for the flat
+/// layout before them (`outbox_relay::replication=debug`) would match
+/// nothing and say nothing, so its targets are read as the modules' paths
+/// now.
+fn with_wing_targets(level: &str) -> String {
+    const MOVED: &[(&str, &str)] = &[
+        ("replication", "pipeline::stream"),
+        ("ack", "pipeline::ack"),
+        ("concurrency", "pipeline::concurrency"),
+        ("envelope", "pipeline::envelope"),
+        ("error", "pipeline::error"),
+        ("outgoing", "pipeline::outgoing"),
+        ("poller", "pipeline::poller"),
+        ("publish", "pipeline::publish"),
+        ("replay", "pipeline::replay"),
+        ("route", "pipeline::route"),
+        ("rows", "pipeline::rows"),
+        ("walstream", "postgres::walstream"),
+        ("tls", "postgres::tls"),
+        ("silence", "postgres::silence"),
+        ("readiness", "postgres::readiness"),
+        ("check", "postgres::check"),
+        ("platform", "postgres::platform"),
+        ("failover", "postgres::failover"),
+        ("position", "postgres::position"),
+        ("setup", "postgres::setup"),
+        ("monitor", "postgres::monitor"),
+        ("stall", "postgres::stall"),
+        ("table", "postgres::outbox::table"),
+        ("marking", "postgres::outbox::marking"),
+        ("record", "postgres::outbox::record"),
+        ("retention", "postgres::outbox::retention"),
+        ("aws", "sink::aws"),
+    ];
+    level
+        .split(',')
+        .map(|directive| {
+            let Some(rest) = directive.trim_start().strip_prefix("outbox_relay::") else {
+                return directive.to_owned();
+            };
+            let end = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            match MOVED.iter().find(|(old, _)| *old == &rest[..end]) {
+                Some((_, new)) => format!("outbox_relay::{new}{}", &rest[end..]),
+                None => directive.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A session for a command: one-off, so without the silence bound (an
@@ -229,5 +283,29 @@ async fn table_of(
             );
             Err(ExitCode::from(EXIT_FAILURE))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_wing_targets;
+
+    #[test]
+    fn a_log_level_written_for_the_flat_layout_selects_the_same_modules_in_their_wings() {
+        assert_eq!(
+            with_wing_targets(
+                "info,outbox_relay::replication=debug,outbox_relay::aws::batch[send]=trace"
+            ),
+            "info,outbox_relay::pipeline::stream=debug,outbox_relay::sink::aws::batch[send]=trace"
+        );
+        assert_eq!(
+            with_wing_targets("outbox_relay::pipeline::stream=debug,outbox_relay=warn,outbox_relay::sink::sns=debug"),
+            "outbox_relay::pipeline::stream=debug,outbox_relay=warn,outbox_relay::sink::sns=debug",
+            "today's targets, the crate and unmoved modules stay"
+        );
+        assert_eq!(
+            with_wing_targets("outbox_relay::replicationx=debug"),
+            "outbox_relay::replicationx=debug"
+        );
     }
 }
