@@ -21,6 +21,26 @@ pub(crate) const UNANSWERED_FOR: Duration = Duration::from_secs(10);
 /// can still be this far ahead).
 pub(crate) const UNTIL_FORGOTTEN: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// Warn that a destination's `MaximumMessageSize` may not be read, in the
+/// one wording every gate uses: the permission to grant, the key that makes
+/// asking unnecessary, and the size assumed meanwhile. The destination goes
+/// in the log field the gate names (`topic`, `queue`), so both keep their
+/// fields.
+macro_rules! warn_unreadable_limit {
+    ($field:ident = $destination:expr, $reason:expr, $what:literal, $permission:literal, $key:literal, $assumed:expr) => {
+        tracing::warn!(
+            $field = %$destination,
+            error = %$reason,
+            concat!(
+                "cannot read the ", $what, "'s MaximumMessageSize (allow ", $permission,
+                ", or set ", $key, "); assuming {} bytes"
+            ),
+            $assumed
+        )
+    };
+}
+pub(crate) use warn_unreadable_limit;
+
 /// Most destinations a sink remembers facts of. A row may name any
 /// destination its sink allows (`crate::config::allow`), so an application can
 /// name very many: past this the facts that expired go, and if that is not

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use super::protocol;
 use crate::sink::aws::batch::{Batches, Protocol, Question};
 use crate::sink::aws::errors::Class;
-use crate::sink::aws::known::{Known, UNANSWERED_FOR, UNTIL_FORGOTTEN};
+use crate::sink::aws::known::{warn_unreadable_limit, Known, UNANSWERED_FOR, UNTIL_FORGOTTEN};
 
 /// SNS's limit of a topic without `MaximumMessageSize`, and of every topic
 /// before the attribute existed.
@@ -118,11 +118,13 @@ impl TopicLimits {
     /// now on, said once.
     fn denied(&self, topic: &Arc<str>, reason: &str) -> (Limit, Duration) {
         if !self.denied_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                topic = %topic,
-                error = %reason,
-                "cannot read the topic's MaximumMessageSize (allow sns:GetTopicAttributes, or set sns.max_message_size); \
-                 assuming {DEFAULT_LIMIT} bytes"
+            warn_unreadable_limit!(
+                topic = topic,
+                reason,
+                "topic",
+                "sns:GetTopicAttributes",
+                "sns.max_message_size",
+                DEFAULT_LIMIT
             );
         }
         (learned(DEFAULT_LIMIT), UNTIL_FORGOTTEN)

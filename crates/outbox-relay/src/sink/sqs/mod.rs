@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::event::OutboxEvent;
 use crate::pipeline::sink::{Message, Outcome};
 use crate::sink::aws::batch::{fifo_id, Answer, BatchSink, Batches, Gate, Protocol, Question};
-use crate::sink::aws::known::{Known, KNOWN_FOR, UNANSWERED_FOR};
+use crate::sink::aws::known::{warn_unreadable_limit, Known, KNOWN_FOR, UNANSWERED_FOR};
 use crate::sink::aws::{self, json, SetupError};
 
 pub(crate) mod config;
@@ -129,11 +129,13 @@ impl Gate<Sqs> for QueueLimits {
                     Err(Question::Missing(_)) => (ceiling(false), KNOWN_FOR),
                     Err(Question::Refused(reason)) => {
                         if !before.is_some_and(|limit| limit.unreadable) {
-                            tracing::warn!(
-                                queue = %queue,
-                                error = %reason,
-                                "cannot read the queue's MaximumMessageSize (allow sqs:GetQueueAttributes, or set sqs.max_message_size); \
-                                 assuming {SQS_MAX_MESSAGE_SIZE} bytes"
+                            warn_unreadable_limit!(
+                                queue = queue,
+                                reason,
+                                "queue",
+                                "sqs:GetQueueAttributes",
+                                "sqs.max_message_size",
+                                SQS_MAX_MESSAGE_SIZE
                             );
                         }
                         (ceiling(true), KNOWN_FOR)
