@@ -65,6 +65,18 @@ fn has_failover_slots(cluster: &Cluster) -> bool {
 /// relay's `/readyz` fails and its log names the slot and the fix within a
 /// minute, and once the operator resets the setting every event written on
 /// the promoted server arrives.
+/// A standby of `primary`, `standby1`, whose slot sync worker keeps its copy
+/// of the failover slot as a standby should: on its own schedule, while the
+/// relay streams.
+async fn syncing_standby(primary: &Arc<Cluster>) -> Cluster {
+    let primary = Arc::clone(primary);
+    tokio::task::spawn_blocking(move || {
+        Cluster::standby_of(&primary, "standby1", "sync_replication_slots = on")
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_left_with_a_stale_synchronized_standby_slots_is_named_and_the_fix_delivers_everything(
 ) {
@@ -77,14 +89,7 @@ async fn a_promoted_standby_left_with_a_stale_synchronized_standby_slots_is_name
     // Set before the copy: the standby inherits it.
     primary.psql("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'");
     primary.psql("SELECT pg_reload_conf()");
-    let standby = {
-        let primary = Arc::clone(&primary);
-        tokio::task::spawn_blocking(move || {
-            Cluster::standby_of(&primary, "standby1", "sync_replication_slots = on")
-        })
-        .await
-        .unwrap()
-    };
+    let standby = syncing_standby(&primary).await;
     outbox.reconnect().await;
     let addr = crate::stall::free_addr();
     let file = outbox.config_file(&format!(
@@ -155,16 +160,7 @@ async fn a_promoted_standby_has_the_failover_slot_and_the_relay_streams_on_from_
     }
     let mut outbox = Outbox::on(&primary).await;
     failover_slot(&outbox).await;
-    let standby = {
-        let primary = Arc::clone(&primary);
-        tokio::task::spawn_blocking(move || {
-            // The slot sync worker keeps the copy of the slot as a standby
-            // should: on its own schedule, while the relay streams.
-            Cluster::standby_of(&primary, "standby1", "sync_replication_slots = on")
-        })
-        .await
-        .unwrap()
-    };
+    let standby = syncing_standby(&primary).await;
     outbox.reconnect().await;
     // Set after the copy: on the standby it would name a slot it does not
     // have once promoted, and its walsenders would wait for it forever
