@@ -359,8 +359,14 @@ impl Default for StreamConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OnPublished {
-    /// `publish_state = 'PUBLISHED'`, `published_at = now()`.
+    /// Write nothing: a row is published when its transaction id
+    /// (`relay_txid`) is visible in the snapshot the relay vouched for
+    /// (`postgres::outbox::derived`); rows the stream did not publish keep
+    /// explicit states. On a table without `relay_txid` (or without the
+    /// position table) the relay runs as `Mark` and says why.
     #[default]
+    Derive,
+    /// `publish_state = 'PUBLISHED'`, `published_at = now()`, row by row.
     Mark,
     /// Delete the row.
     Delete,
@@ -368,11 +374,19 @@ pub enum OnPublished {
     None,
 }
 
+impl OnPublished {
+    /// Whether the relay keeps each row's state on the row (`derive` and
+    /// `mark`): the poller, `replay` and retention then write explicit states.
+    pub(crate) fn tracks_rows(self) -> bool {
+        matches!(self, Self::Derive | Self::Mark)
+    }
+}
+
 /// `[lifecycle]`: rows after publishing, and slot recovery.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LifecycleConfig {
-    /// `mark`, `delete` or `none`.
+    /// `derive`, `mark`, `delete` or `none`.
     pub on_published: OnPublished,
     /// Rows published (or filtered out) but not yet marked or deleted, at
     /// most; at the ceiling the relay stops reading the stream until marking
@@ -765,7 +779,7 @@ impl Config {
         if self.lifecycle.recreate_slot && self.lifecycle.on_published == OnPublished::None {
             bad(
                 "lifecycle.recreate_slot",
-                "needs lifecycle.on_published = \"mark\" or \"delete\": with \"none\" no poller can publish \
+                "needs lifecycle.on_published = \"derive\", \"mark\" or \"delete\": with \"none\" no poller can publish \
                  what was written while the slot was missing, and recreating it would lose those events"
                     .into(),
             );

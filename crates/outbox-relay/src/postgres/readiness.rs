@@ -1136,6 +1136,7 @@ mod tests {
             created_at: Some("\"created_at\"".into()),
             columns: Vec::new(),
             managed: true,
+            derived: false,
             partitioned: false,
             oid: 1,
         }

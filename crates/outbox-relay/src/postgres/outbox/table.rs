@@ -3,6 +3,7 @@
 //! `last_error`, `next_attempt_at`, `published_at`).
 
 use crate::config::{Config, OnPublished};
+use crate::postgres::outbox::derived;
 use crate::postgres::sql::{qualified, quote_ident};
 
 /// Name of the dead-letter table for outbox table `table`.
@@ -34,6 +35,9 @@ pub(crate) struct Table {
     pub columns: Vec<(String, u32)>,
     /// Whether every relay-managed column exists.
     pub managed: bool,
+    /// Whether the table has the derived lifecycle's column
+    /// ([`derived::COLUMN`], `xid8`): its rows can be derived published.
+    pub derived: bool,
     /// Whether the table is partitioned.
     pub partitioned: bool,
     /// The table's oid: what pgoutput's Relation messages identify it by,
@@ -76,6 +80,9 @@ impl Table {
             created_at: (!created_at.is_empty() && has(created_at))
                 .then(|| quote_ident(created_at)),
             managed: MANAGED.iter().all(|c| has(c)),
+            derived: columns
+                .iter()
+                .any(|(n, t)| n == derived::COLUMN && *t == derived::XID8_OID),
             partitioned: rows[0].get::<_, &str>(3) == "p",
             oid: rows[0].get(4),
             columns,
@@ -91,7 +98,7 @@ impl Table {
     /// mark them, or delete them; `None` when the table is left alone.
     pub(crate) fn published_sql(&self, mode: OnPublished) -> Option<String> {
         match mode {
-            OnPublished::Mark => Some(format!(
+            OnPublished::Derive | OnPublished::Mark => Some(format!(
                 "UPDATE {} SET publish_state = 'PUBLISHED', published_at = now() WHERE {}",
                 self.qualified,
                 self.id_in(1)
@@ -104,7 +111,7 @@ impl Table {
     /// The statement that records rows (ids in `$1`) as filtered out in `mode`.
     pub(crate) fn skipped_sql(&self, mode: OnPublished) -> Option<String> {
         match mode {
-            OnPublished::Mark => Some(format!(
+            OnPublished::Derive | OnPublished::Mark => Some(format!(
                 "UPDATE {} SET publish_state = 'SKIPPED', published_at = now() WHERE {}",
                 self.qualified,
                 self.id_in(1)

@@ -1,0 +1,255 @@
+//! The derived lifecycle (`on_published = "derive"`): a row's state read
+//! from a snapshot the relay vouched for, without writing the row.
+//!
+//! # The rule
+//!
+//! Every row carries its writing transaction's top-level id in
+//! [`COLUMN`] (`xid8 DEFAULT pg_current_xact_id()`: the top-level id also
+//! inside savepoints, unlike the `xmin` system column). The relay takes, on
+//! an ordinary connection, a snapshot S (`pg_current_snapshot()`) and *then*
+//! W = `pg_current_wal_insert_lsn()`. PostgreSQL inserts a transaction's
+//! commit record before the transaction leaves the proc array (also for
+//! `COMMIT PREPARED` and `synchronous_commit = off`), so every transaction
+//! visible in S has its commit record before W. Once the relay's confirmed
+//! position passes W (every transaction committed before it was published
+//! or recorded) and `pg_current_wal_flush_lsn() >= W`, the pair is stored,
+//! with a synchronous commit, in the slot's row of the position table. A row
+//! is then **published** when:
+//!
+//! * its `publish_state` is still `PENDING` (explicit states win: FAILED,
+//!   DEAD, SKIPPED, and PUBLISHED written by the poller or `replay`);
+//! * its id is not NULL (rows from before the migration keep explicit states);
+//! * its id is visible in the vouched S;
+//! * its id is in no *hole* (below), and the pair's provenance holds (the
+//!   same system identifier; S's xmax not above the server's current one).
+//!
+//! # Holes
+//!
+//! A hole is a span of transactions the stream may not have sent: visible in
+//! its `to` snapshot and not in its `from` snapshot. The first hole is the
+//! slot's boundary: `from` is [`BEGINNING`] (nothing visible), `to` a
+//! snapshot taken after the slot existed (every transaction the slot will
+//! not stream committed before its consistent point, so it is visible
+//! there). Another is opened, from the vouched S to a fresh snapshot, when
+//! the relay cannot vouch for what happened in between: the slot was
+//! (re)created, or it is ahead of the kept position at start (moved by
+//! something else, or a crash before the position was kept). Rows in a hole
+//! are never derived published: the poller publishes them (after its grace,
+//! once the stream has passed them) and the stream marks those it publishes
+//! itself ([`Holes::needs_mark`]); so they end with explicit states, and a
+//! hole with no `PENDING` row left is closed.
+//!
+//! Every reader (the poller, retention, `status`, `replay --state`, the
+//! metrics and the `<table>_state` view that `setup` creates) uses the SQL
+//! built here, so they agree on one rule.
+
+/// The column holding the writing transaction's top-level id.
+pub(crate) const COLUMN: &str = "relay_txid";
+
+/// PostgreSQL's `xid8` type oid.
+pub(crate) const XID8_OID: u32 = 5069;
+
+/// A snapshot in which no transaction is visible: the `from` of the slot's
+/// boundary hole.
+pub(crate) const BEGINNING: &str = "1:1:";
+
+/// A `pg_snapshot`: what `pg_visible_in_snapshot` needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    /// Every id below is finished.
+    pub xmin: u64,
+    /// Every id at or above is not visible.
+    pub xmax: u64,
+    /// Ids between that were in progress.
+    pub xip: Vec<u64>,
+}
+
+impl Snapshot {
+    /// Parse PostgreSQL's text form, `xmin:xmax:xip,xip,…`.
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.trim().splitn(3, ':');
+        let xmin = parts.next()?.parse().ok()?;
+        let xmax = parts.next()?.parse().ok()?;
+        let xip = match parts.next()? {
+            "" => Vec::new(),
+            list => list
+                .split(',')
+                .map(|x| x.parse().ok())
+                .collect::<Option<Vec<u64>>>()?,
+        };
+        (xmin <= xmax).then_some(Self { xmin, xmax, xip })
+    }
+
+    /// `pg_visible_in_snapshot(xid, self)`.
+    pub(crate) fn visible(&self, xid: u64) -> bool {
+        xid < self.xmin || (xid < self.xmax && !self.xip.contains(&xid))
+    }
+}
+
+impl std::fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:", self.xmin, self.xmax)?;
+        for (i, x) in self.xip.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A span the stream may not have sent: visible in `to`, not in `from`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hole {
+    /// What was vouched for before it ([`BEGINNING`] for the boundary).
+    pub from: Snapshot,
+    /// Taken once the slot streams everything after it.
+    pub to: Snapshot,
+}
+
+impl Hole {
+    /// Whether transaction `xid` lies in the hole.
+    pub(crate) fn holds(&self, xid: u64) -> bool {
+        self.to.visible(xid) && !self.from.visible(xid)
+    }
+}
+
+/// A slot's holes, as the stream knows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Holes(pub Vec<Hole>);
+
+impl Holes {
+    /// Whether the stream must mark a row it published explicitly: its
+    /// transaction id is unknown (a row from before the migration) or lies
+    /// in a hole, where no snapshot may vouch for it.
+    pub(crate) fn needs_mark(&self, txid: Option<u64>) -> bool {
+        txid.is_none_or(|x| self.0.iter().any(|h| h.holds(x)))
+    }
+
+    /// Read the position table's `hole_from` / `hole_to` arrays (as text).
+    pub(crate) fn parse(from: &[String], to: &[String]) -> Option<Self> {
+        if from.len() != to.len() {
+            return None;
+        }
+        from.iter()
+            .zip(to)
+            .map(|(f, t)| {
+                Some(Hole {
+                    from: Snapshot::parse(f)?,
+                    to: Snapshot::parse(t)?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(Self)
+    }
+}
+
+/// Columns of the position table the derived lifecycle adds (nullable, so
+/// `ALTER TABLE … ADD COLUMN IF NOT EXISTS` migrates a table in place):
+/// the vouched snapshot, its W, when it was stored, and the holes.
+pub(crate) const POSITION_COLUMNS: [(&str, &str); 5] = [
+    ("snapshot", "pg_snapshot"),
+    ("snapshot_lsn", "pg_lsn"),
+    ("snapshot_at", "timestamptz"),
+    ("hole_from", "pg_snapshot[]"),
+    ("hole_to", "pg_snapshot[]"),
+];
+
+/// SQL: the join that brings the slot's position row in as `p` (`slot` is an
+/// SQL expression: a `$n` parameter or a quoted literal; `position` the
+/// qualified, quoted position table). A `LEFT JOIN`: without a row nothing
+/// is derived published.
+pub(crate) fn join(position: &str, slot: &str, p: &str) -> String {
+    format!("LEFT JOIN {position} {p} ON {p}.slot_name = {slot}")
+}
+
+/// SQL boolean: row `r` is derived published under position row `p`. Never
+/// NULL.
+pub(crate) fn published(r: &str, p: &str) -> String {
+    let x = format!("{r}.{COLUMN}");
+    format!(
+        "coalesce({r}.publish_state = 'PENDING' AND {x} IS NOT NULL \
+         AND {p}.hole_to IS NOT NULL \
+         AND pg_visible_in_snapshot({x}, {p}.snapshot) \
+         AND {p}.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
+         AND pg_snapshot_xmax({p}.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
+         AND NOT EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
+                         WHERE pg_visible_in_snapshot({x}, h.t) AND NOT pg_visible_in_snapshot({x}, h.f)), \
+         false)"
+    )
+}
+
+/// SQL text expression: the row's state, derived (`PUBLISHED`) or explicit.
+pub(crate) fn state(r: &str, p: &str) -> String {
+    format!(
+        "CASE WHEN {} THEN 'PUBLISHED' ELSE {r}.publish_state END",
+        published(r, p)
+    )
+}
+
+/// SQL boolean: row `r` is still to publish (`PENDING` and not derived
+/// published).
+pub(crate) fn pending(r: &str, p: &str) -> String {
+    format!("({r}.publish_state = 'PENDING' AND NOT {})", published(r, p))
+}
+
+/// SQL boolean, index-friendly (the `<table>_txid_idx` range, partial on
+/// `publish_state = 'PENDING'`): the rows with an id the vouched snapshot
+/// may not cover yet. All rows with an id not derived published are in it
+/// or in a hole ([`in_holes_range`]); without a vouched snapshot, every row
+/// with an id.
+pub(crate) fn after_snapshot_range(r: &str, p: &str) -> String {
+    format!(
+        "{r}.publish_state = 'PENDING' AND {r}.{COLUMN} >= coalesce(pg_snapshot_xmin({p}.snapshot), '0'::xid8)"
+    )
+}
+
+/// SQL boolean, index-friendly: the rows whose id lies within some hole's
+/// bounds (`xmin(from) <= id < xmax(to)`).
+pub(crate) fn in_holes_range(r: &str, p: &str) -> String {
+    format!(
+        "{r}.publish_state = 'PENDING' AND EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
+         WHERE {r}.{COLUMN} >= pg_snapshot_xmin(h.f) AND {r}.{COLUMN} < pg_snapshot_xmax(h.t))"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_read_as_postgres_writes_them_and_answer_as_pg_visible_in_snapshot() {
+        let s = Snapshot::parse("100:105:100,103").unwrap();
+        assert_eq!(s.to_string(), "100:105:100,103");
+        assert!(s.visible(99));
+        assert!(!s.visible(100));
+        assert!(s.visible(101));
+        assert!(!s.visible(103));
+        assert!(s.visible(104));
+        assert!(!s.visible(105));
+        let empty = Snapshot::parse(BEGINNING).unwrap();
+        assert!(!empty.visible(1) && !empty.visible(3));
+        for bad in ["", "1", "5:4:", "a:b:", "1:2:x"] {
+            assert_eq!(Snapshot::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_stream_marks_rows_without_an_id_or_in_a_hole_and_no_others() {
+        let holes = Holes::parse(
+            &[BEGINNING.into(), "200:200:".into()],
+            &["50:52:50".into(), "210:212:211".into()],
+        )
+        .unwrap();
+        assert!(holes.needs_mark(None));
+        assert!(holes.needs_mark(Some(49))); // before the boundary
+        assert!(!holes.needs_mark(Some(50))); // in progress at the boundary: streamed
+        assert!(holes.needs_mark(Some(51)));
+        assert!(!holes.needs_mark(Some(150))); // between the holes
+        assert!(holes.needs_mark(Some(205)));
+        assert!(!holes.needs_mark(Some(211)));
+        assert!(!holes.needs_mark(Some(300)));
+        assert_eq!(Holes::parse(&[BEGINNING.into()], &[]), None);
+    }
+}
