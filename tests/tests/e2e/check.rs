@@ -122,7 +122,9 @@ async fn every_state_run_refuses_at_start_check_reports_as_an_error_in_the_same_
         ),
         (
             "nowhere to record rejected events",
-            "ALTER TABLE outbox DROP COLUMN publish_state; DROP TABLE outbox_dead_letter",
+            // The state view reads publish_state: it goes first.
+            "DROP VIEW outbox_state; ALTER TABLE outbox DROP COLUMN publish_state; \
+             DROP TABLE outbox_dead_letter",
             |_| "outbox_dead_letter".into(),
         ),
     ];
@@ -260,7 +262,7 @@ async fn what_run_accepts_or_waits_out_check_does_not_call_an_error() {
     let findings = both_accept("as set up", &outbox, outbox.config("")).await;
     assert_eq!(said(&findings, Severity::Warning), Vec::<String>::new());
     assert!(
-        findings.iter().all(|f| f.severity == Severity::Ok) && findings.len() == 4,
+        findings.iter().all(|f| f.severity == Severity::Ok) && findings.len() == 5,
         "{findings:#?}"
     );
 
@@ -322,4 +324,186 @@ async fn a_standby_is_refused_by_run_and_check_alike() {
         "target_session_attrs=read-write so the relay finds the primary",
     )
     .await;
+}
+
+/// `check`'s line for the lifecycle, or its warning that `derive` runs as
+/// `mark`: the one that names the lifecycle.
+fn lifecycle_line(findings: &[Finding]) -> &Finding {
+    findings
+        .iter()
+        .find(|f| f.message.starts_with("lifecycle ") || f.message.contains("runs as \"mark\""))
+        .unwrap_or_else(|| panic!("no lifecycle line: {findings:#?}"))
+}
+
+/// The warnings.
+fn warnings(findings: &[Finding]) -> Vec<String> {
+    said(findings, Severity::Warning)
+}
+
+/// `check`'s warnings after `change`; it finds no error.
+async fn warned_after(outbox: &Outbox, change: String) -> Vec<String> {
+    outbox
+        .sql
+        .batch_execute(&change)
+        .await
+        .unwrap_or_else(|e| panic!("{change}: {e}"));
+    let findings = check(&outbox.config("")).await;
+    assert_eq!(said(&findings, Severity::Error), Vec::<String>::new());
+    warnings(&findings)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_says_which_lifecycle_is_in_force_and_why() {
+    let outbox = Outbox::new().await;
+    // As set up: derive.
+    let findings = check(&outbox.config("")).await;
+    let line = lifecycle_line(&findings);
+    assert_eq!(line.severity, Severity::Ok);
+    assert!(line.message.starts_with("lifecycle derive: "), "{line}");
+    for (mode, says) in [
+        ("mark", "lifecycle mark"),
+        ("delete", "lifecycle delete"),
+        ("none", "lifecycle none"),
+    ] {
+        let findings =
+            check(&outbox.config(&format!("[lifecycle]\non_published = \"{mode}\""))).await;
+        let line = lifecycle_line(&findings);
+        assert!(
+            line.severity == Severity::Ok && line.message.starts_with(says),
+            "{mode}: {line}"
+        );
+    }
+
+    // A table from before the derived lifecycle: derive runs as mark, and
+    // check says what is missing and the command that adds it. run accepts it.
+    crate::migration::old_shape(&outbox, crate::migration::OLD_TABLE).await;
+    let findings = both_accept("a table from before", &outbox, outbox.config("")).await;
+    let line = lifecycle_line(&findings);
+    assert_eq!(line.severity, Severity::Warning, "{line}");
+    for part in [
+        "lifecycle.on_published = \"derive\" runs as \"mark\"",
+        "table public.outbox has no column relay_txid",
+        "table 'outbox_position' has no column snapshot, snapshot_lsn, snapshot_at, hole_from, hole_to",
+        "`outbox-relay setup --config FILE --apply`",
+    ] {
+        assert!(line.message.contains(part), "{part:?} in {line}");
+    }
+    // Migrated: derive, and nothing to warn of.
+    crate::migration::setup_apply(&outbox, &[]).await;
+    let findings = check(&outbox.config("")).await;
+    assert!(
+        lifecycle_line(&findings)
+            .message
+            .starts_with("lifecycle derive: "),
+        "{findings:#?}"
+    );
+    assert_eq!(warnings(&findings), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_warns_of_what_weakens_the_derived_lifecycle_and_names_the_fix() {
+    let outbox = Outbox::new().await;
+    let warned = |change: String| warned_after(&outbox, change);
+    // The column without its default.
+    let said = warned("ALTER TABLE outbox ALTER COLUMN relay_txid DROP DEFAULT".into()).await;
+    assert!(
+        said.len() == 1
+            && said[0].contains("column relay_txid of table public.outbox has no default")
+            && said[0].contains("SET DEFAULT pg_current_xact_id()"),
+        "{said:#?}"
+    );
+    let said = warned("ALTER TABLE outbox ALTER COLUMN relay_txid SET DEFAULT '5'".into()).await;
+    assert!(
+        said.len() == 1 && said[0].contains("has the default '5'::xid8, not pg_current_xact_id()"),
+        "{said:#?}"
+    );
+    // setup puts the default back.
+    crate::migration::setup_apply(&outbox, &[]).await;
+    assert_eq!(warned("SELECT 1".into()).await, Vec::<String>::new());
+
+    // Its index missing.
+    let said = warned("DROP INDEX outbox_txid_idx".into()).await;
+    assert!(
+        said.len() == 1
+            && said[0].contains("has no valid index outbox_txid_idx")
+            && said[0].contains("CREATE INDEX CONCURRENTLY"),
+        "{said:#?}"
+    );
+    crate::migration::setup_apply(&outbox, &[]).await;
+    assert_eq!(warned("SELECT 1".into()).await, Vec::<String>::new());
+
+    // The application may set the column: a table-level grant, which a
+    // column REVOKE does not narrow.
+    let app = format!("app_{}", outbox.db.name().trim_start_matches("t_"));
+    let said = warned(format!(
+        "CREATE ROLE {app} LOGIN PASSWORD 'app'; GRANT SELECT, INSERT, UPDATE ON outbox TO {app}; \
+         REVOKE INSERT (relay_txid), UPDATE (relay_txid) ON outbox FROM {app}"
+    ))
+    .await;
+    assert!(
+        said.len() == 1
+            && said[0].contains(&format!(
+                "role {app} may set relay_txid in table public.outbox"
+            ))
+            && said[0].contains("--producer-role"),
+        "{said:#?}"
+    );
+    // The fix the warning names: column privileges.
+    crate::migration::setup_apply(&outbox, &["--producer-role", &app]).await;
+    assert_eq!(warned("SELECT 1".into()).await, Vec::<String>::new());
+    let producer = harness::connect(&outbox.db.url().replacen(
+        &format!("{}:{}@", harness::SUPERUSER, harness::PASSWORD),
+        &format!("{app}:app@"),
+        1,
+    ))
+    .await;
+    let row = producer
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'a', 'E', '{}') RETURNING relay_txid IS NOT NULL",
+            &[],
+        )
+        .await
+        .expect("a producer naming its columns inserts");
+    assert!(row.get::<_, bool>(0));
+    for forged in [
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, relay_txid) \
+         VALUES ('order', 'a', 'E', '{}', '1')",
+        "UPDATE outbox SET relay_txid = '1'",
+        "UPDATE outbox SET publish_state = 'PUBLISHED'",
+        // Without a column list an INSERT targets the columns in table
+        // order, as far as it gives values: up to the relay's, even DEFAULT
+        // needs a privilege on them.
+        "INSERT INTO outbox VALUES (DEFAULT, 'order', 'a', 'E', '{}', NULL, NULL, DEFAULT, \
+         DEFAULT, DEFAULT, NULL, NULL, NULL, DEFAULT)",
+    ] {
+        let error = producer.batch_execute(forged).await.expect_err(forged);
+        assert_eq!(
+            error.code(),
+            Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE),
+            "{forged}: {error}"
+        );
+    }
+    producer
+        .batch_execute("UPDATE outbox SET topic = 't'")
+        .await
+        .expect("its own columns it may update");
+
+    // Another publication sending the column (column lists: 15+).
+    if server_version_num(&outbox.sql).await >= 150_000 {
+        let said = warned("CREATE PUBLICATION other FOR TABLE outbox".into()).await;
+        assert!(
+            said.len() == 1
+                && said[0].contains(
+                    "publication other publishes table public.outbox with its column relay_txid"
+                )
+                && said[0].contains("ALTER PUBLICATION name SET TABLE public.outbox (column, ...)"),
+            "{said:#?}"
+        );
+        let said = warned(
+            "ALTER PUBLICATION other SET TABLE outbox (id, aggregate_type, aggregate_id, event_type, payload)".into(),
+        )
+        .await;
+        assert_eq!(said, Vec::<String>::new());
+    }
 }

@@ -8,6 +8,7 @@ mod failover;
 mod harness_smoke;
 mod kinesis;
 mod lifecycle;
+mod migration;
 mod operations;
 mod outbox;
 mod packaging;
