@@ -286,6 +286,11 @@ pub(crate) const MAX_HOLES: usize = 16;
 /// How often the keeper looks for holes to close.
 const TIDY_EVERY: Duration = Duration::from_secs(60);
 
+/// The first look, this long into a session: the holes opened at its start
+/// hold the rows committed while no relay streamed, which the stream marks
+/// within seconds when the poller has not taken them already.
+const TIDY_FIRST: Duration = Duration::from_secs(5);
+
 /// The slot's derived row as read at a session's start, after the identity
 /// checks.
 struct Stored {
@@ -589,8 +594,10 @@ impl Derived {
                 vouched_at: vouching.at,
                 holes,
                 published,
-                // The first look a minute in: a hole just opened has rows.
-                tidied: Instant::now(),
+                // As if looked at TIDY_EVERY − TIDY_FIRST ago.
+                tidied: Instant::now()
+                    .checked_sub(TIDY_EVERY - TIDY_FIRST)
+                    .unwrap_or_else(Instant::now),
             })),
             outbox: outbox.to_owned(),
         }
@@ -659,7 +666,8 @@ impl Keeper {
     /// * derived: a candidate pair is taken when events finished since the
     ///   last one; the candidate is stored with the position once
     ///   `confirmed` passed its W and the server flushed W; holes are looked
-    ///   at for closing every [`TIDY_EVERY`].
+    ///   at for closing every [`TIDY_EVERY`] (first [`TIDY_FIRST`] into
+    ///   the session).
     pub(crate) fn offer(&mut self, confirmed: u64, finished: u64) {
         if let Some(derived) = &self.derived {
             lag_gauge(derived.cycle.lock().expect("cycle").vouched_at);
