@@ -47,6 +47,13 @@ async fn derive_lacks(
     let positions = position::table_name(&name.name);
     let qualified = crate::postgres::sql::qualified(&name.schema, &positions);
     let mut lacks = Vec::new();
+    if !table.managed {
+        // Explicit states (the holes' rows, FAILED, DEAD) live there.
+        lacks.push(format!(
+            "table {} lacks the relay-managed columns",
+            table.qualified
+        ));
+    }
     if !table.derived {
         lacks.push(format!(
             "table {} has no {} column (xid8)",

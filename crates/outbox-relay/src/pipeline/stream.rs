@@ -59,7 +59,9 @@
 //! * the rows published but not yet marked or deleted
 //!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
 //!   behind without bound; it does not hold the confirmed position
-//!   (see [`crate::postgres::outbox::marking`]).
+//!   (see [`crate::postgres::outbox::marking`]). In the derived lifecycle
+//!   only rows in a hole, rows without an id and filtered-out rows are
+//!   marked: the rest write nothing.
 //!
 //! # Graceful shutdown
 //!
@@ -429,7 +431,10 @@ struct Spawned {
 ///   table (a problem refuses the start before anything runs), *recreate* a
 ///   lost slot (only when `lifecycle.recreate_slot` is set and a poller can
 ///   sweep what it held), *spawn* marking and the publisher, read the kept
-///   *position*, then *START_REPLICATION* last, since from then on the
+///   *position* (in the derived lifecycle also the vouched snapshot, and the
+///   *holes*, opened and written with a synchronous commit as
+///   [`position::prepare`] says: the stream marks a delivery only in one of
+///   them), then *START_REPLICATION* last, since from then on the
 ///   walsender expects status updates. The stream starts at the slot's
 ///   position (or the kept one, when it is ahead and of certain provenance:
 ///   invariant 8), and reports it until it confirms more, so a restart never
