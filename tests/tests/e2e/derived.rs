@@ -568,3 +568,41 @@ async fn a_vouched_snapshot_of_doubtful_identity_is_discarded_until_a_new_one() 
     assert!(third.iter().all(|id| out.contains(id)));
     relay.stop_gracefully().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    let config = format!("{DERIVE}recreate_slot = true\n[poller]\nenabled = false\n");
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let first = outbox.insert_many(2, 5, 2).await;
+    all_derived(&outbox, &first, "the first rows are derived published").await;
+    relay.stop().await;
+    let vouched = position(&outbox).await.unwrap().snapshot.expect("a pair");
+
+    // The slot is lost; rows written meanwhile are in no slot's stream.
+    outbox.drop_slot().await;
+    let missed = outbox.insert_many(1, 4, 2).await;
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let after = outbox.insert_many(1, 3, 1).await;
+    all_derived(&outbox, &after, "a new pair vouches for the rows after").await;
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    assert_eq!(
+        holes.last().map(|(from, _)| from),
+        Some(&vouched),
+        "a hole from the vouched snapshot: {holes:?}"
+    );
+    let derived = derived_published(&outbox).await;
+    let got: HashSet<String> = sink.ids().into_iter().collect();
+    for id in &missed {
+        assert!(!got.contains(id), "{id} was never streamed");
+        assert!(
+            !derived.contains(id),
+            "{id} derived published, never delivered"
+        );
+    }
+    relay.stop().await;
+}
