@@ -191,10 +191,11 @@ async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again
     derive_columns(&outbox).await;
     // After the slot exists, before the relay's first start: in the boundary.
     let early = outbox.insert_many(1, 3, 3).await;
+    let inserted = std::time::Instant::now();
     let sink = Collect::default();
     let relay = Running::start(
         outbox.config(&format!(
-            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"3s\"\n"
+            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"8s\"\n"
         )),
         sink.clone(),
     );
@@ -210,9 +211,11 @@ async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again
         },
     )
     .await;
-    // Past the poller's grace (the rows are older than it now), several
-    // rounds: the stream marked them, so the poller takes none of them again.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Past the poller's grace (long enough for the stream to get there
+    // first on a busy machine: a poller that wins publishes them too, at
+    // least once), several rounds: the stream marked them, so the poller
+    // takes none of them again.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(inserted.elapsed())).await;
     let got = sink.ids();
     for id in &early {
         assert_eq!(
