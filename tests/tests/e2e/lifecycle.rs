@@ -13,6 +13,10 @@ use crate::outbox::{envelope_ids, metric, Collect, Outbox, Running};
 /// A quick poller for tests.
 const FAST_POLLER: &str = "[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\nbackoff_initial = \"100ms\"\nbackoff_max = \"200ms\"\n";
 
+/// The lifecycle that writes each published row (`derive`, the default,
+/// writes none: tests/e2e/derived.rs): for the tests that read the marks.
+const MARK: &str = "[lifecycle]\non_published = \"mark\"\n";
+
 async fn states(outbox: &Outbox) -> HashMap<String, (String, i32)> {
     outbox
         .sql
@@ -61,7 +65,9 @@ async fn published_rows_are_marked_and_excluded_ones_skipped() {
     let outbox = Outbox::new().await;
     let sink = Collect::default();
     let relay = Running::start(
-        outbox.config("[filter]\nexclude_event_types = [\"Internal\"]"),
+        outbox.config(&format!(
+            "{MARK}[filter]\nexclude_event_types = [\"Internal\"]"
+        )),
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;
@@ -126,7 +132,7 @@ async fn a_dropped_slot_is_recreated_and_the_poller_publishes_what_it_missed() {
     let sink = Collect::default();
     let relay = Running::start(
         // The grace period is long: only the sweep after the recreation can find these rows.
-        outbox.config("[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"\ngrace = \"10m\"\nbatch_size = 200\n"),
+        outbox.config("[lifecycle]\non_published = \"mark\"\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"\ngrace = \"10m\"\nbatch_size = 200\n"),
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;
@@ -191,7 +197,7 @@ async fn a_row_failing_three_times_ends_published_and_one_failing_always_ends_de
     let outbox = Outbox::new().await;
     let sink = Picky::default();
     let relay = Running::start(
-        outbox.config(&format!("{FAST_POLLER}max_attempts = 5\n")),
+        outbox.config(&format!("{MARK}{FAST_POLLER}max_attempts = 5\n")),
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;
@@ -241,7 +247,7 @@ async fn the_poller_leaves_rows_the_stream_has_not_reached_and_takes_up_rows_it_
     let outbox = Outbox::new().await;
     // The sink holds these: the slot stays active and stands still before them.
     let sink = Collect::holding(|m| m.event.event_type() == "Held");
-    let relay = Running::start(outbox.config(FAST_POLLER), sink.clone());
+    let relay = Running::start(outbox.config(&format!("{MARK}{FAST_POLLER}")), sink.clone());
     outbox.wait_slot_active(true).await;
     let held = outbox
         .insert_tx(&[("a".into(), "Held".into()), ("b".into(), "Held".into())])
@@ -446,7 +452,7 @@ async fn a_partitioned_outbox_streams_like_a_plain_one_and_retention_drops_an_ex
     ))
     .await;
     let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
+    let relay = Running::start(outbox.config(MARK), sink.clone());
     outbox.wait_slot_active(true).await;
     outbox
         .sql
@@ -568,7 +574,7 @@ async fn marking_that_cannot_keep_up_stops_the_stream_at_its_ceiling_and_every_r
     let sink = Collect::default();
     let relay = Running::start(
         outbox.config(&format!(
-            "[lifecycle]\nmax_unmarked = {CEILING}\n[stream]\nmax_in_flight = {IN_FLIGHT}\n[poller]\nenabled = false"
+            "{MARK}max_unmarked = {CEILING}\n[stream]\nmax_in_flight = {IN_FLIGHT}\n[poller]\nenabled = false"
         )),
         sink.clone(),
     );
@@ -609,7 +615,10 @@ async fn marking_that_cannot_keep_up_stops_the_stream_at_its_ceiling_and_every_r
 async fn a_burst_of_rows_ends_with_every_row_published() {
     let outbox = Outbox::new().await;
     let sink = Collect::default();
-    let relay = Running::start(outbox.config("[poller]\nenabled = false"), sink.clone());
+    let relay = Running::start(
+        outbox.config(&format!("{MARK}[poller]\nenabled = false")),
+        sink.clone(),
+    );
     outbox.wait_slot_active(true).await;
     // 60,000 rows in 12 transactions, as fast as the server takes them.
     for _ in 0..12 {

@@ -59,7 +59,9 @@
 //! * the rows published but not yet marked or deleted
 //!   ([`Marker::full`], `[lifecycle] max_unmarked`), so marking never falls
 //!   behind without bound; it does not hold the confirmed position
-//!   (see [`crate::postgres::outbox::marking`]).
+//!   (see [`crate::postgres::outbox::marking`]). In the derived lifecycle
+//!   only rows in a hole, rows without an id and filtered-out rows are
+//!   marked: the rest write nothing.
 //!
 //! # Graceful shutdown
 //!
@@ -91,7 +93,7 @@ use pgoutput::{
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, TableName};
+use crate::config::{Config, OnPublished, TableName};
 use crate::event::RowMapping;
 use crate::pipeline::ack::{AckTracker, FramingError, Ticket};
 pub(crate) use crate::pipeline::error::{ErrorClass, RelayError};
@@ -408,6 +410,9 @@ struct Admitted {
     protocol: Protocol,
     /// Whether the position table exists (the relay keeps its position there).
     keep: bool,
+    /// Whether the relay created the slot in this start (a hole opens:
+    /// [`position::prepare`]).
+    recreated: bool,
 }
 
 /// The tasks that take the stream's events to the sink and the table.
@@ -426,7 +431,10 @@ struct Spawned {
 ///   table (a problem refuses the start before anything runs), *recreate* a
 ///   lost slot (only when `lifecycle.recreate_slot` is set and a poller can
 ///   sweep what it held), *spawn* marking and the publisher, read the kept
-///   *position*, then *START_REPLICATION* last, since from then on the
+///   *position* (in the derived lifecycle also the vouched snapshot, and the
+///   *holes*, opened and written with a synchronous commit as
+///   [`position::prepare`] says: the stream marks a delivery only in one of
+///   them), then *START_REPLICATION* last, since from then on the
 ///   walsender expects status updates. The stream starts at the slot's
 ///   position (or the kept one, when it is ahead and of certain provenance:
 ///   invariant 8), and reports it until it confirms more, so a restart never
@@ -484,8 +492,35 @@ impl<'a> Session<'a> {
         let sql_client = Arc::new(conn.connect().await?);
         let admitted = Self::inspect(config, conn, &sql_client, sweep).await?;
         let interval = Self::status_interval(config, &sql_client).await?;
-        let spawned = Self::spawn(config, conn, &sql_client, &admitted.table, &sink).await?;
+        // The derived lifecycle: the stream marks a delivery only in a hole
+        // (or without an id); the holes come from the keeper, known before
+        // the stream starts. Without the position table every delivery is
+        // marked (the holes stay unknown).
+        let derive = config.lifecycle.on_published == OnPublished::Derive && admitted.keep;
+        let (holes_tx, holes_rx) = watch::channel(None);
+        let holes_rx = (config.lifecycle.on_published == OnPublished::Derive).then_some(holes_rx);
+        let spawned =
+            Self::spawn(config, conn, &sql_client, &admitted.table, &sink, holes_rx).await?;
         let (position_table, kept) = Self::position(config, &sql_client).await?;
+        // Holes written (synchronously committed) before START_REPLICATION.
+        let derived = if derive {
+            let vouching = position::prepare(
+                &sql_client,
+                &position_table,
+                &config.postgres.slot,
+                admitted.start,
+                admitted.recreated,
+            )
+            .await
+            .map_err(sql("preparing the derived lifecycle's holes"))?;
+            Some(position::Derived::new(
+                vouching,
+                &admitted.table.qualified,
+                holes_tx,
+            ))
+        } else {
+            None
+        };
         let replicating = Self::start_replication(config, conn, stop, &admitted, kept.as_ref());
         let Some(wal) = replicating.await? else {
             return Ok(None);
@@ -512,6 +547,7 @@ impl<'a> Session<'a> {
                 wal.system().clone(),
                 start,
                 summary.delivered + summary.rejected,
+                derived,
             )
         });
         let streaming = Streaming::new();
@@ -585,6 +621,7 @@ impl<'a> Session<'a> {
                 start,
                 protocol,
                 keep,
+                recreated: false,
             }),
             Admission::SlotLost { table, problem }
                 if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
@@ -595,6 +632,7 @@ impl<'a> Session<'a> {
                     start,
                     protocol: Protocol::V1, // created without two_phase
                     keep,
+                    recreated: true,
                 })
             }
             Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
@@ -661,6 +699,7 @@ impl<'a> Session<'a> {
         sql_client: &Arc<tokio_postgres::Client>,
         table: &Table,
         sink: &Arc<S>,
+        holes: Option<marking::HolesWatch>,
     ) -> Result<Spawned, RelayError> {
         let recorder = Recorder::detect(Arc::clone(sql_client), config, table).await?;
         // Marking has a connection of its own: a statement of its that waits or
@@ -676,6 +715,7 @@ impl<'a> Session<'a> {
             config.lifecycle.on_published,
             Backoff::new(&config.retry),
             config.lifecycle.max_unmarked,
+            holes,
         );
         let (marker, marking_task) = match marking {
             Some((marker, task)) => (Some(marker), Some(task)),

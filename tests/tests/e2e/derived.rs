@@ -1,0 +1,611 @@
+//! The derived lifecycle (`on_published = "derive"`): the stream writes
+//! nothing per published row; a row's state is derived from the snapshot the
+//! relay vouched for, except in the holes, where rows keep explicit states.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use harness::{wait_until, RelayProcess};
+
+use crate::outbox::{envelope_ids, Collect, Outbox, Running};
+
+const DERIVE: &str = "[lifecycle]\non_published = \"derive\"\n";
+
+/// Quick reconnects for tests.
+const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
+
+/// Give the test table and position table the derived lifecycle's columns,
+/// as `setup --apply` migrates them (the column without a default first,
+/// then the default: rows from before keep NULL); harmless once setup
+/// creates them itself.
+async fn derive_columns(outbox: &Outbox) {
+    outbox
+        .sql
+        .batch_execute(
+            "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS relay_txid xid8; \
+             ALTER TABLE outbox ALTER COLUMN relay_txid SET DEFAULT pg_current_xact_id(); \
+             CREATE INDEX IF NOT EXISTS outbox_txid_idx ON outbox (relay_txid) WHERE publish_state = 'PENDING'; \
+             ALTER TABLE outbox_position ADD COLUMN IF NOT EXISTS snapshot pg_snapshot, \
+                 ADD COLUMN IF NOT EXISTS snapshot_lsn pg_lsn, ADD COLUMN IF NOT EXISTS snapshot_at timestamptz, \
+                 ADD COLUMN IF NOT EXISTS hole_from pg_snapshot[], ADD COLUMN IF NOT EXISTS hole_to pg_snapshot[];",
+        )
+        .await
+        .expect("the derived lifecycle's columns");
+}
+
+/// `postgres::outbox::derived::published(o, p)`, as every reader uses it
+/// (inline until setup creates the `outbox_state` view).
+const PUBLISHED: &str = "coalesce(o.publish_state = 'PENDING' AND o.relay_txid IS NOT NULL \
+     AND p.hole_to IS NOT NULL AND pg_visible_in_snapshot(o.relay_txid, p.snapshot) \
+     AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
+     AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
+     AND NOT EXISTS (SELECT 1 FROM unnest(p.hole_from, p.hole_to) AS h(f, t) \
+                     WHERE pg_visible_in_snapshot(o.relay_txid, h.t) AND NOT pg_visible_in_snapshot(o.relay_txid, h.f)), \
+     false)";
+
+/// Each row's state: derived `PUBLISHED`, or its explicit one; and whether
+/// it was derived.
+async fn states(outbox: &Outbox) -> HashMap<String, (String, bool)> {
+    outbox
+        .sql
+        .query(
+            &format!(
+                "SELECT o.id::text, CASE WHEN {PUBLISHED} THEN 'PUBLISHED' ELSE o.publish_state END, {PUBLISHED} \
+                 FROM outbox o LEFT JOIN outbox_position p ON p.slot_name = $1"
+            ),
+            &[&outbox.slot],
+        )
+        .await
+        .expect("read the derived states")
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect()
+}
+
+/// Ids derived published.
+async fn derived_published(outbox: &Outbox) -> HashSet<String> {
+    states(outbox)
+        .await
+        .into_iter()
+        .filter(|(_, (_, derived))| *derived)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The slot's row: vouched snapshot, its W, and the holes (`from`, `to`).
+struct Position {
+    snapshot: Option<String>,
+    lsn: Option<String>,
+    holes: Option<Vec<(String, String)>>,
+}
+
+async fn position(outbox: &Outbox) -> Option<Position> {
+    let row = outbox
+        .sql
+        .query_opt(
+            "SELECT snapshot::text, snapshot_lsn::text, hole_from::text[], hole_to::text[] \
+             FROM outbox_position WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .expect("read the position row")?;
+    let from: Option<Vec<String>> = row.get(2);
+    let to: Option<Vec<String>> = row.get(3);
+    Some(Position {
+        snapshot: row.get(0),
+        lsn: row.get(1),
+        holes: from.zip(to).map(|(f, t)| f.into_iter().zip(t).collect()),
+    })
+}
+
+/// Rows whose only version is the one their transaction inserted: nothing
+/// updated them (a row's `xmin` is its inserting transaction, `relay_txid`
+/// the same id here: no savepoints, epoch 0).
+async fn untouched(outbox: &Outbox) -> i64 {
+    outbox
+        .sql
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE publish_state = 'PENDING' AND xmin::text = relay_txid::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Wait until every id of `ids` is derived published.
+async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
+    wait_until(Duration::from_secs(30), what, || async {
+        let published = derived_published(outbox).await;
+        ids.iter().all(|id| published.contains(id))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derive_publishes_every_row_and_writes_none_of_them() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(DERIVE), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let ids = outbox.insert_many(20, 50, 7).await;
+    wait_until(
+        Duration::from_secs(30),
+        "every row reached the sink",
+        || async { sink.ids().len() >= ids.len() },
+    )
+    .await;
+    all_derived(&outbox, &ids, "every row is derived published").await;
+    assert_eq!(sink.ids().len(), ids.len(), "each row once");
+    // Not one row written by the relay: every row is the version its
+    // transaction inserted, still PENDING.
+    assert_eq!(untouched(&outbox).await, ids.len() as i64);
+    let p = position(&outbox).await.expect("the slot's row");
+    assert!(p.snapshot.is_some() && p.lsn.is_some());
+    let holes = p.holes.expect("the holes were written");
+    assert!(holes.len() <= 1, "{:?}", holes);
+    if let Some((from, _)) = holes.first() {
+        assert_eq!(from, "1:1:", "the first hole is the slot's boundary");
+    }
+    // The boundary held no row with an id: it closes at the first look.
+    wait_until(
+        Duration::from_secs(20),
+        "the boundary hole closes",
+        || async {
+            position(&outbox)
+                .await
+                .and_then(|p| p.holes)
+                .is_some_and(|h| h.is_empty())
+        },
+    )
+    .await;
+    // An idle relay writes nothing: the row stays as it is.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before: String = outbox
+        .sql
+        .query_one(
+            "SELECT xmin::text FROM outbox_position WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after: String = outbox
+        .sql
+        .query_one(
+            "SELECT xmin::text FROM outbox_position WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "an idle relay wrote its position row");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    // After the slot exists, before the relay's first start: in the boundary.
+    let early = outbox.insert_many(1, 3, 3).await;
+    let inserted = std::time::Instant::now();
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"8s\"\n"
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the early rows end explicitly PUBLISHED",
+        || async {
+            let states = states(&outbox).await;
+            early
+                .iter()
+                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
+        },
+    )
+    .await;
+    // Past the poller's grace (long enough for the stream to get there
+    // first on a busy machine: a poller that wins publishes them too, at
+    // least once), several rounds: the stream marked them, so the poller
+    // takes none of them again.
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(inserted.elapsed())).await;
+    let got = sink.ids();
+    for id in &early {
+        assert_eq!(
+            got.iter().filter(|g| *g == id).count(),
+            1,
+            "{id} reached the sink once"
+        );
+    }
+    // With no PENDING row left in it, the boundary closes (first look 5 s in).
+    wait_until(
+        Duration::from_secs(20),
+        "the boundary hole closes",
+        || async {
+            position(&outbox)
+                .await
+                .and_then(|p| p.holes)
+                .is_some_and(|h| h.is_empty())
+        },
+    )
+    .await;
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_without_an_id_is_marked_explicitly() {
+    let outbox = Outbox::new().await;
+    // Before the migration: no id.
+    let old = outbox.insert_many(1, 2, 2).await;
+    derive_columns(&outbox).await;
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!("{DERIVE}[poller]\nenabled = false\n")),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    // A NULL written after the relay started (outside every hole), and an
+    // ordinary row.
+    let forged: String = outbox
+        .sql
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, relay_txid) \
+             VALUES ('order', 'n', 'Null', '{}', NULL) RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let plain = outbox.insert_many(1, 1, 1).await;
+    wait_until(
+        Duration::from_secs(30),
+        "rows without an id end PUBLISHED",
+        || async {
+            let states = states(&outbox).await;
+            old.iter()
+                .chain([&forged])
+                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
+        },
+    )
+    .await;
+    all_derived(&outbox, &plain, "the ordinary row is derived published").await;
+    assert_eq!(sink.ids().len(), 4);
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_asynchronous_commits_the_vouched_w_was_flushed_when_stored() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    // Each write of the row, with the flush position at that moment.
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE TABLE pair_audit (w pg_lsn, flushed pg_lsn); \
+             CREATE FUNCTION audit_pair() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$ \
+             BEGIN \
+                 IF NEW.snapshot_lsn IS NOT NULL THEN \
+                     INSERT INTO pair_audit VALUES (NEW.snapshot_lsn, pg_current_wal_flush_lsn()); \
+                 END IF; \
+                 RETURN NEW; \
+             END $$; \
+             CREATE TRIGGER audit_pair BEFORE INSERT OR UPDATE ON outbox_position \
+                 FOR EACH ROW EXECUTE FUNCTION audit_pair();",
+        )
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!("{DERIVE}[poller]\nenabled = false\n")),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    // Writers committing asynchronously: visible before their commit is flushed.
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let client = outbox.db.client().await;
+        writers.push(tokio::spawn(async move {
+            client
+                .batch_execute("SET synchronous_commit = off")
+                .await
+                .unwrap();
+            let mut ids = Vec::new();
+            for t in 0..40 {
+                let rows = client
+                    .query(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                         SELECT 'order', 'w' || $1::int || '-' || n % 5, 'Async', \
+                                jsonb_build_object('pad', repeat('x', 2000), 'n', n) \
+                         FROM generate_series(1, 25) n RETURNING id::text",
+                        &[&(w * 1000 + t)],
+                    )
+                    .await
+                    .unwrap();
+                ids.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+            }
+            ids
+        }));
+    }
+    let mut ids = Vec::new();
+    for w in writers {
+        ids.extend(w.await.unwrap());
+    }
+    all_derived(
+        &outbox,
+        &ids,
+        "every asynchronously committed row is derived published",
+    )
+    .await;
+    let audit = outbox
+        .sql
+        .query(
+            "SELECT w::text, flushed::text, w <= flushed FROM pair_audit",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!audit.is_empty(), "no pair was stored");
+    for row in &audit {
+        assert!(
+            row.get::<_, bool>(2),
+            "a pair was stored with W {} beyond the flushed WAL {}",
+            row.get::<_, String>(0),
+            row.get::<_, String>(1)
+        );
+    }
+    relay.stop().await;
+}
+
+/// The relay binary with `config`.
+fn run(config: &std::path::Path) -> RelayProcess {
+    RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &[])
+}
+
+fn delivered(relays: &[&RelayProcess]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for relay in relays {
+        for id in envelope_ids(&relay.stdout_lines()) {
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_stream_derives_nothing_it_did_not_deliver() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    let config = outbox.config_file(&format!("{DERIVE}{QUICK_RETRY}[poller]\nenabled = false\n"));
+    let mut first = run(&config);
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_many(10, 50, 5).await;
+    all_derived(&outbox, &before, "the first rows are derived published").await;
+    // More rows, and kill -9 while they stream.
+    let writing = {
+        let client = outbox.db.client().await;
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for t in 0..60 {
+                let rows = client
+                    .query(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                         SELECT 'order', 'k-' || n % 5, 'Kill', jsonb_build_object('t', $1::int, 'n', n) \
+                         FROM generate_series(1, 50) n RETURNING id::text",
+                        &[&t],
+                    )
+                    .await
+                    .unwrap();
+                ids.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            ids
+        })
+    };
+    wait_until(
+        Duration::from_secs(30),
+        "some of the new rows came out",
+        || async { delivered(&[&first]).len() > before.len() + 200 },
+    )
+    .await;
+    first.kill9();
+    let during = writing.await.unwrap();
+    let vouched = position(&outbox).await.expect("the slot's row");
+    let kept: String = outbox
+        .sql
+        .query_one(
+            "SELECT confirmed_lsn::text FROM outbox_position WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let slot_ahead = outbox.confirmed_flush().await > crate::outbox::parse_lsn(&kept);
+    let holes_before = vouched.holes.clone().unwrap_or_default();
+
+    // Derived published so far: delivered, every one.
+    let out = delivered(&[&first]);
+    let derived = derived_published(&outbox).await;
+    let undelivered: Vec<_> = derived.iter().filter(|id| !out.contains_key(*id)).collect();
+    assert!(
+        undelivered.is_empty(),
+        "derived published, never delivered: {undelivered:?}"
+    );
+
+    let mut second = run(&config);
+    outbox.wait_slot_active(true).await;
+    let after = outbox.insert_many(2, 10, 2).await;
+    let all: Vec<String> = before
+        .iter()
+        .chain(&during)
+        .chain(&after)
+        .cloned()
+        .collect();
+    wait_until(Duration::from_secs(30), "every row came out", || async {
+        let out = delivered(&[&first, &second]);
+        all.iter().all(|id| out.contains_key(id))
+    })
+    .await;
+    all_derived(
+        &outbox,
+        &after,
+        "the rows after the restart are derived published",
+    )
+    .await;
+    let out = delivered(&[&first, &second]);
+    let derived = derived_published(&outbox).await;
+    let undelivered: Vec<_> = derived.iter().filter(|id| !out.contains_key(*id)).collect();
+    assert!(
+        undelivered.is_empty(),
+        "derived published, never delivered: {undelivered:?}"
+    );
+    // The holes: a new one from the vouched snapshot when the slot was
+    // ahead of the kept position (kill -9 before the keeper wrote it).
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    if slot_ahead {
+        let (from, _) = holes.last().expect("a hole opened at the restart");
+        assert_eq!(Some(from), vouched.snapshot.as_ref(), "{holes:?}");
+    } else {
+        assert!(
+            holes.len() <= holes_before.len(),
+            "{holes:?} after {holes_before:?}"
+        );
+    }
+    // Rows the new session published in a hole are marked: explicit states.
+    let states = states(&outbox).await;
+    let second_out: HashSet<String> = envelope_ids(&second.stdout_lines()).into_iter().collect();
+    for id in &second_out {
+        let (state, _) = &states[id];
+        assert_eq!(state, "PUBLISHED", "{id}");
+    }
+    second.stop_gracefully().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vouched_snapshot_of_doubtful_identity_is_discarded_until_a_new_one() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    let config = outbox.config_file(&format!("{DERIVE}{QUICK_RETRY}[poller]\nenabled = false\n"));
+    let mut relay = run(&config);
+    outbox.wait_slot_active(true).await;
+    let first = outbox.insert_many(2, 5, 2).await;
+    all_derived(&outbox, &first, "the first rows are derived published").await;
+    relay.stop_gracefully().await;
+
+    // An S whose xmax is ahead of the server's (an earlier point in time).
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox_position SET snapshot = (x || ':' || x || ':')::pg_snapshot \
+             FROM (SELECT (pg_snapshot_xmax(pg_current_snapshot())::text::int8 + 1000000)::text AS x) f \
+             WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap();
+    let mut relay = run(&config);
+    outbox.wait_slot_active(true).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the snapshot is discarded",
+        || async { position(&outbox).await.unwrap().snapshot.is_none() },
+    )
+    .await;
+    assert!(
+        relay
+            .stderr_text()
+            .contains("vouched snapshot in the position table is discarded: its snapshot"),
+        "{}",
+        relay.stderr_text()
+    );
+    assert!(
+        derived_published(&outbox).await.is_empty(),
+        "nothing derived without a pair"
+    );
+    let second = outbox.insert_many(1, 3, 1).await;
+    let both: Vec<String> = first.iter().chain(&second).cloned().collect();
+    all_derived(&outbox, &both, "a new pair vouches for every row again").await;
+    relay.stop_gracefully().await;
+
+    // A row written by another system: its snapshots name another history.
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox_position SET system_identifier = '7000000000000000001' WHERE slot_name = $1",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap();
+    let mut relay = run(&config);
+    outbox.wait_slot_active(true).await;
+    wait_until(
+        Duration::from_secs(10),
+        "the snapshot is discarded",
+        || async { position(&outbox).await.unwrap().snapshot.is_none() },
+    )
+    .await;
+    assert!(
+        relay
+            .stderr_text()
+            .contains("vouched snapshot in the position table is discarded: it was written by another PostgreSQL system"),
+        "{}",
+        relay.stderr_text()
+    );
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    assert_eq!(holes.len(), 1, "a fresh boundary: {holes:?}");
+    assert_eq!(holes[0].0, "1:1:");
+    let third = outbox.insert_many(1, 2, 1).await;
+    all_derived(&outbox, &third, "a new pair vouches for the new rows").await;
+    let derived = derived_published(&outbox).await;
+    assert!(
+        both.iter().all(|id| !derived.contains(id)),
+        "rows before the fresh boundary stay the poller's"
+    );
+    let out: HashSet<String> = envelope_ids(&relay.stdout_lines()).into_iter().collect();
+    assert!(third.iter().all(|id| out.contains(id)));
+    relay.stop_gracefully().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
+    let outbox = Outbox::new().await;
+    derive_columns(&outbox).await;
+    let config = format!("{DERIVE}recreate_slot = true\n[poller]\nenabled = false\n");
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let first = outbox.insert_many(2, 5, 2).await;
+    all_derived(&outbox, &first, "the first rows are derived published").await;
+    relay.stop().await;
+    let vouched = position(&outbox).await.unwrap().snapshot.expect("a pair");
+
+    // The slot is lost; rows written meanwhile are in no slot's stream.
+    outbox.drop_slot().await;
+    let missed = outbox.insert_many(1, 4, 2).await;
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let after = outbox.insert_many(1, 3, 1).await;
+    all_derived(&outbox, &after, "a new pair vouches for the rows after").await;
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    assert_eq!(
+        holes.last().map(|(from, _)| from),
+        Some(&vouched),
+        "a hole from the vouched snapshot: {holes:?}"
+    );
+    let derived = derived_published(&outbox).await;
+    let got: HashSet<String> = sink.ids().into_iter().collect();
+    for id in &missed {
+        assert!(!got.contains(id), "{id} was never streamed");
+        assert!(
+            !derived.contains(id),
+            "{id} derived published, never delivered"
+        );
+    }
+    relay.stop().await;
+}
