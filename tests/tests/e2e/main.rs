@@ -3,6 +3,7 @@
 mod bad_input;
 mod check;
 mod conformance;
+mod derived_readers;
 mod eventbridge;
 mod failover;
 mod harness_smoke;
