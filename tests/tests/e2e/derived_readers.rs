@@ -142,6 +142,12 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
     derive(&outbox).await;
     let before = rows(&outbox, 3, "3 days", "PENDING", 0).await;
     let boundary = snapshot(&outbox).await;
+    // A transaction left open while S is taken (S's xmin stays below every
+    // row after it): not a reason to keep the rows S vouches for.
+    let open = outbox.db.client().await;
+    open.batch_execute("BEGIN; SELECT pg_current_xact_id();")
+        .await
+        .unwrap();
     let vouched_old = rows(&outbox, 4, "4 days", "PENDING", 0).await;
     let m = snapshot(&outbox).await;
     let vouched_new = rows(&outbox, 2, "1 hour", "PENDING", 0).await;
@@ -175,6 +181,7 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
         .map(|r| r.get(0))
         .collect();
     position(&outbox, &s, &[("1:1:", &boundary)]).await;
+    open.batch_execute("COMMIT").await.unwrap();
     let pending_ids = set(&[&before, &after, &old]);
     let vouched = set(&[&vouched_old, &vouched_new]);
 
@@ -234,11 +241,15 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
         outbox.config("[stream]\nenabled = false\n[poller]\nenabled = false\n"),
         sink.clone(),
     );
-    wait_until(Duration::from_secs(20), "the monitor counts rows", || async {
-        outbox_relay::metrics()
-            .encode()
-            .contains("outbox_relay_rows{state=\"PENDING\"}")
-    })
+    wait_until(
+        Duration::from_secs(20),
+        "the monitor counts rows",
+        || async {
+            outbox_relay::metrics()
+                .encode()
+                .contains("outbox_relay_rows{state=\"PENDING\"}")
+        },
+    )
     .await;
     assert_eq!(
         metric("outbox_relay_rows{state=\"PENDING\"}"),
@@ -459,11 +470,8 @@ async fn the_poller_and_retention_read_a_derived_table_through_its_indexes() {
         )
         .await;
         relay.stop().await;
-        let (ok, _, err) = relay_command(
-            &["purge", "--older-than", "2d"],
-            &outbox.config_file(""),
-        )
-        .await;
+        let (ok, _, err) =
+            relay_command(&["purge", "--older-than", "2d"], &outbox.config_file("")).await;
         assert!(ok, "{err}");
         assert!(err.contains("deleted 100000 published rows"), "{err}");
     })
@@ -490,7 +498,9 @@ async fn the_poller_and_retention_read_a_derived_table_through_its_indexes() {
     assert!(uses(&deletes, "using outbox_txid_idx"), "{deletes:#?}");
     // For the record: a claim after the snapshot, and a delete.
     for plan in [
-        claims.iter().find(|p| p.contains("COALESCE(pg_snapshot_xmin")),
+        claims
+            .iter()
+            .find(|p| p.contains("COALESCE(pg_snapshot_xmin")),
         deletes.first(),
     ]
     .into_iter()

@@ -13,7 +13,9 @@
 //! stream published stay `PENDING` and have no `published_at`: retention
 //! also deletes rows **derived published whose `created_at`** is older than
 //! `retention.keep`, through `{table}_txid_idx`: ids below the vouched
-//! snapshot's xmin, and below the lowest id of a row still within `keep`
+//! snapshot's xmax (not its xmin: a transaction left open while it was
+//! taken would hold back every row after it), and below the lowest id of a
+//! row still within `keep`
 //! (taken once per run, so a batch reads only the expired end of the index;
 //! a row of a transaction that started within `keep` holds the rows after
 //! it until it expires too). Rows without an id, or not derived published
@@ -113,14 +115,14 @@ async fn delete_batches(
 }
 
 /// SQL, `$1` `keep` in seconds: the upper bound (`xid8` text) of the ids of
-/// expired derived published rows: the vouched snapshot's xmin, or the
+/// expired derived published rows: the vouched snapshot's xmax, or the
 /// lowest id of a row still within `keep` if lower. NULL without a vouched
 /// snapshot. The lowest-id scan reads `{table}_txid_idx` from its expired end
 /// and stops at the first row within `keep`.
 fn derived_bound_sql(table: &Table, reader: &Reader, created_at: &str) -> String {
     let x = derived::COLUMN;
     format!(
-        "SELECT least(pg_snapshot_xmin({p}.snapshot), \
+        "SELECT least(pg_snapshot_xmax({p}.snapshot), \
                       (SELECT o.{x} FROM {t} AS o WHERE o.publish_state = 'PENDING' AND o.{x} IS NOT NULL \
                          AND o.{created_at} >= now() - make_interval(secs => $1) ORDER BY o.{x} LIMIT 1))::text",
         p = reader.p,
