@@ -384,7 +384,7 @@ impl Metrics {
         );
         self.registry.register(
             "outbox_relay_rows",
-            "Outbox rows by publish state (PENDING, FAILED, DEAD)",
+            "Outbox rows by state (PENDING, FAILED, DEAD); under the derived lifecycle PENDING counts rows not yet derived published",
             self.rows.clone(),
         );
     }

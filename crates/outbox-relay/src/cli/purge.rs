@@ -1,6 +1,7 @@
 //! `outbox-relay purge`: published rows older than an age deleted now, as
 //! retention does on its timer ([`crate::postgres::outbox::retention`]); the table needs the
-//! relay-managed columns to tell published rows.
+//! relay-managed columns to tell published rows (and, on a table whose state
+//! is derived, `created_at`: rows derived published carry no `published_at`).
 
 use std::process::ExitCode;
 
@@ -24,10 +25,22 @@ pub(super) async fn run(config: &Config, older_than: std::time::Duration) -> Exi
         );
         return ExitCode::from(EXIT_FAILURE);
     }
+    let reader =
+        match crate::postgres::outbox::derived::Reader::of(&client, config, table.derived).await {
+            Ok(reader) => reader,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot read the position table: {}",
+                    crate::report::Chain(&e)
+                );
+                return ExitCode::from(EXIT_FAILURE);
+            }
+        };
     let r = &config.retention;
     match crate::postgres::outbox::retention::purge(
         &client,
         &table,
+        reader.as_ref(),
         older_than,
         r.batch_size,
         r.drop_partitions,

@@ -1,5 +1,6 @@
 //! `outbox-relay status`: the slot's health, the oldest pending row, the rows
-//! by state, the failover state, the oldest prepared transaction and what
+//! by state (on a table whose state is derived, pending = not derived
+//! published: [`crate::postgres::outbox::derived`]), the failover state, the oldest prepared transaction and what
 //! stalls the slot ([`crate::postgres::stall`], from the server: one look, so only
 //! stalls one look can tell), as a table or JSON; exit 1, naming the
 //! problems, when the relay is not healthy.
@@ -10,6 +11,7 @@ use super::{connect, EXIT_FAILURE};
 use crate::config::Config;
 use crate::postgres::failover;
 use crate::postgres::monitor::{self, SlotLag};
+use crate::postgres::outbox::derived::Reader;
 use crate::postgres::outbox::table::Table;
 use crate::postgres::stall::{self, PreparedXact, Stall};
 
@@ -62,10 +64,21 @@ impl Status {
         let slot = monitor::slot_lag(client, &config.postgres.slot).await?;
         let table = Table::inspect(client, config).await.ok().flatten();
         let (counts, oldest_pending) = match &table {
-            Some(t) if t.managed => (
-                monitor::row_counts(client, t).await.unwrap_or_default(),
-                oldest_pending(client, t).await,
-            ),
+            Some(t) if t.managed => match Reader::of(client, config, t.derived).await {
+                Ok(reader) => (
+                    monitor::row_counts(client, t, reader.as_ref())
+                        .await
+                        .unwrap_or_default(),
+                    oldest_pending(client, t, reader.as_ref()).await,
+                ),
+                Err(e) => {
+                    eprintln!(
+                        "warning: cannot read the position table, so not the rows by state: {}",
+                        crate::report::Chain(&e)
+                    );
+                    (Vec::new(), None)
+                }
+            },
             _ => (Vec::new(), None),
         };
         let failover = failover::State::read(client, &config.postgres.slot)
@@ -205,14 +218,23 @@ impl Status {
     }
 }
 
-/// Seconds since the oldest PENDING row was written; `None` without a
-/// `created_at` column or when it cannot be read.
-async fn oldest_pending(client: &tokio_postgres::Client, table: &Table) -> Option<f64> {
+/// Seconds since the oldest PENDING row was written (with a `reader`, the
+/// oldest not derived published, not the oldest row ever written); `None`
+/// without a `created_at` column or when it cannot be read.
+async fn oldest_pending(
+    client: &tokio_postgres::Client,
+    table: &Table,
+    reader: Option<&Reader>,
+) -> Option<f64> {
     let created_at = table.created_at.as_deref()?;
+    let pending = match reader {
+        Some(reader) => reader.pending("o", &reader.hole_ranges(client).await.ok()?),
+        None => "o.publish_state = 'PENDING'".to_owned(),
+    };
     client
         .query_one(
             &format!(
-                "SELECT extract(epoch FROM now() - min({created_at}))::float8 FROM {} WHERE publish_state = 'PENDING'",
+                "SELECT extract(epoch FROM now() - min(o.{created_at}))::float8 FROM {} AS o WHERE {pending}",
                 table.qualified
             ),
             &[],

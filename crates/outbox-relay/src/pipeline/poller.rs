@@ -11,6 +11,29 @@
 //! | `PENDING`, created before a slot was recreated | swept at once by this instance's poller, without waiting for the grace period |
 //! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
 //!
+//! On a table whose state is derived (`on_published = "derive"` on a table
+//! with `relay_txid`, [`derived::Reader`]) rows the stream published stay
+//! `PENDING` and are published by the derived rule, so `PENDING` alone no
+//! longer means due. A round then claims, in one transaction and one batch:
+//!
+//! 1. **explicit work** through `{table}_explicit_idx`, oldest `created_at`
+//!    first: `FAILED` rows as above, and `PENDING` rows without an id (from
+//!    before the migration) with the age rules above;
+//! 2. **rows in a hole** (before the slot's boundary, or written while the
+//!    relay could not vouch for the stream), one `{table}_txid_idx` range per
+//!    hole, then
+//! 3. **rows after the vouched snapshot**, the range from its xmin,
+//!
+//! both in id order (≈ the order the transactions started) and only rows
+//! not derived published, with the age rules of `PENDING` rows and one
+//! more: their id is visible in the snapshot of a passed sample
+//! ([`Passed`]): the transaction had committed when the sample was taken,
+//! so the stream passed it. That snapshot's xmax closes the range above, so
+//! a round reads the index only between the vouched snapshot and the
+//! stream, never the table's published rows. The claimed rows are then
+//! published oldest `created_at` first, and every outcome is written
+//! explicitly, as above.
+//!
 //! | outcome | row becomes |
 //! |---|---|
 //! | delivered | `PUBLISHED` (`published_at = now()`), or deleted in delete mode |
@@ -34,6 +57,7 @@ use crate::config::{Config, RetryConfig};
 use crate::pipeline::ack::Ticket;
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
+use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
@@ -53,15 +77,28 @@ const PASSED_SAMPLES: usize = 600;
 /// committed before that time. The poller then claims PENDING rows created
 /// more than `poller.grace` before the newest passed sample: a transaction
 /// open longer than `grace` may be published twice, never missed.
+///
+/// Each sample also keeps the snapshot (`pg_current_snapshot()`) it was
+/// taken under, before its LSN was read: every transaction visible in it had
+/// its commit record before the LSN. On a derived table that tells, by id,
+/// the rows the stream has passed (see the module's documentation); unlike
+/// the snapshot's xmin alone, a transaction left open (a forgotten prepared
+/// one) holds back only its own rows.
 #[derive(Debug, Default)]
 pub(crate) struct Passed {
-    /// (server time in seconds since the epoch, WAL position), oldest first.
-    samples: std::collections::VecDeque<(f64, i64)>,
+    /// (server time in seconds since the epoch, WAL position, snapshot),
+    /// oldest first.
+    samples: std::collections::VecDeque<(f64, i64, String)>,
 }
 
 impl Passed {
-    /// Record a sample; the time of the newest sample at or before `confirmed`, if any.
-    pub(crate) fn update(&mut self, now: f64, current: i64, confirmed: Option<i64>) -> Option<f64> {
+    /// Record a sample; the time and snapshot of the newest sample at or
+    /// before `confirmed`, if any.
+    pub(crate) fn update(
+        &mut self,
+        sample: (f64, i64, String),
+        confirmed: Option<i64>,
+    ) -> Option<(f64, String)> {
         if self.samples.len() == PASSED_SAMPLES {
             // Thin out rather than forget the oldest: a slot far behind still
             // reaches a sample, later and coarser.
@@ -71,15 +108,29 @@ impl Passed {
                 keep
             });
         }
-        self.samples.push_back((now, current));
+        self.samples.push_back(sample);
         let confirmed = confirmed?;
         let newest = self
             .samples
             .iter()
-            .rposition(|(_, lsn)| *lsn <= confirmed)?;
+            .rposition(|(_, lsn, _)| *lsn <= confirmed)?;
         self.samples.drain(..newest);
-        self.samples.front().map(|(at, _)| *at)
+        self.samples
+            .front()
+            .map(|(at, _, snapshot)| (*at, snapshot.clone()))
     }
+}
+
+/// Which PENDING rows past their grace the stream has missed (the claim's
+/// `$2` and, on a derived table, `$3`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Missed {
+    /// Created before this time (seconds since the epoch); `None` while the
+    /// streaming slot has passed no sample, infinite while it is down.
+    pub before: Option<f64>,
+    /// On a derived table, with an id visible in this snapshot (text);
+    /// `None` as `before`, the round's own while the slot is down.
+    pub passed: Option<String>,
 }
 
 /// `created_at` (Postgres timestamptz text) before which PENDING rows are
@@ -171,11 +222,11 @@ impl<S: Sink> Poller<S> {
     /// Poll every `poller.interval` until `stop`; a round that claimed a full
     /// batch is followed by another at once.
     pub(crate) async fn run(mut self, stop: CancellationToken) {
-        let mut client: Option<(Client, Table)> = None;
+        let mut client: Option<(Client, Table, Option<Reader>)> = None;
         let mut failed_rounds = 0u32;
         loop {
             let full = match self.connected(&mut client).await {
-                Some((c, table)) => match self.round(c, table).await {
+                Some((c, table, reader)) => match self.round(c, table, reader).await {
                     Ok(round) => {
                         failed_rounds = 0;
                         if round.claimed > 0 {
@@ -218,9 +269,9 @@ impl<S: Sink> Poller<S> {
 
     async fn connected<'a>(
         &self,
-        client: &'a mut Option<(Client, Table)>,
-    ) -> Option<(&'a mut Client, &'a Table)> {
-        if client.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+        client: &'a mut Option<(Client, Table, Option<Reader>)>,
+    ) -> Option<(&'a mut Client, &'a Table, Option<&'a Reader>)> {
+        if client.as_ref().is_none_or(|(c, _, _)| c.is_closed()) {
             *client = None;
             match self.conn.connect().await {
                 Ok(c) => match Table::inspect(&c, &self.config).await {
@@ -235,7 +286,14 @@ impl<S: Sink> Poller<S> {
                                 tracing::debug!(error = %crate::report::Chain(&e), "poller cannot read the system identifier");
                             }
                         }
-                        *client = Some((c, table))
+                        let reader = match Reader::of(&c, &self.config, table.derived).await {
+                            Ok(reader) => reader,
+                            Err(e) => {
+                                tracing::warn!(error = %crate::report::Chain(&e), "poller cannot read the position table");
+                                return None;
+                            }
+                        };
+                        *client = Some((c, table, reader))
                     }
                     Ok(_) => {
                         tracing::warn!(
@@ -255,7 +313,7 @@ impl<S: Sink> Poller<S> {
                 }
             }
         }
-        client.as_mut().map(|(c, t)| (c, &*t))
+        client.as_mut().map(|(c, t, r)| (c, &*t, r.as_ref()))
     }
 
     /// One round: claim, publish, record, commit. The claim, the outcomes
@@ -265,6 +323,7 @@ impl<S: Sink> Poller<S> {
         &mut self,
         client: &mut Client,
         table: &Table,
+        reader: Option<&Reader>,
     ) -> Result<Round, tokio_postgres::Error> {
         let mut rows_to_messages = match Rows::new(&self.config, table, &self.conn.dbname) {
             Ok(r) => r,
@@ -274,12 +333,19 @@ impl<S: Sink> Poller<S> {
             }
         };
         let sweep = self.sweep.borrow().clone();
-        let missed_before = self.missed_before(client).await?;
+        let missed = self.missed(client).await?;
         let tx = client.transaction().await?;
         tx.batch_execute(TEXT_SETTINGS).await?;
-        let rows = tx
-            .query(&self.claim_sql(table), &[&sweep, &missed_before])
-            .await?;
+        let rows = match reader {
+            None => {
+                tx.query(&self.claim_sql(table), &[&sweep, &missed.before])
+                    .await?
+            }
+            Some(reader) => {
+                self.claim_derived(&tx, table, reader, &sweep, &missed)
+                    .await?
+            }
+        };
         let metrics = crate::metrics::get();
         metrics.poller_ran();
         metrics.received("poller", rows.len() as u64);
@@ -305,30 +371,37 @@ impl<S: Sink> Poller<S> {
         Ok(round)
     }
 
-    /// The claim's `$2`: PENDING rows past the grace period and created
-    /// before this are missed. While the slot streams, only those it has
-    /// passed (see [`Passed`]; `None` while it has passed none of the
-    /// samples); while it is down, all of them.
-    async fn missed_before(
-        &mut self,
-        client: &Client,
-    ) -> Result<Option<f64>, tokio_postgres::Error> {
+    /// The claim's `$2` (and `$3`): PENDING rows past the grace period and
+    /// created before this (with an id visible in this) are missed. While the
+    /// slot streams, only those it has passed (see [`Passed`]; `None` while
+    /// it has passed none of the samples); while it is down, all of them.
+    async fn missed(&mut self, client: &Client) -> Result<Missed, tokio_postgres::Error> {
+        // The snapshot (the statement's) is taken before the LSN is read:
+        // every transaction visible in it has its commit record before it.
         let row = client
             .query_one(
                 "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
-                        coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint) \
+                        coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint), \
+                        pg_current_snapshot()::text \
                  FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.config.postgres.slot],
             )
             .await?;
-        let passed = self.passed.update(row.get(0), row.get(1), row.get(3));
+        let snapshot: String = row.get(4);
         let streaming: bool = row.get(2);
+        let passed = self
+            .passed
+            .update((row.get(0), row.get(1), snapshot.clone()), row.get(3));
         // NULL: nothing missed can be told from the backlog yet. (The claim
         // keeps it as a condition of its own: `least(now(), NULL)` is now().)
         Ok(if streaming {
-            passed
+            let (before, passed) = passed.unzip();
+            Missed { before, passed }
         } else {
-            Some(f64::INFINITY)
+            Missed {
+                before: Some(f64::INFINITY),
+                passed: Some(snapshot),
+            }
         })
     }
 
@@ -355,6 +428,139 @@ impl<S: Sink> Poller<S> {
             max_attempts = poller.max_attempts,
             limit = poller.batch_size,
         )
+    }
+
+    /// The age rules of a PENDING row of `o`: past the grace period and
+    /// passed by the stream (`$2`), or created before a recreated slot
+    /// (`$1`); `passed`, on a derived table's ranges: with an id visible in
+    /// the passed sample's snapshot `$3` (its xmax bounds the index range).
+    fn due_pending(&self, created_at: &str, passed: bool) -> String {
+        let grace = self.config.poller.grace.as_secs_f64();
+        let below = if passed {
+            let x = derived::COLUMN;
+            format!(
+                " AND o.{x} < pg_snapshot_xmax($3::text::pg_snapshot) \
+                  AND pg_visible_in_snapshot(o.{x}, $3::text::pg_snapshot)"
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "((o.{created_at} < now() - make_interval(secs => {grace}) \
+               AND o.{created_at} < to_timestamp($2::float8) - make_interval(secs => {grace}){below}) \
+              OR o.{created_at} <= $1::text::timestamptz)"
+        )
+    }
+
+    /// The select list of a derived table's claims: the columns, attempts,
+    /// too old (as [`Poller::claim_sql`]), then `created_at` in seconds (to
+    /// put the round's rows in order) and the id as text.
+    fn claim_columns(&self, table: &Table) -> String {
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        let max_age = self.config.poller.max_age.as_secs_f64();
+        format!(
+            "{cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})), \
+             extract(epoch FROM o.{created_at})::float8, o.{id}::text",
+            cols = table.text_columns("o"),
+            id = table.id,
+        )
+    }
+
+    /// A derived table's explicit work (`$1`, `$2` as [`Poller::claim_sql`]):
+    /// FAILED rows due again and PENDING rows without an id, on
+    /// `{table}_explicit_idx` (its predicate is the union of the two arms,
+    /// so the planner can prove it), oldest first.
+    fn claim_explicit_sql(&self, table: &Table, limit: usize) -> String {
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        format!(
+            "SELECT {cols} FROM {t} AS o \
+             WHERE (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
+                    AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
+                OR (o.publish_state = 'PENDING' AND o.{txid} IS NULL AND {due}) \
+             ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            cols = self.claim_columns(table),
+            t = table.qualified,
+            id = table.id,
+            txid = derived::COLUMN,
+            due = self.due_pending(created_at, false),
+            max_attempts = self.config.poller.max_attempts,
+        )
+    }
+
+    /// A derived table's claim in one `{table}_txid_idx` range (`range`, an
+    /// index-friendly SQL boolean on `o`): PENDING rows not derived
+    /// published, due by the age rules and passed (`$3`), not among the ids
+    /// claimed already this round (`$4`), lowest id first.
+    fn claim_range_sql(&self, table: &Table, reader: &Reader, range: &str, limit: usize) -> String {
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        format!(
+            "SELECT {cols} FROM {t} AS o \
+             WHERE {range} AND {due} AND NOT {published} \
+               AND NOT (o.{id} = ANY($4::text[]::{id_type}[])) \
+             ORDER BY o.{txid} LIMIT {limit} FOR UPDATE SKIP LOCKED",
+            cols = self.claim_columns(table),
+            t = table.qualified,
+            id = table.id,
+            id_type = table.id_type,
+            txid = derived::COLUMN,
+            due = self.due_pending(created_at, true),
+            published = derived::published("o", &reader.p),
+        )
+    }
+
+    /// Claim a derived table's due rows, at most a batch: explicit work,
+    /// then the rows in each hole, then the rows after the vouched snapshot
+    /// (see the module's documentation); in `created_at` order.
+    async fn claim_derived(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        table: &Table,
+        reader: &Reader,
+        sweep: &Option<String>,
+        missed: &Missed,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let batch = self.config.poller.batch_size;
+        let mut rows = tx
+            .query(
+                &self.claim_explicit_sql(table, batch),
+                &[sweep, &missed.before],
+            )
+            .await?;
+        let mut ranges: Vec<String> = reader
+            .hole_ranges(tx)
+            .await?
+            .iter()
+            .map(|(lo, hi)| {
+                format!(
+                    "o.publish_state = 'PENDING' AND {}",
+                    derived::hole_arm("o", lo, hi)
+                )
+            })
+            .collect();
+        ranges.push(derived::after_snapshot_range("o", &reader.p));
+        // The table's columns come first ([`Table::text_columns`]).
+        let width = table.columns.len();
+        for range in ranges {
+            if rows.len() >= batch {
+                break;
+            }
+            // A row in a hole may lie after the snapshot too: claimed once.
+            let claimed: Vec<String> = rows.iter().map(|r| r.get(width + 3)).collect();
+            let more = tx
+                .query(
+                    &self.claim_range_sql(table, reader, &range, batch - rows.len()),
+                    &[sweep, &missed.before, &missed.passed, &claimed],
+                )
+                .await?;
+            rows.extend(more);
+        }
+        rows.sort_by(|a, b| {
+            let key = |r: &tokio_postgres::Row| r.get::<_, Option<f64>>(width + 2);
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        Ok(rows)
     }
 
     /// Publish the claimed messages in claim order, batches of one
@@ -484,26 +690,40 @@ mod tests {
     #[test]
     fn the_newest_sample_the_slot_confirmed_is_the_cutoff() {
         let mut passed = Passed::default();
+        let at = |t: f64, lsn: i64| (t, lsn, format!("{lsn}:{lsn}:"));
         // The slot has confirmed nothing we sampled: nothing is passed yet.
-        assert_eq!(passed.update(10.0, 1000, Some(900)), None);
-        assert_eq!(passed.update(11.0, 2000, Some(999)), None);
-        // It reached the first sample, then went past the second.
-        assert_eq!(passed.update(12.0, 3000, Some(1000)), Some(10.0));
-        assert_eq!(passed.update(13.0, 4000, Some(2500)), Some(11.0));
+        assert_eq!(passed.update(at(10.0, 1000), Some(900)), None);
+        assert_eq!(passed.update(at(11.0, 2000), Some(999)), None);
+        // It reached the first sample, then went past the second: their
+        // time and the snapshot they were taken under.
+        assert_eq!(
+            passed.update(at(12.0, 3000), Some(1000)),
+            Some((10.0, "1000:1000:".into()))
+        );
+        assert_eq!(
+            passed.update(at(13.0, 4000), Some(2500)),
+            Some((11.0, "2000:2000:".into()))
+        );
         // Caught up: the round's own sample.
-        assert_eq!(passed.update(14.0, 5000, Some(5000)), Some(14.0));
+        assert_eq!(
+            passed.update(at(14.0, 5000), Some(5000)),
+            Some((14.0, "5000:5000:".into()))
+        );
         // No slot: nothing is passed.
-        assert_eq!(passed.update(15.0, 6000, None), None);
+        assert_eq!(passed.update(at(15.0, 6000), None), None);
     }
 
     #[test]
     fn samples_stay_bounded_and_keep_the_oldest_while_the_slot_lags() {
         let mut passed = Passed::default();
         for i in 0..(super::PASSED_SAMPLES as i64 * 3) {
-            passed.update(i as f64, 1000 + i, Some(999));
+            passed.update((i as f64, 1000 + i, i.to_string()), Some(999));
             assert!(passed.samples.len() <= super::PASSED_SAMPLES);
         }
         // The slot reaches the first sample's position: it still counts.
-        assert_eq!(passed.update(5000.0, 9000, Some(1000)), Some(0.0));
+        assert_eq!(
+            passed.update((5000.0, 9000, String::new()), Some(1000)),
+            Some((0.0, "0".into()))
+        );
     }
 }

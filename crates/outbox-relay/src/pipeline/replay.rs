@@ -7,6 +7,11 @@
 //! delete mode); a rejected row is recorded like any failed attempt (FAILED,
 //! or DEAD at `poller.max_attempts`). The selected ids are read first (about
 //! 50 bytes each), then the rows page by page. `--dry-run` prints the count and a sample and publishes nothing.
+//!
+//! On a table whose state is derived (`on_published = "derive"`,
+//! [`derived::Reader`]) `--state` and the sample read each row's derived
+//! state ([`derived::state`]): a row the stream published is PUBLISHED
+//! though its `publish_state` is still `PENDING`; explicit states win.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -17,6 +22,7 @@ use tokio_postgres::Client;
 use crate::config::{Config, OnPublished};
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
+use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::sql::quote_ident;
 use crate::retry::Backoff;
@@ -102,7 +108,21 @@ impl Query {
     }
 }
 
-fn build(config: &Config, table: &Table, selection: &Selection) -> Result<Query, ReplayError> {
+/// The rows' state on the table aliased `o`: derived with a `reader`.
+fn state(reader: Option<&Reader>) -> String {
+    match reader {
+        Some(reader) => derived::state("o", &reader.p),
+        None => "o.publish_state".to_owned(),
+    }
+}
+
+/// The selection's `WHERE` clause, on the table aliased `o`.
+fn build(
+    config: &Config,
+    table: &Table,
+    reader: Option<&Reader>,
+    selection: &Selection,
+) -> Result<Query, ReplayError> {
     let mut q = Query {
         clause: String::new(),
         params: Vec::new(),
@@ -150,7 +170,7 @@ fn build(config: &Config, table: &Table, selection: &Selection) -> Result<Query,
         }
         let states: Vec<String> = selection.states.iter().map(|s| s.to_uppercase()).collect();
         let p = q.param(states);
-        parts.push(format!("publish_state = ANY({p}::text[])"));
+        parts.push(format!("{} = ANY({p}::text[])", state(reader)));
     }
     q.clause = if parts.is_empty() {
         "true".into()
@@ -175,11 +195,12 @@ pub(crate) async fn dry_run(
     table: &Table,
     selection: &Selection,
 ) -> Result<(i64, Vec<String>), ReplayError> {
-    let q = build(config, table, selection)?;
+    let reader = Reader::of(client, config, table.derived).await?;
+    let q = build(config, table, reader.as_ref(), selection)?;
     let count: i64 = client
         .query_one(
             &format!(
-                "SELECT count(*) FROM {} WHERE {}",
+                "SELECT count(*) FROM {} AS o WHERE {}",
                 table.qualified, q.clause
             ),
             &q.refs(),
@@ -188,9 +209,9 @@ pub(crate) async fn dry_run(
         .get(0);
     let c = &config.columns;
     let state = if table.managed {
-        "publish_state"
+        state(reader.as_ref())
     } else {
-        "'-'"
+        "'-'".to_owned()
     };
     let sample = client
         .query(
@@ -223,7 +244,8 @@ pub(crate) async fn run<S: Sink>(
     sink: &S,
     rate: Option<f64>,
 ) -> Result<Replayed, ReplayError> {
-    let q = build(config, table, selection)?;
+    let reader = Reader::of(client, config, table.derived).await?;
+    let q = build(config, table, reader.as_ref(), selection)?;
     name_source(client, config, database, sink).await;
     let ids = select_ids(client, table, selection, &q).await?;
     let mut done = Replayed {
@@ -321,7 +343,8 @@ impl Statements {
         );
         let mode = config.lifecycle.on_published;
         let published = match mode {
-            OnPublished::Mark if !table.managed => None,
+            // Nothing to mark on a table without the managed columns.
+            OnPublished::Mark | OnPublished::Derive if !table.managed => None,
             _ => table.published_sql(mode),
         };
         let rejected = table

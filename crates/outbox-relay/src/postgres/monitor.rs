@@ -1,7 +1,9 @@
 //! Slot monitoring on an ordinary connection, every few seconds:
 //! `pg_current_wal_lsn()` against the slot's `confirmed_flush_lsn` and
 //! `restart_lsn`, its `wal_status` and `safe_wal_size`; every sixth time also
-//! the outbox rows by publish state. Feeds the metrics and readiness.
+//! the outbox rows by publish state (on a table whose state is derived,
+//! `PENDING` counts only rows not derived published:
+//! [`crate::postgres::outbox::derived`]). Feeds the metrics and readiness.
 //!
 //! Each look also asks the server why the slot's process waits, and for old
 //! prepared transactions ([`crate::postgres::stall`]): a stall is logged with its fix
@@ -14,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::metrics;
+use crate::postgres::outbox::derived::Reader;
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
 
@@ -78,22 +81,35 @@ pub(crate) async fn slot_lag(
     })
 }
 
-/// Rows in PENDING, FAILED and DEAD state.
+/// Rows in PENDING, FAILED and DEAD state; with a `reader` (a derived
+/// table) PENDING counts the rows still to publish by the derived rule,
+/// found through the indexes ([`Reader::pending`]), not every row the
+/// stream left `PENDING`.
 pub(crate) async fn row_counts(
     client: &tokio_postgres::Client,
     table: &Table,
+    reader: Option<&Reader>,
 ) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
-    let rows = client
-        .query(
+    let pending = match reader {
+        Some(reader) => reader.pending("o", &reader.hole_ranges(client).await?),
+        None => "o.publish_state = 'PENDING'".to_owned(),
+    };
+    let row = client
+        .query_one(
             &format!(
-                "SELECT s, (SELECT count(*) FROM {} WHERE publish_state = s) \
-                 FROM unnest(ARRAY['PENDING', 'FAILED', 'DEAD']) s",
-                table.qualified
+                "SELECT (SELECT count(*) FROM {t} AS o WHERE {pending}), \
+                        (SELECT count(*) FROM {t} AS o WHERE o.publish_state = 'FAILED'), \
+                        (SELECT count(*) FROM {t} AS o WHERE o.publish_state = 'DEAD')",
+                t = table.qualified
             ),
             &[],
         )
         .await?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(["PENDING", "FAILED", "DEAD"]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.to_string(), row.get(i)))
+        .collect())
 }
 
 /// Ask the server why the slot waits, and report what changed.
@@ -167,9 +183,13 @@ pub(crate) async fn run(config: Config, stop: CancellationToken) {
             if round % 6 == 0 {
                 if let Ok(Some(table)) = Table::inspect(c, &config).await {
                     if table.managed {
-                        if let Ok(counts) = row_counts(c, &table).await {
-                            for (state, n) in counts {
-                                m.rows(&state, n);
+                        // Not the explicit counts when the position table
+                        // cannot be read: on a derived table they would be wrong.
+                        if let Ok(reader) = Reader::of(c, &config, table.derived).await {
+                            if let Ok(counts) = row_counts(c, &table, reader.as_ref()).await {
+                                for (state, n) in counts {
+                                    m.rows(&state, n);
+                                }
                             }
                         }
                     }

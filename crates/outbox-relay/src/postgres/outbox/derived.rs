@@ -217,6 +217,139 @@ pub(crate) fn in_holes_range(r: &str, p: &str) -> String {
     )
 }
 
+// ---- readers ----
+
+/// SQL: the slot's position row as a scalar subquery, to pass as `p` to
+/// [`published`], [`state`], [`pending`] and [`after_snapshot_range`]
+/// (`position` the qualified, quoted position table, `slot` an SQL
+/// expression). Unlike [`join`] it keeps a reader's statement on the outbox
+/// table alone, so an ordered index scan under a `LIMIT` stops early: each
+/// `p.<column>` becomes an InitPlan, run once per statement and under its
+/// one snapshot (so they agree). Without a row every column is NULL and
+/// nothing is derived published, as with the `LEFT JOIN`.
+pub(crate) fn position_row(position: &str, slot: &str) -> String {
+    format!("(SELECT pos FROM {position} pos WHERE pos.slot_name = {slot})")
+}
+
+/// How the readers (the poller, retention and `purge`, `status`, the
+/// metrics, `replay --state`) read the rows of a table whose state is
+/// derived. They read explicit states only, exactly as under `mark`, when
+/// there is no reader ([`Reader::of`] gives `None`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reader {
+    /// [`position_row`] of the configured slot: the `p` of the predicates.
+    pub(crate) p: String,
+    position: String,
+    slot: String,
+}
+
+impl Reader {
+    /// The reader for `position` (qualified, quoted) and `slot` (the name).
+    pub(crate) fn new(position: &str, slot: &str) -> Self {
+        let slot = crate::postgres::sql::quote_literal(slot);
+        Self {
+            p: position_row(position, &slot),
+            position: position.to_owned(),
+            slot,
+        }
+    }
+
+    /// The configured table's reader when its state is derived:
+    /// `on_published = "derive"`, the table has [`COLUMN`] (`table_derived`,
+    /// `Table::derived`), and the position table exists with
+    /// [`POSITION_COLUMNS`] and may be read. Otherwise `None`: the relay runs
+    /// `derive` as `mark` (nothing is vouched for, the stream marks what it
+    /// publishes), so explicit states are the whole truth.
+    pub(crate) async fn of(
+        client: &tokio_postgres::Client,
+        config: &crate::config::Config,
+        table_derived: bool,
+    ) -> Result<Option<Self>, tokio_postgres::Error> {
+        if !table_derived || config.lifecycle.on_published != crate::config::OnPublished::Derive {
+            return Ok(None);
+        }
+        let name = config.table();
+        let position = crate::postgres::sql::qualified(
+            &name.schema,
+            &crate::postgres::position::table_name(&name.name),
+        );
+        let columns: Vec<&str> = POSITION_COLUMNS.iter().map(|(c, _)| *c).collect();
+        let ready: bool = client
+            .query_one(
+                "SELECT coalesce(has_table_privilege(t, 'SELECT'), false) \
+                        AND (SELECT count(*) FROM pg_attribute a WHERE a.attrelid = t AND NOT a.attisdropped \
+                             AND a.attname::text = ANY($2::text[])) = cardinality($2::text[]) \
+                 FROM to_regclass($1) AS t",
+                &[&position, &columns],
+            )
+            .await?
+            .get(0);
+        Ok(ready.then(|| Self::new(&position, &config.postgres.slot)))
+    }
+
+    /// The slot's holes as index ranges of [`COLUMN`]: `(xmin(from),
+    /// xmax(to))`, as `xid8` text, lowest first.
+    pub(crate) async fn hole_ranges(
+        &self,
+        client: &impl tokio_postgres::GenericClient,
+    ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT pg_snapshot_xmin(h.f)::text, pg_snapshot_xmax(h.t)::text \
+                     FROM {} p, unnest(p.hole_from, p.hole_to) AS h(f, t) \
+                     WHERE p.slot_name = {} ORDER BY pg_snapshot_xmin(h.f)",
+                    self.position, self.slot
+                ),
+                &[],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// SQL boolean, index-friendly: every row of `r` that may be pending by
+    /// the derived rule, a superset to AND with [`pending`]: `PENDING`
+    /// without an id (the poller's `{table}_explicit_idx`), after the
+    /// vouched snapshot ([`after_snapshot_range`]) and within each hole's
+    /// range (`holes` from [`Reader::hole_ranges`]; each an OR arm on
+    /// `{table}_txid_idx`, which a bitmap scan ORs together; the EXISTS of
+    /// [`in_holes_range`] would not reach the index).
+    pub(crate) fn candidates(&self, r: &str, holes: &[(String, String)]) -> String {
+        let mut arms = vec![
+            format!("{r}.{COLUMN} IS NULL"),
+            format!(
+                "{r}.{COLUMN} >= coalesce(pg_snapshot_xmin({}.snapshot), '0'::xid8)",
+                self.p
+            ),
+        ];
+        arms.extend(holes.iter().map(|(lo, hi)| hole_arm(r, lo, hi)));
+        format!(
+            "({r}.publish_state = 'PENDING' AND ({}))",
+            arms.join(" OR ")
+        )
+    }
+
+    /// SQL boolean: row `r` is still to publish ([`pending`]), found through
+    /// the indexes ([`Reader::candidates`]).
+    pub(crate) fn pending(&self, r: &str, holes: &[(String, String)]) -> String {
+        format!(
+            "({} AND {})",
+            self.candidates(r, holes),
+            pending(r, &self.p)
+        )
+    }
+}
+
+/// SQL boolean: `r`'s id within `[lo, hi)` (`xid8` text from the server).
+pub(crate) fn hole_arm(r: &str, lo: &str, hi: &str) -> String {
+    use crate::postgres::sql::quote_literal;
+    format!(
+        "({r}.{COLUMN} >= {}::xid8 AND {r}.{COLUMN} < {}::xid8)",
+        quote_literal(lo),
+        quote_literal(hi)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

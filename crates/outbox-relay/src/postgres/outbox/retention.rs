@@ -8,6 +8,19 @@
 //! PUBLISHED/SKIPPED rows, and whose range ended before the cut-off, is
 //! detached and dropped first (never the DEFAULT partition); rows are then
 //! deleted as usual.
+//!
+//! On a table whose state is derived ([`derived::Reader`]) the rows the
+//! stream published stay `PENDING` and have no `published_at`: retention
+//! also deletes rows **derived published whose `created_at`** is older than
+//! `retention.keep`, through `{table}_txid_idx`: ids below the vouched
+//! snapshot's xmax (not its xmin: a transaction left open while it was
+//! taken would hold back every row after it), and below the lowest id of a
+//! row still within `keep`
+//! (taken once per run, so a batch reads only the expired end of the index;
+//! a row of a transaction that started within `keep` holds the rows after
+//! it until it expires too). Rows without an id, or not derived published
+//! (in a hole, after the snapshot), are never deleted by that rule; the
+//! explicit rule above deletes them once the poller has marked them.
 
 use std::time::Duration;
 
@@ -15,6 +28,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::sql::qualified;
 use crate::postgres::ConnInfo;
@@ -31,69 +45,117 @@ pub(crate) struct Purged {
 }
 
 /// Delete what is older than `older_than` now, batch by batch, until nothing
-/// is left or `stop` is cancelled.
+/// is left; rows derived published too when `reader` is given (a derived
+/// table, [`Reader::of`]).
 pub(crate) async fn purge(
     client: &Client,
     table: &Table,
+    reader: Option<&Reader>,
     older_than: Duration,
     batch_size: usize,
     drop_partitions: bool,
-) -> Result<Purged, tokio_postgres::Error> {
-    purge_until(
-        client,
-        table,
-        older_than,
-        batch_size,
-        drop_partitions,
-        &CancellationToken::new(),
-    )
-    .await
-}
-
-async fn purge_until(
-    client: &Client,
-    table: &Table,
-    older_than: Duration,
-    batch_size: usize,
-    drop_partitions: bool,
-    stop: &CancellationToken,
 ) -> Result<Purged, tokio_postgres::Error> {
     let mut purged = Purged::default();
     if drop_partitions && table.partitioned {
-        purged.partitions = drop_expired_partitions(client, table, older_than).await;
+        purged.partitions = drop_expired_partitions(client, table, reader, older_than).await;
     }
     // SKIPPED rows carry published_at too (the time they were skipped), so one
-    // partial index serves both.
+    // partial index serves both. `= ANY(ARRAY(…))`, not `IN (…)`: the batch's
+    // ids are then found by the id's index, where `IN` may be planned as a
+    // join with a scan of the whole table.
     let sql = format!(
-        "DELETE FROM {t} WHERE {id} IN (SELECT {id} FROM {t} \
+        "DELETE FROM {t} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {t} \
            WHERE publish_state IN ('PUBLISHED', 'SKIPPED') AND published_at < now() - make_interval(secs => $1) \
-           LIMIT $2)",
+           LIMIT $2))",
         t = table.qualified,
         id = table.id,
     );
     let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-    loop {
-        let deleted = client
-            .execute(&sql, &[&older_than.as_secs_f64(), &limit])
+    let seconds = older_than.as_secs_f64();
+    delete_batches(client, &sql, &[&seconds, &limit], batch_size, &mut purged).await?;
+    if let (Some(reader), Some(created_at)) = (reader, &table.created_at) {
+        let bound: Option<String> = client
+            .query_one(&derived_bound_sql(table, reader, created_at), &[&seconds])
+            .await?
+            .get(0);
+        if let Some(bound) = bound {
+            let sql = derived_delete_sql(table, reader, created_at);
+            delete_batches(
+                client,
+                &sql,
+                &[&seconds, &limit, &bound],
+                batch_size,
+                &mut purged,
+            )
             .await?;
+        }
+    }
+    Ok(purged)
+}
+
+/// Run `sql` (a bounded `DELETE`) until a batch deletes fewer than
+/// `batch_size` rows.
+async fn delete_batches(
+    client: &Client,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    batch_size: usize,
+    purged: &mut Purged,
+) -> Result<(), tokio_postgres::Error> {
+    loop {
+        let deleted = client.execute(sql, params).await?;
         if deleted > 0 {
             purged.batches += 1;
             purged.rows += deleted;
         }
-        if deleted < batch_size as u64 || stop.is_cancelled() {
-            return Ok(purged);
+        if deleted < batch_size as u64 {
+            return Ok(());
         }
     }
 }
 
+/// SQL, `$1` `keep` in seconds: the upper bound (`xid8` text) of the ids of
+/// expired derived published rows: the vouched snapshot's xmax, or the
+/// lowest id of a row still within `keep` if lower. NULL without a vouched
+/// snapshot. The lowest-id scan reads `{table}_txid_idx` from its expired end
+/// and stops at the first row within `keep`.
+fn derived_bound_sql(table: &Table, reader: &Reader, created_at: &str) -> String {
+    let x = derived::COLUMN;
+    format!(
+        "SELECT least(pg_snapshot_xmax({p}.snapshot), \
+                      (SELECT o.{x} FROM {t} AS o WHERE o.publish_state = 'PENDING' AND o.{x} IS NOT NULL \
+                         AND o.{created_at} >= now() - make_interval(secs => $1) ORDER BY o.{x} LIMIT 1))::text",
+        p = reader.p,
+        t = table.qualified,
+    )
+}
+
+/// SQL, `$1` `keep` in seconds, `$2` the batch, `$3` [`derived_bound_sql`]:
+/// one batch of expired derived published rows, on `{table}_txid_idx`.
+fn derived_delete_sql(table: &Table, reader: &Reader, created_at: &str) -> String {
+    let x = derived::COLUMN;
+    format!(
+        "DELETE FROM {t} WHERE {id} = ANY(ARRAY(SELECT o.{id} FROM {t} AS o \
+           WHERE o.publish_state = 'PENDING' AND o.{x} < $3::text::xid8 \
+             AND o.{created_at} < now() - make_interval(secs => $1) AND {published} \
+           ORDER BY o.{x} LIMIT $2))",
+        t = table.qualified,
+        id = table.id,
+        published = derived::published("o", &reader.p),
+    )
+}
+
 /// Detach and drop partitions whose whole range is older than `older_than`
-/// and whose rows are all expired PUBLISHED/SKIPPED ones. Never the DEFAULT
+/// and whose rows are all expired PUBLISHED/SKIPPED ones (or, with a
+/// `reader`, derived published and created before the cut-off: no row of it
+/// is pending by the derived rule, FAILED or DEAD). Never the DEFAULT
 /// partition; a partition is re-checked after it is detached (no insert can
 /// reach it then) and put back if anything else is in it. Errors are logged,
 /// never fatal to row retention.
 async fn drop_expired_partitions(
     client: &Client,
     table: &Table,
+    reader: Option<&Reader>,
     older_than: Duration,
 ) -> Vec<String> {
     let partitions = match client
@@ -137,7 +199,7 @@ async fn drop_expired_partitions(
         if !expired {
             continue;
         }
-        match drop_partition(client, table, &name, seconds).await {
+        match drop_partition(client, table, reader, &name, seconds).await {
             Ok(true) => {
                 tracing::info!(partition = %name, "dropped an expired partition");
                 dropped.push(name);
@@ -160,9 +222,24 @@ async fn drop_expired_partitions(
     dropped
 }
 
+/// The rows that let a partition go: expired explicit PUBLISHED/SKIPPED
+/// rows, and with a `reader` rows derived published created before the
+/// cut-off. SQL boolean on `o`, `$1` the age in seconds.
+fn expired(table: &Table, reader: Option<&Reader>) -> String {
+    let explicit = "o.publish_state IN ('PUBLISHED', 'SKIPPED') AND o.published_at < now() - make_interval(secs => $1)";
+    match (reader, &table.created_at) {
+        (Some(reader), Some(created_at)) => format!(
+            "({explicit}) OR (o.{created_at} < now() - make_interval(secs => $1) AND {})",
+            derived::published("o", &reader.p)
+        ),
+        _ => explicit.to_owned(),
+    }
+}
+
 async fn drop_partition(
     client: &Client,
     table: &Table,
+    reader: Option<&Reader>,
     name: &str,
     seconds: f64,
 ) -> Result<bool, tokio_postgres::Error> {
@@ -175,8 +252,8 @@ async fn drop_partition(
     let keep: bool = client
         .query_one(
             &format!(
-                "SELECT EXISTS (SELECT 1 FROM {name} WHERE (publish_state IN ('PUBLISHED', 'SKIPPED') \
-                   AND published_at < now() - make_interval(secs => $1)) IS NOT TRUE)"
+                "SELECT EXISTS (SELECT 1 FROM {name} AS o WHERE ({}) IS NOT TRUE)",
+                expired(table, reader)
             ),
             &[&seconds],
         )
@@ -211,9 +288,11 @@ pub(crate) async fn run(config: Config, stop: CancellationToken) {
             if !table.managed {
                 return Ok(None);
             }
+            let reader = Reader::of(&client, &config, table.derived).await?;
             purge(
                 &client,
                 &table,
+                reader.as_ref(),
                 retention.keep,
                 retention.batch_size,
                 retention.drop_partitions,
