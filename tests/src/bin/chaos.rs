@@ -4,7 +4,9 @@
 //! PostgreSQL restarts (fast and immediate), the SNS endpoint cut, and
 //! throttling answers. A checker reads everything back from SQS and the table
 //! and verifies: every committed event delivered at least once, each
-//! aggregate's events in commit order, no row left PENDING, the slot caught up.
+//! aggregate's events in commit order, no row left PENDING (by the derived
+//! state, the `outbox_state` view), every row it calls PUBLISHED received, the
+//! slot caught up.
 //!
 //! ```sh
 //! cargo run --release -p outbox-relay-tests --bin chaos -- 240   # seconds of faults
@@ -74,6 +76,20 @@ async fn main() {
         "setup: {}",
         setup.stderr_text()
     );
+    // The lifecycle in force: the derived one (the default) reads each row's
+    // state from the `outbox_state` view setup creates; without the view the
+    // table runs as `mark` and the run fails (it must prove the default).
+    let derived: bool = harness::connect(db.url())
+        .await
+        .query_one("SELECT to_regclass('public.outbox_state') IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let state_of = if derived {
+        "outbox_state"
+    } else {
+        "(SELECT publish_state AS state, id FROM outbox) AS o"
+    };
     let mut relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
     // Every relay's stderr, one after the other, for a look after the run.
     let relay_log = std::env::temp_dir().join("outbox-relay-chaos-relay.log");
@@ -246,7 +262,7 @@ async fn main() {
     let pending = loop {
         let pending: i64 = sql
             .query_one(
-                "SELECT count(*) FROM outbox WHERE publish_state <> 'PUBLISHED'",
+                &format!("SELECT count(*) FROM {state_of} WHERE state <> 'PUBLISHED'"),
                 &[],
             )
             .await
@@ -273,6 +289,17 @@ async fn main() {
     // The checks.
     let received = received.lock().unwrap().clone();
     let unique: HashSet<&str> = received.iter().map(|r| r.2.as_str()).collect();
+    // Every row the state calls PUBLISHED arrived (the derived rule's promise).
+    let published_not_received = sql
+        .query(
+            &format!("SELECT id::text FROM {state_of} WHERE state = 'PUBLISHED'"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| !unique.contains(r.get::<_, &str>(0)))
+        .count();
     let lost: Vec<&String> = committed
         .keys()
         .filter(|id| !unique.contains(id.as_str()))
@@ -326,12 +353,23 @@ async fn main() {
             String::new()
         }
     );
+    println!(
+        "lifecycle               {}",
+        if derived {
+            "derived (outbox_state)"
+        } else {
+            "explicit publish_state (no outbox_state view): FAIL"
+        }
+    );
     println!("rows not PUBLISHED      {pending}");
+    println!("PUBLISHED, not received {published_not_received}");
     println!("slot lag at the end     {lag} bytes");
     println!("relay logs              {}", relay_log.display());
     let ok = lost.is_empty()
         && order_violations == 0
         && pending == 0
+        && derived
+        && published_not_received == 0
         && caught_up
         && total_faults >= 20
         && repeat_share <= MAX_REPEAT_SHARE;
