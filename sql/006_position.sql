@@ -14,6 +14,22 @@ CREATE TABLE IF NOT EXISTS {{schema}}.{{position}} (
     timeline          integer     NOT NULL,
     database_oid      oid         NOT NULL,
     confirmed_lsn     pg_lsn      NOT NULL,
-    updated_at        timestamptz NOT NULL DEFAULT now()
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    -- The derived lifecycle (lifecycle.on_published = "derive"): the snapshot
+    -- the relay vouched for, its WAL position, when it was stored, and the
+    -- spans no snapshot may vouch for (parallel arrays, from and to).
+    snapshot          pg_snapshot,
+    snapshot_lsn      pg_lsn,
+    snapshot_at       timestamptz,
+    hole_from         pg_snapshot[],
+    hole_to           pg_snapshot[]
 );
+-- A table from before the derived lifecycle gets its columns (nullable: no
+-- rewrite, a moment's lock).
+ALTER TABLE {{schema}}.{{position}}
+    ADD COLUMN IF NOT EXISTS snapshot     pg_snapshot,
+    ADD COLUMN IF NOT EXISTS snapshot_lsn pg_lsn,
+    ADD COLUMN IF NOT EXISTS snapshot_at  timestamptz,
+    ADD COLUMN IF NOT EXISTS hole_from    pg_snapshot[],
+    ADD COLUMN IF NOT EXISTS hole_to      pg_snapshot[];
 GRANT SELECT, INSERT, UPDATE ON {{schema}}.{{position}} TO {{role}};

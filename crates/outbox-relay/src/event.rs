@@ -90,7 +90,13 @@ mod oid {
     pub(super) const BPCHAR: u32 = 1042;
     pub(super) const VARCHAR: u32 = 1043;
     pub(super) const JSONB: u32 = 3802;
+    /// `relay_txid`'s type (`postgres::outbox::derived::XID8_OID`).
+    pub(super) const XID8: u32 = 5069;
 }
+
+/// The derived lifecycle's column (`postgres::outbox::derived::COLUMN`;
+/// named here too, since the ground imports nothing from the wings above).
+const TXID_COLUMN: &str = "relay_txid";
 
 /// UTF-8 text that shares the replication message's buffer.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -186,6 +192,12 @@ pub struct OutboxEvent {
     topic: Option<Span>,
     /// The payload.
     pub payload: Payload,
+    /// The writing transaction's top-level id, from the row's `relay_txid`
+    /// column (`postgres::outbox::derived::COLUMN`) when the table has it
+    /// and the row carries one: whether the stream must mark the row it
+    /// published (`derived::Holes::needs_mark`).
+    /// Never in the envelope nor in message attributes.
+    pub txid: Option<u64>,
 }
 
 /// Where a field lies in [`OutboxEvent`]'s text.
@@ -266,6 +278,7 @@ impl OutboxEvent {
             headers: headers.map(|h| text.push(h)),
             topic: topic.map(|t| text.push(t)),
             payload,
+            txid: None,
             text: text.0,
         }
     }
@@ -445,6 +458,8 @@ pub(crate) struct RowMapping {
     created_at: Option<Slot>,
     /// `None`: the aggregate id.
     group: Option<Slot>,
+    /// The derived lifecycle's `relay_txid` (`xid8`), when the table has it.
+    txid: Option<Slot>,
     /// Optional columns configured but absent from the table, for a warning.
     pub absent_optional: Vec<(&'static str, String)>,
 }
@@ -523,6 +538,13 @@ impl RowMapping {
         let headers = optional("headers", &columns.headers);
         let topic = optional("topic", &columns.topic);
         let created_at = optional("created_at", &columns.created_at);
+        let txid = described
+            .iter()
+            .position(|(n, t)| *n == TXID_COLUMN && *t == oid::XID8)
+            .map(|index| Slot {
+                index,
+                name: TXID_COLUMN.to_owned(),
+            });
         let group = if columns.group.is_empty() {
             None
         } else {
@@ -539,6 +561,7 @@ impl RowMapping {
             topic,
             created_at,
             group,
+            txid,
             absent_optional,
         })
     }
@@ -561,7 +584,7 @@ impl RowMapping {
         // Every field in one pass over the row; a field not configured asks
         // for a column past the end and gets `None`.
         let index = |slot: Option<&Slot>| slot.map_or(usize::MAX, |s| s.index);
-        let [id, aggregate_type, aggregate_id, event_type, payload, created_at, group, headers, topic] =
+        let [id, aggregate_type, aggregate_id, event_type, payload, created_at, group, headers, topic, txid] =
             tuple.values([
                 self.id.index,
                 self.aggregate_type.index,
@@ -572,7 +595,14 @@ impl RowMapping {
                 index(self.group.as_ref()),
                 index(self.headers.as_ref()),
                 index(self.topic.as_ref()),
+                index(self.txid.as_ref()),
             ]);
+        // NULL (a row from before the migration, or a forged NULL) or
+        // unreadable: no id, so the row keeps explicit states.
+        let txid = match txid {
+            Some(ValueRef::Text(b)) => std::str::from_utf8(b).ok().and_then(|t| t.parse().ok()),
+            _ => None,
+        };
         let count = tuple.count();
         let payload = match self.payload_kind {
             PayloadKind::Json => Payload::Json(shared_text(tuple, payload, count, &self.payload)?),
@@ -623,6 +653,7 @@ impl RowMapping {
             headers: headers.map(|h| text.push(h)),
             topic: topic.map(|t| text.push(t)),
             payload,
+            txid,
             text: text.0,
         })
     }
@@ -837,6 +868,51 @@ mod tests {
         assert!(Text::new(Bytes::from_static(b"bad \xff")).is_err());
         let error = RowError::NotUtf8("aggregate_id".into()).to_string();
         assert_eq!(error, "column \"aggregate_id\" is not valid UTF-8");
+    }
+
+    /// The row's `relay_txid` rides with the event when the table has the
+    /// column as `xid8`; NULL, another type or no column: no id.
+    #[test]
+    fn the_transaction_id_is_read_from_an_xid8_relay_txid_column_only() {
+        assert_eq!(TXID_COLUMN, crate::postgres::outbox::derived::COLUMN);
+        assert_eq!(oid::XID8, crate::postgres::outbox::derived::XID8_OID);
+        let base = [
+            ("id", oid::TEXT),
+            ("aggregate_type", oid::TEXT),
+            ("aggregate_id", oid::TEXT),
+            ("event_type", oid::TEXT),
+            ("payload", oid::JSONB),
+        ];
+        let column = |s: &'static str| Some(Bytes::from_static(s.as_bytes()));
+        let row = |txid: Option<Bytes>| {
+            TextRow(vec![
+                column("e-1"),
+                column("order"),
+                column("o-1"),
+                column("OrderCreated"),
+                column("{}"),
+                txid,
+            ])
+        };
+        let with = |type_oid: u32| {
+            let mut described = base.to_vec();
+            described.push(("relay_txid", type_oid));
+            RowMapping::from_columns("public.outbox", &described, &ColumnMapping::default())
+                .unwrap()
+        };
+        let xid8 = with(oid::XID8);
+        assert_eq!(
+            xid8.event(&row(column("4294967301")), 0).unwrap().txid,
+            Some(4_294_967_301)
+        );
+        assert_eq!(xid8.event(&row(None), 0).unwrap().txid, None);
+        assert_eq!(
+            with(oid::TEXT).event(&row(column("7")), 0).unwrap().txid,
+            None
+        );
+        let without =
+            RowMapping::from_columns("public.outbox", &base, &ColumnMapping::default()).unwrap();
+        assert_eq!(without.event(&row(column("7")), 0).unwrap().txid, None);
     }
 
     /// A mapped row reads back field by field as the row held it: each span

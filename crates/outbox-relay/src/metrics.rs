@@ -167,6 +167,11 @@ pub struct Metrics {
     pub in_flight_bytes: Gauge,
     /// Rows published and not yet marked or deleted (`lifecycle.max_unmarked`).
     pub unmarked: Gauge,
+    /// Derived lifecycle: seconds since the vouched snapshot was stored (−1:
+    /// none, or another lifecycle).
+    pub derived_lag: Gauge<f64, AtomicU64>,
+    /// Derived lifecycle: holes open (spans whose rows keep explicit states).
+    pub derived_holes: Gauge,
     /// WAL between the server's current position and the slot's confirmed flush.
     pub confirmed_flush_lag: Gauge,
     /// WAL the slot holds (current position − restart_lsn).
@@ -230,6 +235,8 @@ impl Metrics {
             sink_rtt: Gauge::<f64, AtomicU64>::default(),
             in_flight_bytes: Gauge::default(),
             unmarked: Gauge::default(),
+            derived_lag: Gauge::<f64, AtomicU64>::default(),
+            derived_holes: Gauge::default(),
             confirmed_flush_lag: Gauge::default(),
             retained_wal: Gauge::default(),
             safe_wal_size: Gauge::default(),
@@ -306,6 +313,18 @@ impl Metrics {
             "outbox_relay_unmarked_rows",
             "Rows published or filtered out and not yet marked or deleted in the table",
             self.unmarked.clone(),
+        );
+        self.derived_lag.set(-1.0);
+        self.registry.register_with_unit(
+            "outbox_relay_derived_lag",
+            "Derived lifecycle: age of the snapshot the relay vouched for (rows committed since are not yet derived published); -1 when there is none",
+            Unit::Seconds,
+            self.derived_lag.clone(),
+        );
+        self.registry.register(
+            "outbox_relay_derived_holes",
+            "Derived lifecycle: holes open (spans of transactions a snapshot may not vouch for; their rows keep explicit states)",
+            self.derived_holes.clone(),
         );
     }
 

@@ -1,16 +1,24 @@
 //! The relay: the workers one instance runs, side by side.
 //!
 //! * the **stream** (`[stream] enabled`): replication → sink, see [`crate::pipeline::stream`];
-//! * the **poller** (`[poller] enabled`, in mark and delete modes): publishes
-//!   what the log cannot give back, see [`crate::pipeline::poller`];
-//! * **retention** (`[retention] enabled`, in mark mode): deletes old
-//!   published rows, see [`crate::postgres::outbox::retention`];
+//! * the **poller** (`[poller] enabled`, in derive, mark and delete modes):
+//!   publishes what the log cannot give back, see [`crate::pipeline::poller`];
+//! * **retention** (`[retention] enabled`, in derive and mark modes): deletes
+//!   old published rows, see [`crate::postgres::outbox::retention`];
 //! * the **monitor** and the **HTTP listener** (`[http] listen`): slot lag,
 //!   `/metrics`, `/healthz`, `/readyz`, see [`crate::postgres::monitor`], [`crate::http`].
 //!
 //! Each can be switched off per instance, so a fleet can run retention on one
 //! node only. When the stream recreates a lost slot it tells this instance's
 //! poller to sweep the rows the old slot held.
+//!
+//! # The lifecycle in force
+//!
+//! `on_published = "derive"` needs the table's `relay_txid` column (`xid8`)
+//! and a position table the relay may write, with the derived lifecycle's
+//! columns: the vouched snapshot and the holes live there. Without them the
+//! relay runs as `mark` (every worker gets that mode), and says once, at
+//! start, what is missing and that `setup --apply` adds it ([`effective`]).
 
 use std::sync::Arc;
 
@@ -21,6 +29,95 @@ use crate::config::{Config, OnPublished};
 use crate::pipeline::poller::Poller;
 use crate::pipeline::sink::Sink;
 use crate::pipeline::stream::{self, RelayError, Summary};
+use crate::postgres::outbox::table::Table;
+use crate::postgres::position;
+use crate::postgres::ConnInfo;
+use crate::retry::Backoff;
+
+/// What the derived lifecycle lacks on this database (`None`: nothing, or
+/// the table does not exist yet, which the stream reports itself).
+async fn derive_lacks(
+    client: &tokio_postgres::Client,
+    config: &Config,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let Some(table) = Table::inspect(client, config).await? else {
+        return Ok(None);
+    };
+    let name = config.table();
+    let positions = position::table_name(&name.name);
+    let qualified = crate::postgres::sql::qualified(&name.schema, &positions);
+    let mut lacks = Vec::new();
+    if !table.derived {
+        lacks.push(format!(
+            "table {} has no {} column (xid8)",
+            table.qualified,
+            crate::postgres::outbox::derived::COLUMN
+        ));
+    }
+    if !position::writable(client, &qualified).await? {
+        lacks.push(format!(
+            "the position table {positions} is missing or the relay may not read and write it"
+        ));
+    } else {
+        let missing = position::missing_derived_columns(client, &qualified).await?;
+        if !missing.is_empty() {
+            lacks.push(format!(
+                "the position table {positions} lacks the columns {}",
+                missing.join(", ")
+            ));
+        }
+    }
+    Ok((!lacks.is_empty()).then(|| lacks.join("; ")))
+}
+
+/// The configuration the workers run with: `derive` becomes `mark` when the
+/// database lacks what it needs (warned once, with the fix). Retries the
+/// connection until it answers; `None` when `stop` came first.
+async fn effective(
+    config: &Config,
+    stop: &CancellationToken,
+) -> Result<Option<Config>, RelayError> {
+    if config.lifecycle.on_published != OnPublished::Derive {
+        return Ok(Some(config.clone()));
+    }
+    let conn = ConnInfo::new(&config.postgres)?;
+    let backoff = Backoff::new(&config.retry);
+    let mut attempt = 0;
+    let lacks = loop {
+        let looked = async {
+            let client = conn.connect().await.map_err(RelayError::from)?;
+            derive_lacks(&client, config)
+                .await
+                .map_err(|source| RelayError::Sql {
+                    context: "choosing the lifecycle",
+                    source,
+                })
+        };
+        match looked.await {
+            Ok(lacks) => break lacks,
+            // As the stream would: a fatal error (a refused login, TLS) stops the relay.
+            Err(error) if error.class() != stream::ErrorClass::Transient => return Err(error),
+            Err(error) => {
+                let delay = backoff.delay(attempt);
+                attempt += 1;
+                tracing::warn!(error = %crate::report::Chain(&error), attempt, "cannot look at the outbox table to choose the lifecycle; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = stop.cancelled() => return Ok(None),
+                }
+            }
+        }
+    };
+    let mut effective = config.clone();
+    if let Some(lacks) = lacks {
+        tracing::warn!(
+            "lifecycle.on_published = \"derive\" runs as \"mark\" (an UPDATE per published row): {lacks}; \
+             run `outbox-relay setup --apply` to add them, then restart"
+        );
+        effective.lifecycle.on_published = OnPublished::Mark;
+    }
+    Ok(Some(effective))
+}
 
 /// Run every enabled worker until `stop` (graceful) or a fatal stream error.
 pub async fn run<S: Sink>(
@@ -30,7 +127,6 @@ pub async fn run<S: Sink>(
 ) -> Result<Summary, RelayError> {
     let workers = stop.child_token();
     let (sweep_tx, sweep_rx) = watch::channel(None);
-    let mode = config.lifecycle.on_published;
     let mut tasks = Vec::new();
     crate::metrics::get()
         .health
@@ -46,6 +142,15 @@ pub async fn run<S: Sink>(
             workers.clone(),
         )));
     }
+    let Some(config) = effective(config, &stop).await? else {
+        workers.cancel();
+        for task in tasks {
+            let _ = task.await;
+        }
+        return Ok(Summary::default());
+    };
+    let config = &config;
+    let mode = config.lifecycle.on_published;
     tasks.push(tokio::spawn(crate::postgres::monitor::run(
         config.clone(),
         workers.clone(),
@@ -54,7 +159,7 @@ pub async fn run<S: Sink>(
         let poller = Poller::new(config, Arc::clone(&sink), sweep_rx)?;
         tasks.push(tokio::spawn(poller.run(workers.clone())));
     }
-    if config.retention.enabled && mode == OnPublished::Mark {
+    if config.retention.enabled && mode.tracks_rows() {
         tasks.push(tokio::spawn(crate::postgres::outbox::retention::run(
             config.clone(),
             workers.clone(),

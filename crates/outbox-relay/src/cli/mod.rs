@@ -68,6 +68,11 @@ enum Command {
         /// neon. Default: auto with --apply, self-managed when only printing.
         #[arg(long, value_name = "PLATFORM")]
         platform: Option<Choice>,
+        /// The application's role, which inserts outbox rows: grant it INSERT and UPDATE
+        /// on its own columns only, not on relay_txid and the relay-managed ones
+        /// (sql/010_producer.sql; it must name its columns in INSERT).
+        #[arg(long, value_name = "ROLE")]
+        producer_role: Option<String>,
     },
     /// Verify wal_level, slot, publication, table and columns; exit 3 naming what is wrong.
     Check,
@@ -162,7 +167,20 @@ pub fn main() -> ExitCode {
                 role,
                 partitioned,
                 platform,
-            } => setup::run(&config, apply, &role, partitioned, platform).await,
+                producer_role,
+            } => {
+                setup::run(
+                    &config,
+                    setup::Options {
+                        apply,
+                        role: &role,
+                        partitioned,
+                        platform,
+                        producer: producer_role.as_deref(),
+                    },
+                )
+                .await
+            }
             Command::Check => check::run(&config).await,
             Command::Replay {
                 selection,

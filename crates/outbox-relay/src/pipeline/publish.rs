@@ -221,7 +221,8 @@ const MAX_SKIPPED_GROUPS: usize = 1024;
 /// Drive `sink` until `input` closes and everything is settled; report every
 /// message's final outcome on `done` (a finished batch's outcomes together:
 /// one wake-up of the replication loop per batch, not per message). Rejections are recorded with
-/// `recorder`; deliveries are marked with `marker`.
+/// `recorder`; deliveries are marked with `marker` (in the derived lifecycle
+/// only those outside what a snapshot may vouch for: [`Marker::deliveries`]).
 pub(crate) async fn run<S: Sink>(
     sink: Arc<S>,
     recorder: Option<Arc<Recorder>>,
@@ -661,6 +662,8 @@ impl<S: Sink> Publisher<S> {
             completions: Vec::with_capacity(messages.len()),
         };
         let mut delivered = Deliveries::new();
+        // Derive mode: a delivery is marked only outside what a snapshot may vouch for.
+        let marks = self.marker.as_ref().map(Marker::deliveries);
         for (((message, verdict), group), seq) in
             messages.into_iter().zip(verdicts).zip(keys).zip(seqs)
         {
@@ -672,8 +675,10 @@ impl<S: Sink> Publisher<S> {
             let completion = match verdict {
                 Verdict::Delivered => {
                     delivered.count(message.commit_time);
-                    if let Some(marker) = &self.marker {
-                        marker.send(Mark::Published(message.event.id().to_owned()));
+                    if let (Some(marker), Some(marks)) = (&self.marker, &marks) {
+                        if marks.marks(message.event.txid) {
+                            marker.send(Mark::Published(message.event.id().to_owned()));
+                        }
                     }
                     Completion::Delivered(message.ticket)
                 }

@@ -91,7 +91,7 @@ use pgoutput::{
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, TableName};
+use crate::config::{Config, OnPublished, TableName};
 use crate::event::RowMapping;
 use crate::pipeline::ack::{AckTracker, FramingError, Ticket};
 pub(crate) use crate::pipeline::error::{ErrorClass, RelayError};
@@ -408,6 +408,9 @@ struct Admitted {
     protocol: Protocol,
     /// Whether the position table exists (the relay keeps its position there).
     keep: bool,
+    /// Whether the relay created the slot in this start (a hole opens:
+    /// [`position::prepare`]).
+    recreated: bool,
 }
 
 /// The tasks that take the stream's events to the sink and the table.
@@ -484,8 +487,35 @@ impl<'a> Session<'a> {
         let sql_client = Arc::new(conn.connect().await?);
         let admitted = Self::inspect(config, conn, &sql_client, sweep).await?;
         let interval = Self::status_interval(config, &sql_client).await?;
-        let spawned = Self::spawn(config, conn, &sql_client, &admitted.table, &sink).await?;
+        // The derived lifecycle: the stream marks a delivery only in a hole
+        // (or without an id); the holes come from the keeper, known before
+        // the stream starts. Without the position table every delivery is
+        // marked (the holes stay unknown).
+        let derive = config.lifecycle.on_published == OnPublished::Derive && admitted.keep;
+        let (holes_tx, holes_rx) = watch::channel(None);
+        let holes_rx = (config.lifecycle.on_published == OnPublished::Derive).then_some(holes_rx);
+        let spawned =
+            Self::spawn(config, conn, &sql_client, &admitted.table, &sink, holes_rx).await?;
         let (position_table, kept) = Self::position(config, &sql_client).await?;
+        // Holes written (synchronously committed) before START_REPLICATION.
+        let derived = if derive {
+            let vouching = position::prepare(
+                &sql_client,
+                &position_table,
+                &config.postgres.slot,
+                admitted.start,
+                admitted.recreated,
+            )
+            .await
+            .map_err(sql("preparing the derived lifecycle's holes"))?;
+            Some(position::Derived::new(
+                vouching,
+                &admitted.table.qualified,
+                holes_tx,
+            ))
+        } else {
+            None
+        };
         let replicating = Self::start_replication(config, conn, stop, &admitted, kept.as_ref());
         let Some(wal) = replicating.await? else {
             return Ok(None);
@@ -512,6 +542,7 @@ impl<'a> Session<'a> {
                 wal.system().clone(),
                 start,
                 summary.delivered + summary.rejected,
+                derived,
             )
         });
         let streaming = Streaming::new();
@@ -585,6 +616,7 @@ impl<'a> Session<'a> {
                 start,
                 protocol,
                 keep,
+                recreated: false,
             }),
             Admission::SlotLost { table, problem }
                 if config.lifecycle.recreate_slot && can_sweep(config, sweepable) =>
@@ -595,6 +627,7 @@ impl<'a> Session<'a> {
                     start,
                     protocol: Protocol::V1, // created without two_phase
                     keep,
+                    recreated: true,
                 })
             }
             Admission::SlotLost { problem, .. } | Admission::Refused(problem) => {
@@ -661,6 +694,7 @@ impl<'a> Session<'a> {
         sql_client: &Arc<tokio_postgres::Client>,
         table: &Table,
         sink: &Arc<S>,
+        holes: Option<marking::HolesWatch>,
     ) -> Result<Spawned, RelayError> {
         let recorder = Recorder::detect(Arc::clone(sql_client), config, table).await?;
         // Marking has a connection of its own: a statement of its that waits or
@@ -676,6 +710,7 @@ impl<'a> Session<'a> {
             config.lifecycle.on_published,
             Backoff::new(&config.retry),
             config.lifecycle.max_unmarked,
+            holes,
         );
         let (marker, marking_task) = match marking {
             Some((marker, task)) => (Some(marker), Some(task)),

@@ -67,6 +67,13 @@ pub async fn run(
     if ready.table.is_some() && fine(Area::Table) {
         ok(format!("table {} has the mapped columns", names.table));
     }
+    if let Some(line) = ready
+        .lifecycle
+        .filter(|_| fine(Area::Table))
+        .and_then(|l| readiness::lifecycle_summary(names, l))
+    {
+        ok(line);
+    }
     let mut problems: Vec<Finding> = ready
         .problems
         .iter()

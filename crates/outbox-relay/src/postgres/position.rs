@@ -35,11 +35,74 @@
 //!   its own would make WAL every interval (an idle relay writes nothing).
 //! * **It is optional.** Without the table (or the privileges to read and
 //!   write it) the relay starts from the slot as before; `check` and `run` warn.
+//!
+//! # The derived lifecycle: the vouched pair and the holes
+//!
+//! With `on_published = "derive"` the same row keeps what lets every reader
+//! derive a row's state without the relay writing the row
+//! ([`crate::postgres::outbox::derived`] states the rule). The keeper owns
+//! the writing side:
+//!
+//! * **The pair.** When events finished since the last one, the keeper takes
+//!   a *candidate* on its SQL connection: S = `pg_current_snapshot()` (the
+//!   statement's snapshot, taken before it runs), then W =
+//!   `pg_current_wal_insert_lsn()` (read while it runs). PostgreSQL inserts
+//!   a commit record before the transaction leaves the proc array, so every
+//!   transaction visible in S has its commit record before W. Once the
+//!   confirmed position passes W (every transaction committed before it was
+//!   published or recorded) *and* `pg_current_wal_flush_lsn() >= W`, S, W
+//!   and `snapshot_at` are stored with the confirmed position, in one
+//!   transaction with `SET LOCAL synchronous_commit = on`; then the next
+//!   candidate is taken. An idle relay takes none and writes nothing; a
+//!   graceful stop stores the pair if it qualifies.
+//! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
+//!   off` is visible before its commit record is flushed. If the server then
+//!   stops (crash, immediate shutdown) the commit is lost and its xid is
+//!   handed out again, to a transaction the stream has not seen, which S
+//!   would still call visible. Once W is flushed, every commit S can see is
+//!   durable and no id in S can be reused.
+//! * **Why a synchronous commit.** The stored pair vouches for rows at once
+//!   (every reader joins the row). Were its own commit lost in a crash, no
+//!   harm (the older pair stays); but a server whose WAL it reached must hold
+//!   it; `on` also waits for synchronous standbys, so a promoted synchronous
+//!   standby holds the pair with everything it vouches for.
+//! * **Identity.** At a session's start ([`prepare`]) a stored S is
+//!   discarded (set NULL, with a warning: the poller publishes its rows again,
+//!   at least once, until a new pair is stored) when the row was written by
+//!   another system (`system_identifier`), when S's xmax is above the
+//!   server's current xmax (a restore to an earlier point, the epoch moved
+//!   back), or when W is ahead of the server's flushed WAL. A row from another
+//!   system also loses its holes: its snapshots name another history, so the
+//!   slot's boundary is taken again.
+//! * **Timelines.** A pair stored on an earlier timeline stays valid when the
+//!   row reached this server through replication: the row's own commit comes
+//!   after W (it was written after the flush check), and was replayed here,
+//!   so the branch point is after it, hence after W: every commit S vouches
+//!   for is on this timeline. (A row restored by other means is caught by the
+//!   checks above or by the slot's position: a slot behind the row is ahead
+//!   of nothing, a slot ahead of it opens a hole.)
+//! * **Holes.** Rows the slot may not have streamed: the boundary (first
+//!   start, or no holes kept: from `1:1:` to a snapshot taken now, after the
+//!   slot exists, so every transaction the slot will not stream, having
+//!   committed before its consistent point, is visible in it), and a hole
+//!   from the vouched S (or `1:1:`) to a snapshot taken now when the relay
+//!   (re)created the slot or finds the slot ahead of the kept confirmed
+//!   position. They are written with a synchronous commit *before*
+//!   START_REPLICATION, and published to the stream, which marks the rows it
+//!   publishes in them. Once a minute the keeper closes every hole with no
+//!   `PENDING` row left in it (an index range on `<table>_txid_idx` per
+//!   hole, stopping at the first row); beyond [`MAX_HOLES`] the two oldest
+//!   are merged, which hands the rows between them to the poller (published
+//!   again, at least once; warned).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use crate::postgres::lsn::{format_lsn, parse_lsn};
+use crate::postgres::outbox::derived::{self, Hole, Holes, Snapshot, BEGINNING};
+use crate::postgres::sql::quote_literal;
 
 /// The name of the position table of outbox table `table`.
 pub(crate) fn table_name(table: &str) -> String {
@@ -204,9 +267,341 @@ fn missing_or_denied(error: &tokio_postgres::Error) -> bool {
         .is_some_and(|c| *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
-/// Writes the confirmed position to the table as the session goes.
+/// What the derived lifecycle keeps of a slot's row at a session's start
+/// ([`prepare`]): the vouched snapshot (when its identity held) and the
+/// holes, written before the stream starts.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Vouching {
+    /// The vouched S, `None` when there is none (or it was discarded).
+    pub snapshot: Option<Snapshot>,
+    /// When it was stored (unix seconds), for the lag metric.
+    pub at: Option<f64>,
+    /// The slot's holes, never empty once prepared (the boundary first).
+    pub holes: Holes,
+}
+
+/// Most holes kept: beyond, the two oldest are merged ([`merge`]).
+pub(crate) const MAX_HOLES: usize = 16;
+
+/// How often the keeper looks for holes to close.
+const TIDY_EVERY: Duration = Duration::from_secs(60);
+
+/// The slot's derived row as read at a session's start, after the identity
+/// checks.
+struct Stored {
+    snapshot: Option<Snapshot>,
+    at: Option<f64>,
+    holes: Option<Holes>,
+    /// The kept confirmed position.
+    confirmed: Option<u64>,
+    /// Written by another system: its snapshots name another history.
+    foreign: bool,
+    /// Why the stored S was refused (it is discarded).
+    refused: Option<String>,
+}
+
+/// Read the derived columns of `slot`'s row (`None`: no row) and check the
+/// pair's identity.
+async fn read_stored(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+) -> Result<Option<Stored>, tokio_postgres::Error> {
+    let sql = format!(
+        "SELECT p.snapshot::text, p.snapshot_lsn::text, extract(epoch FROM p.snapshot_at)::float8, \
+                p.hole_from::text[], p.hole_to::text[], p.confirmed_lsn::text, \
+                p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
+                pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()), \
+                p.snapshot_lsn <= pg_current_wal_flush_lsn(), \
+                pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_flush_lsn()::text \
+         FROM {table} p WHERE p.slot_name = $1"
+    );
+    let Some(row) = client.query_opt(&sql, &[&slot]).await? else {
+        return Ok(None);
+    };
+    let text: Option<String> = row.get(0);
+    let lsn: Option<String> = row.get(1);
+    let snapshot = text.as_deref().and_then(Snapshot::parse);
+    let holes = match (
+        row.get::<_, Option<Vec<String>>>(3),
+        row.get::<_, Option<Vec<String>>>(4),
+    ) {
+        (Some(from), Some(to)) => Holes::parse(&from, &to),
+        _ => None,
+    };
+    let foreign = !row.get::<_, bool>(6);
+    let refused = match (&text, snapshot.is_some()) {
+        (None, _) => None,
+        (Some(_), _) if foreign => Some("it was written by another PostgreSQL system".to_owned()),
+        (Some(t), false) => Some(format!("it cannot be read ({t:?})")),
+        (Some(t), true) if !row.get::<_, Option<bool>>(7).unwrap_or(false) => Some(format!(
+            "its snapshot {t} is ahead of the server's transaction ids (xmax {}): the server was \
+             restored to an earlier point or its epoch moved back",
+            row.get::<_, String>(9)
+        )),
+        (Some(_), true) if !row.get::<_, Option<bool>>(8).unwrap_or(false) => Some(format!(
+            "its WAL position {} is ahead of the server's WAL ({}): the server was restored to an \
+             earlier point",
+            lsn.as_deref().unwrap_or("NULL"),
+            row.get::<_, String>(10)
+        )),
+        _ => None,
+    };
+    Ok(Some(Stored {
+        snapshot: snapshot.filter(|_| refused.is_none()),
+        at: row.get::<_, Option<f64>>(2).filter(|_| refused.is_none()),
+        holes,
+        confirmed: parse_lsn(row.get::<_, &str>(5)),
+        foreign,
+        refused,
+    }))
+}
+
+/// Merge the two oldest holes while there are more than [`MAX_HOLES`]: the
+/// rows between them (published by the stream, derived published until now)
+/// then lie in the merged hole and become the poller's: published once more.
+/// How many merges.
+pub(crate) fn merge(holes: &mut Holes) -> usize {
+    let mut merged = 0;
+    while holes.0.len() > MAX_HOLES {
+        let second = holes.0.remove(1);
+        holes.0[0].to = second.to;
+        merged += 1;
+    }
+    merged
+}
+
+/// Prepare the derived lifecycle for a session of `slot`, before
+/// START_REPLICATION (the slot exists): read the row, discard a pair whose
+/// identity fails, open the holes the session needs and write them with a
+/// synchronous commit. `kept_slot` is the slot's `confirmed_flush_lsn` (its
+/// start); `recreated` says the relay has just created the slot.
+///
+/// A hole is opened, to a snapshot taken now, when:
+/// * the row has none (the first start, a table migrated, a row written by
+///   another system): the slot's **boundary**, from [`BEGINNING`]. The slot
+///   exists, so every transaction it will not stream committed before its
+///   consistent point, hence before now: each is visible in the snapshot;
+/// * the relay created the slot now, or the slot is ahead of the kept
+///   confirmed position (something else moved it, or the relay died before
+///   it kept what it confirmed): from the vouched S (or [`BEGINNING`]):
+///   nothing between the two may be vouched for by a later snapshot.
+pub(crate) async fn prepare(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    slot_confirmed: u64,
+    recreated: bool,
+) -> Result<Vouching, tokio_postgres::Error> {
+    let stored = read_stored(client, table, slot).await?;
+    let (snapshot, at, holes, confirmed, foreign, refused) = match stored {
+        Some(s) => (s.snapshot, s.at, s.holes, s.confirmed, s.foreign, s.refused),
+        None => (None, None, None, None, false, None),
+    };
+    if let Some(why) = &refused {
+        tracing::warn!(
+            slot = %slot,
+            "the vouched snapshot in the position table is discarded: {why}; rows it covered are no \
+             longer derived published, the poller publishes them again (at least once) until a new \
+             snapshot is vouched for"
+        );
+    }
+    let now: String = client
+        .query_one("SELECT pg_current_snapshot()::text", &[])
+        .await?
+        .get(0);
+    let now = Snapshot::parse(&now).expect("pg_current_snapshot() prints a snapshot");
+    let beginning = Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot");
+    // NULL arrays: never prepared (empty ones: every hole closed).
+    let kept_holes = holes.filter(|_| !foreign);
+    let fresh = kept_holes.is_none();
+    let mut holes = kept_holes.unwrap_or_default();
+    let why = if fresh {
+        holes.0.push(Hole {
+            from: beginning,
+            to: now,
+        });
+        Some(if foreign {
+            "the slot's boundary (the row was written by another system)"
+        } else {
+            "the slot's boundary (no holes were kept)"
+        })
+    } else {
+        let ahead = confirmed.is_none_or(|kept| slot_confirmed > kept);
+        (recreated || ahead).then(|| {
+            holes.0.push(Hole {
+                from: snapshot.clone().unwrap_or(beginning),
+                to: now,
+            });
+            if recreated {
+                "the relay created the slot"
+            } else {
+                "the slot is ahead of the kept position (moved by something else, or the relay \
+                 stopped before it kept what it confirmed)"
+            }
+        })
+    };
+    let merged = merge(&mut holes);
+    if merged > 0 {
+        tracing::warn!(
+            slot = %slot, merged, "more than {MAX_HOLES} holes: the oldest merged; rows between them \
+             are no longer derived published and the poller publishes them again (at least once)"
+        );
+    }
+    if why.is_some() || refused.is_some() {
+        write_holes(
+            client,
+            table,
+            slot,
+            slot_confirmed,
+            &holes,
+            refused.is_some(),
+        )
+        .await?;
+    }
+    if let Some(why) = why {
+        let hole = holes.0.last().expect("a hole was opened");
+        tracing::info!(
+            slot = %slot, from = %hole.from, to = %hole.to, holes = holes.0.len(),
+            "derived lifecycle: a hole opened ({why}); rows in it keep explicit states (the poller \
+             publishes them, the stream marks those it publishes)"
+        );
+    }
+    Ok(Vouching {
+        snapshot,
+        at,
+        holes,
+    })
+}
+
+/// SQL array literal of `snapshots`.
+fn snapshot_array(snapshots: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = snapshots.map(|s| quote_literal(&s)).collect();
+    format!("ARRAY[{}]::pg_snapshot[]", items.join(", "))
+}
+
+/// Write `holes` into `slot`'s row (created when missing, at `confirmed`,
+/// the slot's own position), and NULL the pair when `discard`, in one
+/// transaction with a synchronous commit: the stream starts only once they
+/// are durable.
+async fn write_holes(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    confirmed: u64,
+    holes: &Holes,
+    discard: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let from = snapshot_array(holes.0.iter().map(|h| h.from.to_string()));
+    let to = snapshot_array(holes.0.iter().map(|h| h.to.to_string()));
+    let discard = if discard {
+        ", snapshot = NULL, snapshot_lsn = NULL, snapshot_at = NULL"
+    } else {
+        ""
+    };
+    // One simple query: no statement of another task on this connection
+    // can fall inside the transaction.
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; \
+             INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, \
+                 updated_at, hole_from, hole_to) \
+             SELECT {slot}, (SELECT system_identifier::text FROM pg_control_system()), \
+                 (SELECT timeline_id FROM pg_control_checkpoint()), oid, {confirmed}::pg_lsn, now(), {from}, {to} \
+             FROM pg_database WHERE datname = current_database() \
+             ON CONFLICT (slot_name) DO UPDATE SET hole_from = excluded.hole_from, \
+                 hole_to = excluded.hole_to{discard}; \
+             COMMIT",
+            slot = quote_literal(slot),
+            confirmed = quote_literal(&format_lsn(confirmed)),
+        ))
+        .await
+}
+
+/// Whether `table` (schema-qualified, quoted) holds every column the derived
+/// lifecycle keeps ([`derived::POSITION_COLUMNS`]): the missing ones, by
+/// name (none: it does). For the start-up choice of the lifecycle in force.
+pub(crate) async fn missing_derived_columns(
+    client: &tokio_postgres::Client,
+    table: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let names: Vec<&str> = derived::POSITION_COLUMNS.iter().map(|(n, _)| *n).collect();
+    let rows = client
+        .query(
+            "SELECT c FROM unnest($2::text[]) AS c WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = c AND NOT attisdropped)",
+            &[&table, &names],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// A pair taken and not yet stored: S, then W.
+#[derive(Debug, Clone)]
+struct Candidate {
+    snapshot: Snapshot,
+    lsn: u64,
+}
+
+/// The derived lifecycle's state in the keeper, shared with its background
+/// write.
+struct Cycle {
+    /// The pair waiting for the confirmed position to pass its W.
+    candidate: Option<Candidate>,
+    /// Events finished when the candidate was taken.
+    finished_at_candidate: u64,
+    /// The vouched S (for a hole's `from` at the next start, and the log).
+    vouched: Option<Snapshot>,
+    /// When the vouched pair was stored (unix seconds).
+    vouched_at: Option<f64>,
+    holes: Arc<Holes>,
+    /// The stream's copy of the holes ([`crate::postgres::outbox::marking`]).
+    published: watch::Sender<Option<Arc<Holes>>>,
+    /// When holes were last looked at for closing.
+    tidied: Instant,
+}
+
+/// The derived lifecycle's part of a [`Keeper`].
+pub(crate) struct Derived {
+    cycle: Arc<Mutex<Cycle>>,
+    /// The outbox table, schema-qualified and quoted (holes are closed by
+    /// its `relay_txid` index).
+    outbox: String,
+}
+
+impl Derived {
+    /// Keep the pair and the holes of `vouching` (as [`prepare`] left them)
+    /// for the outbox table `outbox`, publishing the holes on `published`.
+    pub(crate) fn new(
+        vouching: Vouching,
+        outbox: &str,
+        published: watch::Sender<Option<Arc<Holes>>>,
+    ) -> Self {
+        let holes = Arc::new(vouching.holes);
+        published.send_replace(Some(Arc::clone(&holes)));
+        let metrics = crate::metrics::get();
+        metrics.derived_holes.set(holes.0.len() as i64);
+        Self {
+            cycle: Arc::new(Mutex::new(Cycle {
+                candidate: None,
+                finished_at_candidate: u64::MAX,
+                vouched: vouching.snapshot,
+                vouched_at: vouching.at,
+                holes,
+                published,
+                // The first look a minute in: a hole just opened has rows.
+                tidied: Instant::now(),
+            })),
+            outbox: outbox.to_owned(),
+        }
+    }
+}
+
+/// Writes the confirmed position to the table as the session goes, and in
+/// the derived lifecycle the vouched pair and the holes (module doc).
 pub(crate) struct Keeper {
     client: Arc<tokio_postgres::Client>,
+    table: String,
     sql: String,
     slot: String,
     system: System,
@@ -215,11 +610,13 @@ pub(crate) struct Keeper {
     /// Events finished when it was written.
     finished_then: u64,
     writing: Option<tokio::task::JoinHandle<()>>,
+    derived: Option<Derived>,
 }
 
 impl Keeper {
     /// A keeper of `slot`'s position in `table` (schema-qualified, quoted)
-    /// on `system`, starting at `start`.
+    /// on `system`, starting at `start`; of the pair and holes too with
+    /// `derived`.
     pub(crate) fn new(
         client: Arc<tokio_postgres::Client>,
         table: &str,
@@ -227,7 +624,12 @@ impl Keeper {
         system: System,
         start: u64,
         finished: u64,
+        derived: Option<Derived>,
     ) -> Self {
+        if let Some(derived) = &derived {
+            // A candidate only once events finish: an idle relay writes nothing.
+            derived.cycle.lock().expect("cycle").finished_at_candidate = finished;
+        }
         let sql = format!(
             "INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, updated_at) \
              SELECT $1, $2, $3, oid, $4::text::pg_lsn, now() FROM pg_database WHERE datname = current_database() \
@@ -237,46 +639,116 @@ impl Keeper {
         );
         Self {
             client,
+            table: table.to_owned(),
             sql,
             slot: slot.to_owned(),
             system,
             written: start,
             finished_then: finished,
             writing: None,
+            derived,
         }
     }
 
     /// The session confirmed `confirmed` with `finished` events finished so
-    /// far: written in the background when events were finished since the
-    /// last write and the previous write is done (the session offers it with
-    /// each status update: at most every 200 ms while events finish, else
-    /// once per status interval).
+    /// far (offered with each status update: at most every 200 ms while
+    /// events finish, else once per status interval). In the background,
+    /// when the previous round is done:
+    /// * the position is written when events were finished since the last
+    ///   write;
+    /// * derived: a candidate pair is taken when events finished since the
+    ///   last one; the candidate is stored with the position once
+    ///   `confirmed` passed its W and the server flushed W; holes are looked
+    ///   at for closing every [`TIDY_EVERY`].
     pub(crate) fn offer(&mut self, confirmed: u64, finished: u64) {
-        if confirmed <= self.written || finished == self.finished_then {
-            return;
+        if let Some(derived) = &self.derived {
+            lag_gauge(derived.cycle.lock().expect("cycle").vouched_at);
         }
         if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
             return;
         }
-        self.written = confirmed;
-        self.finished_then = finished;
-        let write = self.write(confirmed);
-        self.writing = Some(tokio::spawn(async move {
-            if let Err(error) = write.await {
-                tracing::warn!(error = %crate::report::Chain(&error), "cannot keep the confirmed position; a PostgreSQL restart may send published events again");
+        let position_due = confirmed > self.written && finished != self.finished_then;
+        let Some(derived) = &self.derived else {
+            if !position_due {
+                return;
             }
+            self.written = confirmed;
+            self.finished_then = finished;
+            let write = self.write(confirmed);
+            self.writing = Some(tokio::spawn(async move {
+                if let Err(error) = write.await {
+                    warn_unkept(&error);
+                }
+            }));
+            return;
+        };
+        let (take, store, tidy) = {
+            let cycle = derived.cycle.lock().expect("cycle");
+            let store = cycle.candidate.clone().filter(|c| confirmed >= c.lsn);
+            let take = (cycle.candidate.is_none() || store.is_some())
+                && finished != cycle.finished_at_candidate;
+            let tidy = !cycle.holes.0.is_empty() && cycle.tidied.elapsed() >= TIDY_EVERY;
+            (take, store, tidy)
+        };
+        if !(take || store.is_some() || position_due || tidy) {
+            return;
+        }
+        if position_due || store.is_some() {
+            self.written = confirmed;
+            self.finished_then = finished;
+        }
+        let round = Round {
+            client: Arc::clone(&self.client),
+            table: self.table.clone(),
+            slot: self.slot.clone(),
+            system: self.system.clone(),
+            outbox: derived.outbox.clone(),
+            cycle: Arc::clone(&derived.cycle),
+            position: self.write(confirmed),
+        };
+        self.writing = Some(tokio::spawn(async move {
+            round
+                .run(confirmed, finished, take, store, position_due, tidy)
+                .await;
         }));
     }
 
-    /// Write `confirmed` and wait for it (a graceful stop), within `limit`.
+    /// Write `confirmed` (with the pair, when it qualifies) and wait for it
+    /// (a graceful stop), within `limit`.
     pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration) {
         if let Some(writing) = self.writing.take() {
             let _ = tokio::time::timeout(limit, writing).await;
         }
-        if confirmed <= self.written {
+        let store = self.derived.as_ref().and_then(|d| {
+            d.cycle
+                .lock()
+                .expect("cycle")
+                .candidate
+                .clone()
+                .filter(|c| confirmed >= c.lsn)
+        });
+        if confirmed <= self.written && store.is_none() {
             return;
         }
-        match tokio::time::timeout(limit, self.write(confirmed)).await {
+        let done = match (store, &self.derived) {
+            (Some(candidate), Some(derived)) => {
+                let round = Round {
+                    client: Arc::clone(&self.client),
+                    table: self.table.clone(),
+                    slot: self.slot.clone(),
+                    system: self.system.clone(),
+                    outbox: derived.outbox.clone(),
+                    cycle: Arc::clone(&derived.cycle),
+                    position: self.write(confirmed),
+                };
+                tokio::time::timeout(limit, async move {
+                    round.store_or_write(confirmed, candidate, true).await
+                })
+                .await
+            }
+            _ => tokio::time::timeout(limit, self.write(confirmed)).await,
+        };
+        match done {
             Ok(Ok(())) => {
                 tracing::debug!(lsn = %format_lsn(confirmed), "final position kept");
             }
@@ -304,6 +776,229 @@ impl Keeper {
                 .map(drop)
         }
     }
+}
+
+fn warn_unkept(error: &tokio_postgres::Error) {
+    tracing::warn!(error = %crate::report::Chain(error), "cannot keep the confirmed position; a PostgreSQL restart may send published events again");
+}
+
+/// `outbox_relay_derived_lag_seconds`: how old the vouched pair is (−1: none).
+fn lag_gauge(vouched_at: Option<f64>) {
+    let lag = vouched_at.map_or(-1.0, |at| {
+        (crate::time::unix_ms() as f64 / 1000.0 - at).max(0.0)
+    });
+    crate::metrics::get().derived_lag.set(lag);
+}
+
+/// One background round of a derived keeper ([`Keeper::offer`]).
+struct Round<F> {
+    client: Arc<tokio_postgres::Client>,
+    table: String,
+    slot: String,
+    system: System,
+    outbox: String,
+    cycle: Arc<Mutex<Cycle>>,
+    /// Writes the confirmed position alone.
+    position: F,
+}
+
+impl<F> Round<F>
+where
+    F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send,
+{
+    async fn run(
+        self,
+        confirmed: u64,
+        finished: u64,
+        take: bool,
+        store: Option<Candidate>,
+        position_due: bool,
+        tidy: bool,
+    ) {
+        let client = Arc::clone(&self.client);
+        let outbox = self.outbox.clone();
+        let table = self.table.clone();
+        let slot = self.slot.clone();
+        let cycle = Arc::clone(&self.cycle);
+        let kept = match store {
+            Some(candidate) => {
+                self.store_or_write(confirmed, candidate, position_due)
+                    .await
+            }
+            None if position_due => self.position.await,
+            None => Ok(()),
+        };
+        if let Err(error) = kept {
+            warn_unkept(&error);
+            return;
+        }
+        if take {
+            match take_candidate(&client).await {
+                Ok(candidate) => {
+                    let mut cycle = cycle.lock().expect("cycle");
+                    if cycle.candidate.is_none() {
+                        cycle.candidate = Some(candidate);
+                        cycle.finished_at_candidate = finished;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::report::Chain(&error), "cannot take a snapshot to vouch for");
+                }
+            }
+        }
+        if tidy {
+            if let Err(error) = close_holes(&client, &table, &slot, &outbox, &cycle).await {
+                tracing::warn!(error = %crate::report::Chain(&error), "cannot close the derived lifecycle's holes; trying again later");
+            }
+        }
+    }
+
+    /// Store `candidate` with `confirmed` when the server has flushed its W
+    /// (then the candidate is gone); otherwise write the position alone when
+    /// `position_due`.
+    async fn store_or_write(
+        self,
+        confirmed: u64,
+        candidate: Candidate,
+        position_due: bool,
+    ) -> Result<(), tokio_postgres::Error> {
+        let w = format_lsn(candidate.lsn);
+        let flushed: bool = self
+            .client
+            .query_one(
+                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
+                &[&w],
+            )
+            .await?
+            .get(0);
+        if !flushed {
+            return if position_due {
+                self.position.await
+            } else {
+                Ok(())
+            };
+        }
+        store_pair(
+            &self.client,
+            &self.table,
+            &self.slot,
+            &self.system,
+            confirmed,
+            &candidate,
+        )
+        .await?;
+        let mut cycle = self.cycle.lock().expect("cycle");
+        cycle.vouched = Some(candidate.snapshot);
+        cycle.vouched_at = Some(crate::time::unix_ms() as f64 / 1000.0);
+        cycle.candidate = None;
+        lag_gauge(cycle.vouched_at);
+        Ok(())
+    }
+}
+
+/// A candidate pair: S = the statement's own snapshot (taken before it
+/// runs), then W = the WAL's insert position, read while it runs. Every
+/// transaction visible in S has its commit record before W.
+async fn take_candidate(
+    client: &tokio_postgres::Client,
+) -> Result<Candidate, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text",
+            &[],
+        )
+        .await?;
+    let snapshot = Snapshot::parse(row.get(0)).expect("pg_current_snapshot() prints a snapshot");
+    let lsn = parse_lsn(row.get(1)).expect("pg_current_wal_insert_lsn() prints an LSN");
+    Ok(Candidate { snapshot, lsn })
+}
+
+/// Store the pair with the confirmed position, in one transaction with a
+/// synchronous commit.
+async fn store_pair(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    system: &System,
+    confirmed: u64,
+    pair: &Candidate,
+) -> Result<(), tokio_postgres::Error> {
+    // One simple query (literals, all of them the relay's own): no
+    // statement of another task on this connection can fall inside it.
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = on; \
+             INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, \
+                 updated_at, snapshot, snapshot_lsn, snapshot_at) \
+             SELECT {slot}, {system}, {timeline}, oid, {confirmed}::pg_lsn, now(), {s}::pg_snapshot, \
+                 {w}::pg_lsn, now() \
+             FROM pg_database WHERE datname = current_database() \
+             ON CONFLICT (slot_name) DO UPDATE SET system_identifier = excluded.system_identifier, \
+                 timeline = excluded.timeline, database_oid = excluded.database_oid, \
+                 confirmed_lsn = excluded.confirmed_lsn, updated_at = excluded.updated_at, \
+                 snapshot = excluded.snapshot, snapshot_lsn = excluded.snapshot_lsn, \
+                 snapshot_at = excluded.snapshot_at; \
+             COMMIT",
+            slot = quote_literal(slot),
+            system = quote_literal(&system.id),
+            timeline = system.timeline,
+            confirmed = quote_literal(&format_lsn(confirmed)),
+            s = quote_literal(&pair.snapshot.to_string()),
+            w = quote_literal(&format_lsn(pair.lsn)),
+        ))
+        .await
+}
+
+/// Close every hole with no `PENDING` row left in it (one index range on
+/// `<table>_txid_idx` a hole, stopping at its first row), merge beyond
+/// [`MAX_HOLES`], and write the holes when they changed.
+async fn close_holes(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    outbox: &str,
+    cycle: &Mutex<Cycle>,
+) -> Result<(), tokio_postgres::Error> {
+    let holes = {
+        let mut cycle = cycle.lock().expect("cycle");
+        cycle.tidied = Instant::now();
+        Arc::clone(&cycle.holes)
+    };
+    let x = derived::COLUMN;
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {outbox} o WHERE o.publish_state = 'PENDING' \
+             AND o.{x} >= pg_snapshot_xmin($1::text::pg_snapshot) AND o.{x} < pg_snapshot_xmax($2::text::pg_snapshot) \
+             AND pg_visible_in_snapshot(o.{x}, $2::text::pg_snapshot) \
+             AND NOT pg_visible_in_snapshot(o.{x}, $1::text::pg_snapshot))"
+    );
+    let mut open = Holes::default();
+    for hole in &holes.0 {
+        let (from, to) = (hole.from.to_string(), hole.to.to_string());
+        let pending: bool = client.query_one(&sql, &[&from, &to]).await?.get(0);
+        if pending {
+            open.0.push(hole.clone());
+        } else {
+            tracing::info!(slot = %slot, from = %from, to = %to, "derived lifecycle: a hole closed (no PENDING row left in it)");
+        }
+    }
+    merge(&mut open);
+    if open == *holes {
+        return Ok(());
+    }
+    let from = snapshot_array(open.0.iter().map(|h| h.from.to_string()));
+    let to = snapshot_array(open.0.iter().map(|h| h.to.to_string()));
+    client
+        .execute(
+            &format!("UPDATE {table} SET hole_from = {from}, hole_to = {to} WHERE slot_name = $1"),
+            &[&slot],
+        )
+        .await?;
+    let open = Arc::new(open);
+    crate::metrics::get().derived_holes.set(open.0.len() as i64);
+    let mut cycle = cycle.lock().expect("cycle");
+    cycle.published.send_replace(Some(Arc::clone(&open)));
+    cycle.holes = open;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -370,5 +1065,26 @@ mod tests {
             assert_eq!((c.lsn, c.kept, c.doubt), (0x3000, false, true), "{words}");
             assert!(c.why.as_deref().unwrap().contains(words), "{:?}", c.why);
         }
+    }
+
+    #[test]
+    fn beyond_the_most_holes_the_two_oldest_merge_into_one_span() {
+        let snap = |x: u64| Snapshot::parse(&format!("{x}:{x}:")).unwrap();
+        let mut holes = Holes(
+            (0..MAX_HOLES as u64 + 2)
+                .map(|k| Hole {
+                    from: snap(100 * k + 1),
+                    to: snap(100 * k + 50),
+                })
+                .collect(),
+        );
+        assert_eq!(merge(&mut holes), 2);
+        assert_eq!(holes.0.len(), MAX_HOLES);
+        // The first now spans the first three; a row between them is in it.
+        assert_eq!(holes.0[0].from, snap(1));
+        assert_eq!(holes.0[0].to, snap(250));
+        assert!(holes.needs_mark(Some(120)) && holes.needs_mark(Some(220)));
+        assert_eq!(holes.0[1].from, snap(301));
+        assert_eq!(merge(&mut holes), 0);
     }
 }

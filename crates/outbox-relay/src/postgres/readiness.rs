@@ -21,6 +21,7 @@
 use crate::config::{Config, OnPublished, TableName};
 use crate::event::{MappingError, RowMapping};
 use crate::postgres::lsn::{format_lsn, parse_lsn};
+use crate::postgres::outbox::derived;
 use crate::postgres::outbox::record::RecordError;
 use crate::postgres::outbox::table::{dead_letter_table, Table, MANAGED};
 use crate::postgres::platform::Platform;
@@ -141,8 +142,42 @@ pub(crate) enum Problem {
         /// The configured column.
         column: String,
     },
-    /// Mark mode without the relay-managed columns.
-    ManagedColumnsMissing,
+    /// Mark (or derive) mode without the relay-managed columns.
+    ManagedColumnsMissing {
+        /// `lifecycle.on_published`.
+        mode: OnPublished,
+    },
+    /// `lifecycle.on_published = "derive"`, but the table or the position
+    /// table lacks what it needs: the relay runs as `mark`.
+    DerivedRunsAsMark {
+        /// What is missing, one phrase each.
+        missing: Vec<String>,
+    },
+    /// The derived lifecycle's column has no default, or another one than
+    /// `pg_current_xact_id()`.
+    TxidDefault {
+        /// The default, when there is one.
+        default: Option<String>,
+    },
+    /// The derived lifecycle's indexes (`<table>_txid_idx`,
+    /// `<table>_explicit_idx`) are missing or invalid.
+    DerivedIndexMissing {
+        /// Their names.
+        indexes: Vec<String>,
+    },
+    /// Roles other than the relay's and the owner may set the derived
+    /// lifecycle's column (a table-level INSERT or UPDATE, or a column grant
+    /// on it).
+    TxidForgeable {
+        /// The roles (`PUBLIC` for everyone).
+        roles: Vec<String>,
+    },
+    /// Other publications send the derived lifecycle's column (PostgreSQL
+    /// 15+, where column lists can leave it out).
+    TxidPublished {
+        /// The publications.
+        publications: Vec<String>,
+    },
     /// Neither the relay-managed columns nor a dead-letter table: a rejected
     /// event would have nowhere to be recorded.
     NowhereToRecord {
@@ -208,6 +243,11 @@ impl Problem {
             Problem::OptionalColumnMissing { .. }
             | Problem::NoDeadLetterTable { .. }
             | Problem::NoPositionTable { .. }
+            | Problem::DerivedRunsAsMark { .. }
+            | Problem::TxidDefault { .. }
+            | Problem::DerivedIndexMissing { .. }
+            | Problem::TxidForgeable { .. }
+            | Problem::TxidPublished { .. }
             | Problem::Failover(_) => Effect::Warns,
             Problem::ColumnList { required, .. } => {
                 if *required {
@@ -223,7 +263,7 @@ impl Problem {
             | Problem::NoConfirmedPosition
             | Problem::TableMissing
             | Problem::Mapping(_)
-            | Problem::ManagedColumnsMissing
+            | Problem::ManagedColumnsMissing { .. }
             | Problem::NowhereToRecord { .. }
             | Problem::PublicationMissing
             | Problem::NotViaRoot
@@ -247,11 +287,16 @@ impl Problem {
             Problem::TableMissing
             | Problem::Mapping(_)
             | Problem::OptionalColumnMissing { .. }
-            | Problem::ManagedColumnsMissing
+            | Problem::ManagedColumnsMissing { .. }
             | Problem::NowhereToRecord { .. }
             | Problem::NoDeadLetterTable { .. }
-            | Problem::NoPositionTable { .. } => Area::Table,
+            | Problem::NoPositionTable { .. }
+            | Problem::DerivedRunsAsMark { .. }
+            | Problem::TxidDefault { .. }
+            | Problem::DerivedIndexMissing { .. }
+            | Problem::TxidForgeable { .. } => Area::Table,
             Problem::PublicationMissing
+            | Problem::TxidPublished { .. }
             | Problem::NotViaRoot
             | Problem::TableNotPublished
             | Problem::NoInserts
@@ -300,9 +345,49 @@ impl Problem {
             Problem::OptionalColumnMissing { key, column } => {
                 format!("table {table} has no column {column:?} (columns.{key})")
             }
-            Problem::ManagedColumnsMissing => format!(
-                "lifecycle.on_published = \"mark\" needs the relay-managed columns ({}) in table {table}",
+            Problem::ManagedColumnsMissing { mode } => format!(
+                "lifecycle.on_published = \"{}\" needs the relay-managed columns ({}) in table {table}",
+                mode_name(*mode),
                 MANAGED.join(", ")
+            ),
+            Problem::DerivedRunsAsMark { missing } => format!(
+                "lifecycle.on_published = \"derive\" runs as \"mark\" (one UPDATE per published row): {}",
+                missing.join("; ")
+            ),
+            Problem::TxidDefault { default: None } => format!(
+                "column {col} of table {table} has no default: new rows carry no transaction id, so \
+                 none is derived published; the poller publishes them after its grace and each is \
+                 updated, as under \"mark\"",
+                col = derived::COLUMN
+            ),
+            Problem::TxidDefault {
+                default: Some(default),
+            } => format!(
+                "column {col} of table {table} has the default {default}, not pg_current_xact_id(): \
+                 a row whose id is not its transaction's could read as published without having been",
+                col = derived::COLUMN
+            ),
+            Problem::DerivedIndexMissing { indexes } => format!(
+                "table {table} has no valid index {}: the poller, retention and status scan the \
+                 whole table for the rows they look for",
+                indexes.join(", ")
+            ),
+            Problem::TxidForgeable { roles } => format!(
+                "{} {} may set {col} in table {table} (a table-level INSERT or UPDATE, which a \
+                 column REVOKE does not narrow, or a grant on the column): a row with a forged id \
+                 could read as published without having been sent",
+                if roles.len() == 1 { "role" } else { "roles" },
+                roles.join(", "),
+                col = derived::COLUMN
+            ),
+            Problem::TxidPublished { publications } => format!(
+                "{} {} {} table {table} with its column {col}: a subscriber receives this \
+                 server's transaction ids, which mean nothing there (its copy would read as \
+                 published or not by another server's transactions)",
+                if publications.len() == 1 { "publication" } else { "publications" },
+                publications.join(", "),
+                if publications.len() == 1 { "publishes" } else { "publish" },
+                col = derived::COLUMN
             ),
             // The recorder's own words.
             Problem::NowhereToRecord { dead_letter } => RecordError::Nowhere {
@@ -423,11 +508,35 @@ impl Problem {
             Problem::OptionalColumnMissing { key, .. } => {
                 format!("set columns.{key} = \"\" if that is intended")
             }
-            Problem::ManagedColumnsMissing => {
+            Problem::ManagedColumnsMissing { .. } => {
                 "add them (see sql/001_outbox_table.sql), or set lifecycle.on_published = \"none\" \
                  (application-managed table) or \"delete\""
                     .into()
             }
+            Problem::DerivedRunsAsMark { .. } => {
+                "add what is missing online with `outbox-relay setup --config FILE --apply` \
+                 (docs/operations.md, migration), or set lifecycle.on_published = \"mark\""
+                    .into()
+            }
+            Problem::TxidDefault { .. } => format!(
+                "ALTER TABLE {table} ALTER COLUMN {col} SET DEFAULT pg_current_xact_id(), or run \
+                 `outbox-relay setup --config FILE --apply`",
+                col = derived::COLUMN
+            ),
+            Problem::DerivedIndexMissing { .. } => {
+                "build them online with `outbox-relay setup --config FILE --apply` (CREATE INDEX \
+                 CONCURRENTLY, sql/008_derived_indexes.sql)"
+                    .into()
+            }
+            Problem::TxidForgeable { .. } => {
+                "grant the application its own columns instead: `outbox-relay setup --config FILE \
+                 --apply --producer-role ROLE` (sql/010_producer.sql, docs/producers.md)"
+                    .into()
+            }
+            Problem::TxidPublished { .. } => format!(
+                "give each a column list without it: ALTER PUBLICATION name SET TABLE {table} \
+                 (column, ...) (docs/producers.md)"
+            ),
             Problem::PublicationMissing => format!(
                 "run `outbox-relay setup --config FILE --apply` or CREATE PUBLICATION {publication} \
                  FOR TABLE {table} WITH (publish = 'insert', publish_via_partition_root = true)"
@@ -454,6 +563,52 @@ impl Problem {
             None => self.message(at),
         }
     }
+}
+
+/// `lifecycle.on_published`'s value for `mode`.
+fn mode_name(mode: OnPublished) -> &'static str {
+    match mode {
+        OnPublished::Derive => "derive",
+        OnPublished::Mark => "mark",
+        OnPublished::Delete => "delete",
+        OnPublished::None => "none",
+    }
+}
+
+/// The lifecycle `run` keeps rows by, for `check`'s line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    /// As configured (for `derive`: the table and the position table have
+    /// what it needs).
+    AsConfigured(OnPublished),
+    /// `derive` is configured but runs as `mark`
+    /// ([`Problem::DerivedRunsAsMark`] says why).
+    DeriveAsMark,
+}
+
+/// `check`'s ok line for the lifecycle in force, `None` when `derive` runs
+/// as `mark` (a warning says so).
+pub(crate) fn lifecycle_summary(names: &Names, lifecycle: Lifecycle) -> Option<String> {
+    let Names { table, .. } = names;
+    let position = crate::postgres::position::table_name(&table.name);
+    Some(match lifecycle {
+        Lifecycle::DeriveAsMark => return None,
+        Lifecycle::AsConfigured(OnPublished::Derive) => format!(
+            "lifecycle derive: table {table} has {col} DEFAULT pg_current_xact_id() and its \
+             indexes, and {position:?} is writable: a row is published once its transaction is \
+             in a snapshot the relay vouched for, without being written again",
+            col = derived::COLUMN
+        ),
+        Lifecycle::AsConfigured(OnPublished::Mark) => {
+            "lifecycle mark (lifecycle.on_published): each published row is updated".to_owned()
+        }
+        Lifecycle::AsConfigured(OnPublished::Delete) => {
+            "lifecycle delete (lifecycle.on_published): each published row is deleted".to_owned()
+        }
+        Lifecycle::AsConfigured(OnPublished::None) => {
+            "lifecycle none (lifecycle.on_published): the table is left alone".to_owned()
+        }
+    })
 }
 
 /// Why a slot was invalidated, from `invalidation_reason`.
@@ -512,6 +667,8 @@ pub(crate) struct Readiness {
     pub slot: Option<SlotView>,
     /// The table, when it exists.
     pub table: Option<Table>,
+    /// The lifecycle in force, when the table exists.
+    pub lifecycle: Option<Lifecycle>,
     /// `lifecycle.recreate_slot`.
     recreate_slot: bool,
     /// Every problem, in the order `run` meets them: server, slot, table,
@@ -649,12 +806,16 @@ pub(crate) async fn inspect(
     let published = inspect_publication(client, &names, table.as_ref(), &mut publication).await?;
     // The table's problems before the publication's: a table that does not
     // fit is the first thing to fix.
-    match &table {
-        None => problems.push(Problem::TableMissing),
+    let lifecycle = match &table {
+        None => {
+            problems.push(Problem::TableMissing);
+            None
+        }
         Some(table) => {
             inspect_table(client, config, table, published.as_deref(), &mut problems).await?;
+            Some(inspect_lifecycle(client, config, table, server_version_num, &mut problems).await?)
         }
-    }
+    };
     problems.extend(publication);
     Ok(Readiness {
         names,
@@ -662,6 +823,7 @@ pub(crate) async fn inspect(
         server_version_num,
         slot,
         table,
+        lifecycle,
         recreate_slot: config.lifecycle.recreate_slot,
         problems,
     })
@@ -815,8 +977,9 @@ async fn inspect_table(
             }
         }
     }
-    if config.lifecycle.on_published == OnPublished::Mark && !table.managed {
-        problems.push(Problem::ManagedColumnsMissing);
+    let mode = config.lifecycle.on_published;
+    if mode.tracks_rows() && !table.managed {
+        problems.push(Problem::ManagedColumnsMissing { mode });
     }
     let table_name = config.table();
     let dead_letter = dead_letter_table(&table_name.name);
@@ -845,6 +1008,125 @@ async fn inspect_table(
         });
     }
     Ok(())
+}
+
+/// The lifecycle in force: for `derive`, whether the table and the position
+/// table have what it needs (the column, as `Table::derived` reads it, and a
+/// position table the relay may write with the derived columns), else it
+/// runs as `mark`; then what would weaken it (the column's default, its
+/// indexes, who may set it, who else publishes it).
+async fn inspect_lifecycle(
+    client: &tokio_postgres::Client,
+    config: &Config,
+    table: &Table,
+    server_version_num: i32,
+    problems: &mut Vec<Problem>,
+) -> Result<Lifecycle, tokio_postgres::Error> {
+    let mode = config.lifecycle.on_published;
+    // Without the managed columns the relay does not start (ManagedColumnsMissing).
+    if mode != OnPublished::Derive || !table.managed {
+        return Ok(Lifecycle::AsConfigured(mode));
+    }
+    let name = config.table();
+    let column = derived::COLUMN;
+    let mut missing = Vec::new();
+    if !table.derived {
+        let other: Option<String> = client
+            .query_opt(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute                  WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped",
+                &[&table.oid, &column],
+            )
+            .await?
+            .map(|r| r.get(0));
+        missing.push(match other {
+            Some(other) => format!("column {column} of table {name} is {other}, not xid8"),
+            None => format!("table {name} has no column {column}"),
+        });
+    }
+    let position_name = crate::postgres::position::table_name(&name.name);
+    let position = qualified(&name.schema, &position_name);
+    if !crate::postgres::position::writable(client, &position).await? {
+        missing.push(format!(
+            "there is no {} table the relay may write",
+            quote_literal(&position_name)
+        ));
+    } else {
+        let wanted: Vec<&str> = derived::POSITION_COLUMNS.iter().map(|(c, _)| *c).collect();
+        let lacking: Vec<String> = client
+            .query_one(
+                "SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS w(c, n)                  WHERE NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)                                    AND attname = c AND NOT attisdropped)",
+                &[&position, &wanted],
+            )
+            .await?
+            .get(0);
+        if !lacking.is_empty() {
+            missing.push(format!(
+                "table {} has no column {}",
+                quote_literal(&position_name),
+                lacking.join(", ")
+            ));
+        }
+    }
+    if !missing.is_empty() {
+        problems.push(Problem::DerivedRunsAsMark { missing });
+        return Ok(Lifecycle::DeriveAsMark);
+    }
+    let default: Option<String> = client
+        .query_one(
+            "SELECT pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a              LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum              WHERE a.attrelid = $1 AND a.attname = $2",
+            &[&table.oid, &column],
+        )
+        .await?
+        .get(0);
+    if default.as_deref() != Some("pg_current_xact_id()") {
+        problems.push(Problem::TxidDefault { default });
+    }
+    let wanted = [
+        format!("{}_txid_idx", name.name),
+        format!("{}_explicit_idx", name.name),
+    ];
+    let indexes: Vec<String> = client
+        .query_one(
+            "SELECT coalesce(array_agg(i ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS w(i, n)              WHERE NOT coalesce((SELECT indisvalid FROM pg_index                                   WHERE indexrelid = to_regclass(format('%I.%I', $1::text, i))), false)",
+            &[&name.schema, &wanted.as_slice()],
+        )
+        .await?
+        .get(0);
+    if !indexes.is_empty() {
+        problems.push(Problem::DerivedIndexMissing { indexes });
+    }
+    // Who may write the column, besides the owner (bound by no privilege:
+    // docs/producers.md) and relays: the role checking, and roles that may
+    // stream (REPLICATION, or rds_replication: what 004_role*.sql makes),
+    // which hold UPDATE to mark rows.
+    let roles: Vec<String> = client
+        .query_one(
+            "SELECT coalesce(array_agg(DISTINCT CASE WHEN g.grantee = 0 THEN 'PUBLIC'                                                ELSE g.grantee::regrole::text END), '{}')              FROM pg_class c              CROSS JOIN LATERAL (SELECT (aclexplode(c.relacl)).*                                  UNION ALL                                  SELECT (aclexplode(a.attacl)).* FROM pg_attribute a                                   WHERE a.attrelid = c.oid AND a.attname = $2) g              WHERE c.oid = $1 AND g.privilege_type IN ('INSERT', 'UPDATE')                AND g.grantee <> c.relowner                AND g.grantee IS DISTINCT FROM (SELECT oid FROM pg_roles WHERE rolname = current_user) \
+               AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee AND (r.rolreplication \
+                               OR (to_regrole('rds_replication') IS NOT NULL \
+                                   AND pg_has_role(r.oid, 'rds_replication', 'MEMBER'))))",
+            &[&table.oid, &column],
+        )
+        .await?
+        .get(0);
+    if !roles.is_empty() {
+        problems.push(Problem::TxidForgeable { roles });
+    }
+    // Column lists came with PostgreSQL 15; before, every publication of
+    // the table sends every column and there is nothing to fix.
+    if server_version_num >= 150_000 {
+        let publications: Vec<String> = client
+            .query_one(
+                "SELECT coalesce(array_agg(DISTINCT t.pubname::text), '{}') FROM pg_publication_tables t                  WHERE t.schemaname = $1 AND t.tablename = $2 AND t.pubname <> $3                    AND $4 = ANY(ARRAY(SELECT jsonb_array_elements_text(to_jsonb(t) -> 'attnames')))",
+                &[&name.schema, &name.name, &config.postgres.publication, &column],
+            )
+            .await?
+            .get(0);
+        if !publications.is_empty() {
+            problems.push(Problem::TxidPublished { publications });
+        }
+    }
+    Ok(Lifecycle::AsConfigured(OnPublished::Derive))
 }
 
 /// `check`'s ok line for the slot.
@@ -981,7 +1263,68 @@ mod tests {
                 Warning,
                 Warning,
             ),
-            (Problem::ManagedColumnsMissing, Stops, Error, Error),
+            (
+                Problem::ManagedColumnsMissing {
+                    mode: OnPublished::Mark,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::ManagedColumnsMissing {
+                    mode: OnPublished::Derive,
+                },
+                Stops,
+                Error,
+                Error,
+            ),
+            (
+                Problem::DerivedRunsAsMark {
+                    missing: vec!["table public.outbox has no column relay_txid".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidDefault { default: None },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidDefault {
+                    default: Some("'5'::xid8".into()),
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::DerivedIndexMissing {
+                    indexes: vec!["outbox_txid_idx".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidForgeable {
+                    roles: vec!["app".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidPublished {
+                    publications: vec!["other".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
             (
                 Problem::NowhereToRecord {
                     dead_letter: "'outbox_dead_letter'".into(),
@@ -1153,6 +1496,7 @@ mod tests {
                 two_phase: false,
             }),
             table: Some(table()),
+            lifecycle: Some(Lifecycle::AsConfigured(OnPublished::Derive)),
             recreate_slot,
             problems,
         }

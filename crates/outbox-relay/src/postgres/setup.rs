@@ -1,19 +1,29 @@
 //! `outbox-relay setup`: the SQL the project ships, rendered for the configured names.
 //!
 //! The files in `sql/` are compiled in. In them `{{name}}` stands for a quoted
-//! identifier and `{{'name'}}` for a string literal; [`render`] fills both from
-//! the configuration, so what is printed is exactly what `--apply` runs. Each
+//! identifier, `{{'name'}}` for a string literal and `{{=name}}` for SQL the
+//! relay builds (the derived state's expression, [`derived`], so the view and
+//! the relay read rows by one rule); [`render`] fills them from the
+//! configuration, so what is printed is exactly what `--apply` runs. Each
 //! file is applied in its own transaction, in order, and each is idempotent
-//! (`IF NOT EXISTS`), so `--apply` can be run again safely.
+//! (`IF NOT EXISTS`, or a test of the catalog first), so `--apply` can be run
+//! again safely.
+//!
+//! A file that ends in `\gexec` ([`GEXEC`]) is a query returning statements
+//! that may not run in a transaction (`CREATE INDEX CONCURRENTLY`): [`apply`]
+//! runs each returned statement on its own, as psql's `\gexec` does. That is
+//! how a table from before the derived lifecycle is migrated online
+//! (`007_derived_column.sql`, `008_derived_indexes.sql`; docs/operations.md).
 //!
 //! On a managed service the admin role is no superuser, and the role file
 //! differs ([`render_for`], [`crate::postgres::platform`]); the other files are the same
 //! everywhere.
 
 use crate::config::Config;
+use crate::postgres::outbox::derived;
 use crate::postgres::outbox::table::dead_letter_table;
 use crate::postgres::platform::Platform;
-use crate::postgres::sql::{quote_ident, quote_literal};
+use crate::postgres::sql::{qualified, quote_ident, quote_literal};
 
 /// The shipped files, in order.
 pub const FILES: &[(&str, &str)] = &[
@@ -35,7 +45,35 @@ pub const FILES: &[(&str, &str)] = &[
         "006_position.sql",
         include_str!("../../../../sql/006_position.sql"),
     ),
+    (
+        "007_derived_column.sql",
+        include_str!("../../../../sql/007_derived_column.sql"),
+    ),
+    (
+        "008_derived_indexes.sql",
+        include_str!("../../../../sql/008_derived_indexes.sql"),
+    ),
+    (
+        "009_state_view.sql",
+        include_str!("../../../../sql/009_state_view.sql"),
+    ),
 ];
+
+/// The application role's privileges (`setup --producer-role NAME`), after
+/// the others.
+pub const PRODUCER: (&str, &str) = (
+    "010_producer.sql",
+    include_str!("../../../../sql/010_producer.sql"),
+);
+
+/// How a file that returns the statements to run ends (psql's meta-command
+/// that runs them).
+pub const GEXEC: &str = "\\gexec";
+
+/// How long a migration statement waits for a lock that would queue writes
+/// behind it (`lock_timeout`): its lock is held a moment, but the wait for it
+/// behind a long transaction would hold every insert.
+pub const MIGRATION_LOCK_TIMEOUT: &str = "2s";
 
 /// The table file for a partitioned outbox (`setup --partitioned`).
 pub const PARTITIONED_TABLE: (&str, &str) = (
@@ -60,13 +98,34 @@ pub struct UnknownPlaceholder {
     name: String,
 }
 
-/// The values of the placeholders.
+/// The name of the view of rows with their state, for outbox table `table`.
+pub fn state_view(table: &str) -> String {
+    format!("{table}_state")
+}
+
+/// The values of the placeholders (`{{=name}}`: SQL, inserted as it is).
 pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
     let table = config.table();
     let dead_letter = dead_letter_table(&table.name);
+    let position = crate::postgres::position::table_name(&table.name);
+    let view = state_view(&table.name);
     let mut names = vec![
         ("schema".to_owned(), table.schema.clone()),
         ("table".to_owned(), table.name.clone()),
+        (
+            "table_regclass".to_owned(),
+            qualified(&table.schema, &table.name),
+        ),
+        (
+            "table_txid_index".to_owned(),
+            format!("{}_txid_idx", table.name),
+        ),
+        (
+            "table_explicit_index".to_owned(),
+            format!("{}_explicit_idx", table.name),
+        ),
+        // The poller's index before the derived lifecycle: dropped once
+        // table_explicit_index replaces it.
         (
             "table_due_index".to_owned(),
             format!("{}_due_idx", table.name),
@@ -91,13 +150,29 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
         ),
         ("dead_letter".to_owned(), dead_letter.clone()),
         (
-            "position".to_owned(),
-            crate::postgres::position::table_name(&table.name),
+            "position_regclass".to_owned(),
+            qualified(&table.schema, &position),
         ),
+        (
+            "=position_join".to_owned(),
+            derived::join(
+                &qualified(&table.schema, &position),
+                &quote_literal(&config.postgres.slot),
+                "p",
+            ),
+        ),
+        ("position".to_owned(), position),
         (
             "dead_letter_index".to_owned(),
             format!("{dead_letter}_failed_idx"),
         ),
+        (
+            "state_view_regclass".to_owned(),
+            qualified(&table.schema, &view),
+        ),
+        ("state_view".to_owned(), view),
+        ("=state".to_owned(), derived::state("o", "p")),
+        ("lock_timeout".to_owned(), MIGRATION_LOCK_TIMEOUT.to_owned()),
     ];
     let c = &config.columns;
     for (key, column) in c.required().into_iter().chain(c.optional()) {
@@ -116,19 +191,25 @@ pub fn render(
     role: &str,
     partitioned: bool,
 ) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
-    render_for(config, role, partitioned, Platform::SelfManaged)
+    render_for(config, role, partitioned, Platform::SelfManaged, None)
 }
 
-/// [`render`], with the role file that `platform`'s admin role can run.
+/// [`render`], with the role file that `platform`'s admin role can run, and
+/// with `producer`, the application role's column privileges ([`PRODUCER`]).
 pub fn render_for(
     config: &Config,
     role: &str,
     partitioned: bool,
     platform: Platform,
+    producer: Option<&str>,
 ) -> Result<Vec<(&'static str, String)>, UnknownPlaceholder> {
-    let names = names(config, role);
+    let mut names = names(config, role);
+    if let Some(producer) = producer {
+        names.push(("producer".to_owned(), producer.to_owned()));
+    }
     FILES
         .iter()
+        .chain(producer.map(|_| &PRODUCER))
         .map(|&(file, text)| {
             let (file, text) = if partitioned && file.starts_with("001") {
                 PARTITIONED_TABLE
@@ -160,9 +241,15 @@ fn render_one(
             break;
         };
         let inner = &after[..end];
-        let (name, literal) = match inner.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
-            Some(name) => (name, true),
-            None => (inner, false),
+        enum Form {
+            Ident,
+            Literal,
+            Sql,
+        }
+        let (name, form) = match inner.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')) {
+            Some(name) => (name, Form::Literal),
+            None if inner.starts_with('=') => (inner, Form::Sql),
+            None => (inner, Form::Ident),
         };
         let value = names
             .iter()
@@ -172,10 +259,10 @@ fn render_one(
                 file,
                 name: name.to_owned(),
             })?;
-        out.push_str(&if literal {
-            quote_literal(value)
-        } else {
-            quote_ident(value)
+        out.push_str(&match form {
+            Form::Literal => quote_literal(value),
+            Form::Ident => quote_ident(value),
+            Form::Sql => value.clone(),
         });
         rest = &after[end + 2..];
     }
@@ -183,20 +270,50 @@ fn render_one(
     Ok(out)
 }
 
-/// Apply the rendered files, each in its own transaction.
+/// Apply the rendered files, each in its own transaction; a file ending in
+/// [`GEXEC`] is a query whose rows are statements, each run on its own
+/// (outside a transaction, as `CREATE INDEX CONCURRENTLY` must).
 pub async fn apply(
     client: &tokio_postgres::Client,
     files: &[(&'static str, String)],
 ) -> Result<(), (&'static str, tokio_postgres::Error)> {
     for (file, sql) in files {
-        client
-            .batch_execute(&format!("BEGIN;\n{sql}\nCOMMIT;"))
-            .await
-            .map_err(|e| (*file, e))?;
+        match sql.trim_end().strip_suffix(GEXEC) {
+            Some(query) => {
+                for statement in statements(client, query).await.map_err(|e| (*file, e))? {
+                    // A failed statement stops here; the next --apply asks
+                    // the catalog again and goes on from where this stopped.
+                    client
+                        .batch_execute(&statement)
+                        .await
+                        .map_err(|e| (*file, e))?;
+                }
+            }
+            None => client
+                .batch_execute(&format!("BEGIN;\n{sql}\nCOMMIT;"))
+                .await
+                .map_err(|e| (*file, e))?,
+        }
         // A failed file leaves the session in an aborted transaction; the
         // error above returns before another file runs on it.
     }
     Ok(())
+}
+
+/// The statements a [`GEXEC`] query returns (its first column), in order.
+async fn statements(
+    client: &tokio_postgres::Client,
+    query: &str,
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .simple_query(query)
+        .await?
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -214,6 +331,11 @@ mod tests {
             "x \"Out Box\" y 'it''s' z"
         );
         assert!(render_one("t", "{{nope}}", &names).is_err());
+        let names = vec![("=expr".to_owned(), "a.b = 'x'".to_owned())];
+        assert_eq!(
+            render_one("t", "({{=expr}})", &names).unwrap(),
+            "(a.b = 'x')"
+        );
     }
 
     #[test]
@@ -233,11 +355,53 @@ mod tests {
     }
 
     #[test]
+    fn the_derived_lifecycle_is_rendered_from_the_relays_own_names_and_sql() {
+        let config = Config::default();
+        let files = render(&config, "r", false).unwrap();
+        let file = |prefix: &str| {
+            files
+                .iter()
+                .find(|(f, _)| f.starts_with(prefix))
+                .map(|(_, sql)| sql.as_str())
+                .unwrap_or_else(|| panic!("no {prefix}"))
+        };
+        // The column with its default; the view reads rows by the relay's rule.
+        assert!(file("001").contains("relay_txid      xid8        DEFAULT pg_current_xact_id()"));
+        assert!(file("009").contains(&derived::state("o", "p")));
+        assert!(file("009")
+            .contains("LEFT JOIN public.outbox_position p ON p.slot_name = 'outbox_relay'"));
+        // Every column the relay keeps its snapshots in, created and added.
+        for (column, kind) in derived::POSITION_COLUMNS {
+            let position = file("006");
+            assert!(
+                position.contains(&format!("\n    {column:<17} {kind}")),
+                "{column}"
+            );
+            assert!(
+                position.contains(&format!("ADD COLUMN IF NOT EXISTS {column:<12} {kind}")),
+                "{column}"
+            );
+        }
+        // Never the one-statement ADD COLUMN ... DEFAULT that stamps old rows.
+        let migration = file("007");
+        assert!(migration.contains("ADD COLUMN IF NOT EXISTS relay_txid xid8;"));
+        assert!(migration.contains("ALTER COLUMN relay_txid SET DEFAULT pg_current_xact_id();"));
+        assert!(file("008").trim_end().ends_with(GEXEC));
+        // The producer's file only when asked for.
+        assert!(!files.iter().any(|(f, _)| *f == PRODUCER.0));
+        let with = render_for(&config, "r", false, Platform::SelfManaged, Some("app")).unwrap();
+        let (last, producer) = with.last().unwrap();
+        assert_eq!(*last, PRODUCER.0);
+        assert!(producer.contains("REVOKE INSERT, UPDATE ON public.outbox FROM app;"));
+        assert_eq!(with[..with.len() - 1], files[..]);
+    }
+
+    #[test]
     fn each_platform_gets_a_role_file_its_admin_role_can_run_and_the_rest_alike() {
         let config = Config::default();
         let plain = render(&config, "r", false).unwrap();
         for platform in crate::postgres::platform::ALL {
-            let files = render_for(&config, "r", false, platform).unwrap();
+            let files = render_for(&config, "r", false, platform, None).unwrap();
             let names: Vec<&str> = files.iter().map(|(f, _)| *f).collect();
             let role = &files[3].1;
             let expected: &[&str] = match platform {

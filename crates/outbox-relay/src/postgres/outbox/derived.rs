@@ -191,7 +191,10 @@ pub(crate) fn state(r: &str, p: &str) -> String {
 /// SQL boolean: row `r` is still to publish (`PENDING` and not derived
 /// published).
 pub(crate) fn pending(r: &str, p: &str) -> String {
-    format!("({r}.publish_state = 'PENDING' AND NOT {})", published(r, p))
+    format!(
+        "({r}.publish_state = 'PENDING' AND NOT {})",
+        published(r, p)
+    )
 }
 
 /// SQL boolean, index-friendly (the `<table>_txid_idx` range, partial on

@@ -4,7 +4,13 @@
 //! * `mark`: `publish_state = 'PUBLISHED', published_at = now()`; filtered-out
 //!   events become `SKIPPED`;
 //! * `delete`: the rows are deleted (filtered-out ones too);
-//! * `none`: the table is left alone (application-managed, Debezium style).
+//! * `none`: the table is left alone (application-managed, Debezium style);
+//! * `derive`: as `mark`, but a row the stream published is marked only when
+//!   no snapshot may vouch for it ([`Holes::needs_mark`]: no `relay_txid`, or
+//!   an id in a hole); every other delivery writes nothing, its state is
+//!   derived ([`crate::postgres::outbox::derived`]). Filtered-out rows are
+//!   still marked `SKIPPED`, and the back-pressure below applies to the marks
+//!   that remain.
 //!
 //! ```text
 //!  publisher / stream ──Mark──► queue ──up to BATCH ids──► UPDATE … WHERE id = ANY($1)  (connection 1)
@@ -60,7 +66,10 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use tokio::sync::watch;
+
 use crate::config::OnPublished;
+use crate::postgres::outbox::derived::Holes;
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
@@ -118,14 +127,40 @@ impl Drop for Ending {
     }
 }
 
+/// The holes of the derived lifecycle as the position keeper publishes
+/// them: `None` until they are known (then every delivery is marked).
+pub(crate) type HolesWatch = watch::Receiver<Option<Arc<Holes>>>;
+
 /// Sends marks to the marking task; cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Marker {
     tx: mpsc::UnboundedSender<Mark>,
     backlog: Arc<Backlog>,
+    /// `on_published = "derive"`: deliveries are marked only when these
+    /// holes say so; `None`: every delivery is marked.
+    holes: Option<HolesWatch>,
+}
+
+/// Which deliveries of a batch are marked ([`Marker::deliveries`]).
+pub(crate) struct Deliveries(Option<Option<Arc<Holes>>>);
+
+impl Deliveries {
+    /// Whether a delivered row with transaction id `txid` is marked.
+    pub(crate) fn marks(&self, txid: Option<u64>) -> bool {
+        match &self.0 {
+            None | Some(None) => true,
+            Some(Some(holes)) => holes.needs_mark(txid),
+        }
+    }
 }
 
 impl Marker {
+    /// Which deliveries to mark, for one batch: the holes are read once a
+    /// batch (they change at a session's start and when one closes).
+    pub(crate) fn deliveries(&self) -> Deliveries {
+        Deliveries(self.holes.as_ref().map(|h| h.borrow().clone()))
+    }
+
     /// Record `mark` (a no-op once the task is gone). Never waits: the
     /// queue is bounded by the replication loop, which stops reading while
     /// [`Marker::full`].
@@ -225,7 +260,8 @@ impl Writer {
 /// `client` is the session's connection; the task opens more as it needs
 /// them. Unmarked rows are held to `max_unmarked` by the caller
 /// ([`Marker::full`]). The task ends (after writing what it has) when every
-/// [`Marker`] is dropped.
+/// [`Marker`] is dropped. `holes` (derive mode) says which deliveries are
+/// marked.
 pub(crate) fn spawn(
     client: Arc<tokio_postgres::Client>,
     conn: ConnInfo,
@@ -233,6 +269,7 @@ pub(crate) fn spawn(
     mode: OnPublished,
     backoff: Backoff,
     max_unmarked: usize,
+    holes: Option<HolesWatch>,
 ) -> Option<(Marker, tokio::task::JoinHandle<()>)> {
     let (Some(published), Some(skipped)) = (table.published_sql(mode), table.skipped_sql(mode))
     else {
@@ -252,7 +289,7 @@ pub(crate) fn spawn(
         backoff,
     });
     let task = tokio::spawn(run(rx, writer, client, Arc::clone(&backlog)));
-    Some((Marker { tx, backlog }, task))
+    Some((Marker { tx, backlog, holes }, task))
 }
 
 async fn run(
@@ -341,7 +378,14 @@ mod tests {
             room: Notify::new(),
             ended: AtomicBool::new(false),
         });
-        (Marker { tx, backlog }, rx)
+        (
+            Marker {
+                tx,
+                backlog,
+                holes: None,
+            },
+            rx,
+        )
     }
 
     #[tokio::test]
