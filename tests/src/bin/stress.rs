@@ -41,6 +41,9 @@ const GRACE_SECS: u64 = 10;
 /// alone for the burst of asynchronous commits before the immediate stop,
 /// so that no synchronous commit of a writer flushes the burst's WAL first.
 type Gate = Arc<tokio::sync::RwLock<()>>;
+/// How often rule (1) is checked during the run: each check reads every
+/// derived-published id (a scan of the view), so not much more often.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// The share of deliveries that may be repeats (as the chaos run allows).
 const MAX_REPEAT_SHARE: f64 = 0.05;
 
@@ -51,6 +54,7 @@ struct Args {
     pg_restart: bool,
     require_derived: bool,
     grace: u64,
+    receiver_delay_ms: u64,
 }
 
 fn args() -> Args {
@@ -61,6 +65,7 @@ fn args() -> Args {
         pg_restart: false,
         require_derived: false,
         grace: GRACE_SECS,
+        receiver_delay_ms: 100,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -76,8 +81,9 @@ fn args() -> Args {
             "--pg-restart" => a.pg_restart = true,
             "--require-derived" => a.require_derived = true,
             "--grace" => a.grace = num("--grace"),
+            "--receiver-delay-ms" => a.receiver_delay_ms = num("--receiver-delay-ms"),
             other => panic!(
-                "unknown argument {other:?} (--seconds N --writers N --kills N --pg-restart --require-derived --grace SECS)"
+                "unknown argument {other:?} (--seconds N --writers N --kills N --pg-restart --require-derived --grace SECS --receiver-delay-ms N)"
             ),
         }
     }
@@ -154,7 +160,12 @@ async fn main() {
     // The receiver.
     let generation = Arc::new(AtomicU32::new(0));
     let received: Shared<Received> = Arc::default();
-    let port = receiver(Arc::clone(&received), Arc::clone(&generation)).await;
+    let port = receiver(
+        Arc::clone(&received),
+        Arc::clone(&generation),
+        args.receiver_delay_ms,
+    )
+    .await;
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("relay.toml");
@@ -220,7 +231,7 @@ async fn main() {
         tokio::spawn(async move {
             let mut client: Option<Client> = None;
             while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
+                tokio::time::sleep(CHECK_EVERY).await;
                 if client.as_ref().is_none_or(|c| c.is_closed()) {
                     client = try_connect(&url).await;
                 }
@@ -623,9 +634,10 @@ async fn try_connect(url: &str) -> Option<Client> {
     Some(c)
 }
 
-/// The webhook receiver: records every event of a request before it answers
-/// 200, with the generation it came in. Returns its port.
-async fn receiver(received: Shared<Received>, generation: Arc<AtomicU32>) -> u16 {
+/// The webhook receiver: after 0 to `delay_ms` ms, records every event of a
+/// request before it answers 200, with the generation it came in. Returns its
+/// port.
+async fn receiver(received: Shared<Received>, generation: Arc<AtomicU32>, delay_ms: u64) -> u16 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -641,6 +653,10 @@ async fn receiver(received: Shared<Received>, generation: Arc<AtomicU32>) -> u16
                             (Arc::clone(&received), Arc::clone(&generation));
                         async move {
                             let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                            // Work takes time: events stay in flight (and are
+                            // unconfirmed) for a while, as at a real destination.
+                            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=delay_ms)))
+                                .await;
                             let status = match body
                                 .ok()
                                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
