@@ -361,6 +361,17 @@ async fn main() {
             "explicit publish_state (no outbox_state view): FAIL"
         }
     );
+    // moto's FIFO queue drops a repeat with the same deduplication id, so
+    // the poller publishing again what the stream delivered is counted from
+    // the relays' logs: with the derived lifecycle it takes only rows in a
+    // hole (after a crash), a share of the events bounded like the repeats.
+    let poller_published = poller_published(&relay_log);
+    let poller_share = poller_published as f64 / committed.len().max(1) as f64;
+    println!(
+        "poller published        {poller_published} ({:.1} % of the events; at most {:.0} %)",
+        poller_share * 100.0,
+        MAX_REPEAT_SHARE * 100.0
+    );
     println!("rows not PUBLISHED      {pending}");
     println!("PUBLISHED, not received {published_not_received}");
     println!("slot lag at the end     {lag} bytes");
@@ -372,7 +383,8 @@ async fn main() {
         && published_not_received == 0
         && caught_up
         && total_faults >= 20
-        && repeat_share <= MAX_REPEAT_SHARE;
+        && repeat_share <= MAX_REPEAT_SHARE
+        && poller_share <= MAX_REPEAT_SHARE;
     println!(
         "result                  {}",
         if ok { "PASS" } else { "FAIL" }
@@ -389,6 +401,24 @@ fn keep_log(path: &std::path::Path, relay: &RelayProcess) {
     use std::io::Write as _;
     let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
     writeln!(file, "==== relay\n{}", relay.stderr_text()).unwrap();
+}
+
+/// Rows the poller published, from the `poller round` lines of the relays'
+/// logs kept in `path`.
+fn poller_published(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("poller round"))
+        .filter_map(|l| {
+            let at = l.find("published=")? + "published=".len();
+            l[at..]
+                .split(|ch: char| !ch.is_ascii_digit())
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
 
 /// Until the slot confirms `pg_current_wal_lsn()` as it was when called (or `limit` passes).
