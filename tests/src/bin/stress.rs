@@ -653,6 +653,9 @@ async fn receiver(received: Shared<Received>, generation: Arc<AtomicU32>, delay_
                             (Arc::clone(&received), Arc::clone(&generation));
                         async move {
                             let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                            // The generation the request came in: a relay
+                            // killed while it was held had sent it.
+                            let g = generation.load(Ordering::SeqCst);
                             // Work takes time: events stay in flight (and are
                             // unconfirmed) for a while, as at a real destination.
                             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..=delay_ms)))
@@ -666,7 +669,6 @@ async fn receiver(received: Shared<Received>, generation: Arc<AtomicU32>, delay_
                                         serde_json::Value::Array(events) => events,
                                         one => vec![one],
                                     };
-                                    let g = generation.load(Ordering::SeqCst);
                                     let mut r = received.lock().unwrap();
                                     for e in events {
                                         if let Some(id) = e["id"].as_str() {
