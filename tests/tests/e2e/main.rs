@@ -22,6 +22,7 @@ mod sns_fixture;
 mod sqs;
 mod stall;
 mod stream;
+mod stress;
 mod tls;
 mod two_phase;
 mod webhook;
