@@ -59,7 +59,7 @@ async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
     ids.extend(outbox.insert_tx(&[("a".into(), "Added".into())]).await);
     outbox
         .sql
-        .batch_execute("ALTER TABLE outbox DROP COLUMN headers")
+        .batch_execute("DROP VIEW outbox_state; ALTER TABLE outbox DROP COLUMN headers")
         .await
         .unwrap();
     ids.extend(outbox.insert_tx(&[("a".into(), "Dropped".into())]).await);
@@ -78,7 +78,7 @@ async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
     outbox
         .sql
         .batch_execute(
-            "ALTER TABLE outbox DROP COLUMN event_type;
+            "DROP VIEW outbox_state; ALTER TABLE outbox DROP COLUMN event_type;
              INSERT INTO outbox (aggregate_type, aggregate_id, payload) VALUES ('o', 'a', '{}');",
         )
         .await
@@ -188,7 +188,7 @@ async fn a_failure_while_marking_rows_loses_no_event_and_marking_resumes() {
         let sql = &outbox.sql;
         async move {
             sql.query_one(
-                "SELECT publish_state FROM outbox WHERE id = $1::text::uuid",
+                "SELECT state FROM outbox_state WHERE id = $1::text::uuid",
                 &[&id],
             )
             .await
@@ -348,7 +348,7 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
     relay.stop().await;
     let states = outbox
         .sql
-        .query("SELECT DISTINCT publish_state FROM outbox", &[])
+        .query("SELECT DISTINCT state FROM outbox_state", &[])
         .await
         .unwrap();
     let states: Vec<String> = states.iter().map(|r| r.get(0)).collect();
@@ -368,7 +368,7 @@ async fn a_table_dropped_mid_stream_still_delivers_what_was_committed_and_the_ne
             .insert_tx(&[("a".into(), "Last".into()), ("b".into(), "Last".into())])
             .await,
     );
-    outbox.sql.batch_execute("DROP TABLE outbox").await.unwrap();
+    outbox.sql.batch_execute("DROP TABLE outbox CASCADE").await.unwrap();
     delivered(&sink, &ids).await;
     relay.stop().await;
     assert_eq!(
@@ -486,7 +486,7 @@ async fn the_outbox_table_created_again_under_a_publication_for_all_tables_loses
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
 
-    outbox.sql.batch_execute("DROP TABLE outbox").await.unwrap();
+    outbox.sql.batch_execute("DROP TABLE outbox CASCADE").await.unwrap();
     let config = outbox.config(none);
     let files: Vec<_> = outbox_relay::setup::render(&config, &outbox.role, false)
         .unwrap()

@@ -370,7 +370,7 @@ async fn a_too_large_payload_and_a_missing_topic_end_failed_and_the_stream_moves
     let rows = outbox
         .sql
         .query(
-            "SELECT event_type, publish_state, attempts, last_error FROM outbox WHERE event_type IN ('Huge', 'Lost') ORDER BY event_type",
+            "SELECT event_type, state, attempts, last_error FROM outbox_state WHERE event_type IN ('Huge', 'Lost') ORDER BY event_type",
             &[],
         )
         .await
@@ -433,7 +433,7 @@ async fn marked_row(outbox: &Outbox) -> (String, i32, String) {
     let row = outbox
         .sql
         .query_one(
-            "SELECT publish_state, attempts, coalesce(last_error, '') FROM outbox WHERE event_type = 'Marked'",
+            "SELECT state, attempts, coalesce(last_error, '') FROM outbox_state WHERE event_type = 'Marked'",
             &[],
         )
         .await
@@ -595,7 +595,7 @@ async fn a_topic_whose_limit_is_one_mib_takes_a_600_kib_event_and_one_at_256_kib
     let row = outbox
         .sql
         .query_one(
-            "SELECT publish_state, last_error FROM outbox WHERE event_type = 'Small'",
+            "SELECT state, last_error FROM outbox_state WHERE event_type = 'Small'",
             &[],
         )
         .await
@@ -926,7 +926,7 @@ async fn publish_states(outbox: &Outbox) -> Vec<(String, i64)> {
     outbox
         .sql
         .query(
-            "SELECT publish_state, count(*) FROM outbox GROUP BY 1 ORDER BY 1",
+            "SELECT state, count(*) FROM outbox_state GROUP BY 1 ORDER BY 1",
             &[],
         )
         .await

@@ -484,7 +484,7 @@ pub(crate) async fn recorded(outbox: &Outbox, id: &str) -> (String, i32, String)
         let row = outbox
             .sql
             .query_one(
-                "SELECT publish_state, attempts, coalesce(last_error, '') FROM outbox WHERE id::text = $1",
+                "SELECT state, attempts, coalesce(last_error, '') FROM outbox_state WHERE id::text = $1",
                 &[&id],
             )
             .await
@@ -499,7 +499,7 @@ pub(crate) async fn recorded(outbox: &Outbox, id: &str) -> (String, i32, String)
 pub(crate) async fn publish_states(outbox: &Outbox) -> HashMap<String, i64> {
     outbox
         .sql
-        .query("SELECT publish_state, count(*) FROM outbox GROUP BY 1", &[])
+        .query("SELECT state, count(*) FROM outbox_state GROUP BY 1", &[])
         .await
         .unwrap()
         .iter()
@@ -582,7 +582,7 @@ where
     let marked: i64 = outbox
         .sql
         .query_one(
-            "SELECT count(*) FROM outbox WHERE id::text = ANY($1) AND publish_state <> 'PENDING'",
+            "SELECT count(*) FROM outbox_state WHERE id::text = ANY($1) AND state <> 'PENDING'",
             &[&ids],
         )
         .await

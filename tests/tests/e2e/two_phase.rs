@@ -159,7 +159,7 @@ async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_orde
     let unmarked: i64 = outbox
         .sql
         .query_one(
-            "SELECT count(*) FROM outbox WHERE publish_state <> 'PUBLISHED'",
+            "SELECT count(*) FROM outbox_state WHERE state <> 'PUBLISHED'",
             &[],
         )
         .await

@@ -245,7 +245,7 @@ async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
             let row = outbox
                 .sql
                 .query_one(
-                    "SELECT publish_state, coalesce(last_error, '') FROM outbox WHERE id::text = $1",
+                    "SELECT state, coalesce(last_error, '') FROM outbox_state WHERE id::text = $1",
                     &[&poison],
                 )
                 .await

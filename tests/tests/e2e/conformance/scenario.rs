@@ -141,7 +141,7 @@ async fn confirmed(outbox: &Outbox) -> HashSet<String> {
     let rows = outbox
         .sql
         .query(
-            "SELECT id::text FROM outbox WHERE publish_state = 'PUBLISHED'",
+            "SELECT id::text FROM outbox_state WHERE state = 'PUBLISHED'",
             &[],
         )
         .await
@@ -457,8 +457,8 @@ async fn failed_rows(outbox: &Outbox) -> HashMap<String, String> {
     outbox
         .sql
         .query(
-            "SELECT id::text, coalesce(last_error, '') FROM outbox \
-             WHERE publish_state IN ('FAILED', 'DEAD')",
+            "SELECT id::text, coalesce(last_error, '') FROM outbox_state \
+             WHERE state IN ('FAILED', 'DEAD')",
             &[],
         )
         .await

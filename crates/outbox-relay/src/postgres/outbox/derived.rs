@@ -200,20 +200,11 @@ pub(crate) fn pending(r: &str, p: &str) -> String {
 /// SQL boolean, index-friendly (the `<table>_txid_idx` range, partial on
 /// `publish_state = 'PENDING'`): the rows with an id the vouched snapshot
 /// may not cover yet. All rows with an id not derived published are in it
-/// or in a hole ([`in_holes_range`]); without a vouched snapshot, every row
+/// or in a hole ([`Reader::hole_ranges`]); without a vouched snapshot, every row
 /// with an id.
 pub(crate) fn after_snapshot_range(r: &str, p: &str) -> String {
     format!(
         "{r}.publish_state = 'PENDING' AND {r}.{COLUMN} >= coalesce(pg_snapshot_xmin({p}.snapshot), '0'::xid8)"
-    )
-}
-
-/// SQL boolean, index-friendly: the rows whose id lies within some hole's
-/// bounds (`xmin(from) <= id < xmax(to)`).
-pub(crate) fn in_holes_range(r: &str, p: &str) -> String {
-    format!(
-        "{r}.publish_state = 'PENDING' AND EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
-         WHERE {r}.{COLUMN} >= pg_snapshot_xmin(h.f) AND {r}.{COLUMN} < pg_snapshot_xmax(h.t))"
     )
 }
 
@@ -255,7 +246,7 @@ impl Reader {
     }
 
     /// The configured table's reader when its state is derived:
-    /// `on_published = "derive"`, the table has [`COLUMN`] (`table_derived`,
+    /// `on_published` is `"derive"` or `"mark"`, the table has [`COLUMN`] (`table_derived`,
     /// `Table::derived`), and the position table exists with
     /// [`POSITION_COLUMNS`] and may be read. Otherwise `None`: the relay runs
     /// `derive` as `mark` (nothing is vouched for, the stream marks what it
@@ -265,7 +256,10 @@ impl Reader {
         config: &crate::config::Config,
         table_derived: bool,
     ) -> Result<Option<Self>, tokio_postgres::Error> {
-        if !table_derived || config.lifecycle.on_published != crate::config::OnPublished::Derive {
+        // Under `mark` too: a derived table switched back to `mark` keeps the
+        // rows the stream published under `derive` published (its last
+        // vouched snapshot stays); rows written since are marked explicitly.
+        if !table_derived || !config.lifecycle.on_published.tracks_rows() {
             return Ok(None);
         }
         let name = config.table();
@@ -313,7 +307,7 @@ impl Reader {
     /// vouched snapshot ([`after_snapshot_range`]) and within each hole's
     /// range (`holes` from [`Reader::hole_ranges`]; each an OR arm on
     /// `{table}_txid_idx`, which a bitmap scan ORs together; the EXISTS of
-    /// [`in_holes_range`] would not reach the index).
+    /// an `EXISTS` over the holes would not reach the index).
     pub(crate) fn candidates(&self, r: &str, holes: &[(String, String)]) -> String {
         let mut arms = vec![
             format!("{r}.{COLUMN} IS NULL"),
