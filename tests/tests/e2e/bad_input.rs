@@ -368,7 +368,11 @@ async fn a_table_dropped_mid_stream_still_delivers_what_was_committed_and_the_ne
             .insert_tx(&[("a".into(), "Last".into()), ("b".into(), "Last".into())])
             .await,
     );
-    outbox.sql.batch_execute("DROP TABLE outbox CASCADE").await.unwrap();
+    outbox
+        .sql
+        .batch_execute("DROP TABLE outbox CASCADE")
+        .await
+        .unwrap();
     delivered(&sink, &ids).await;
     relay.stop().await;
     assert_eq!(
@@ -486,7 +490,11 @@ async fn the_outbox_table_created_again_under_a_publication_for_all_tables_loses
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
 
-    outbox.sql.batch_execute("DROP TABLE outbox CASCADE").await.unwrap();
+    outbox
+        .sql
+        .batch_execute("DROP TABLE outbox CASCADE")
+        .await
+        .unwrap();
     let config = outbox.config(none);
     let files: Vec<_> = outbox_relay::setup::render(&config, &outbox.role, false)
         .unwrap()

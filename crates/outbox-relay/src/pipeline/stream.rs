@@ -516,6 +516,7 @@ impl<'a> Session<'a> {
             Some(position::Derived::new(
                 vouching,
                 &admitted.table.qualified,
+                &config.postgres.publication,
                 holes_tx,
             ))
         } else {

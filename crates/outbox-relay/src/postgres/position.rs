@@ -421,6 +421,15 @@ pub(crate) async fn prepare(
     let kept_holes = holes.filter(|_| !foreign);
     let fresh = kept_holes.is_none();
     let mut holes = kept_holes.unwrap_or_default();
+    // A hole left open while the publication did not carry the table (the
+    // session's readiness found it carried again): every transaction
+    // committed until now is in it; the stream sends what commits after.
+    let open = Snapshot::parse(derived::OPEN).expect("OPEN is a snapshot");
+    let mut narrowed = false;
+    for hole in holes.0.iter_mut().filter(|h| h.to == open) {
+        hole.to = now.clone();
+        narrowed = true;
+    }
     let why = if fresh {
         holes.0.push(Hole {
             from: beginning,
@@ -453,7 +462,7 @@ pub(crate) async fn prepare(
              are no longer derived published and the poller publishes them again (at least once)"
         );
     }
-    if why.is_some() || refused.is_some() {
+    if why.is_some() || refused.is_some() || narrowed {
         write_holes(
             client,
             table,
@@ -564,11 +573,16 @@ struct Cycle {
     published: watch::Sender<Option<Arc<Holes>>>,
     /// When holes were last looked at for closing.
     tidied: Instant,
+    /// An open hole was written: the publication stopped carrying the table.
+    opened: bool,
 }
 
 /// The derived lifecycle's part of a [`Keeper`].
 pub(crate) struct Derived {
     cycle: Arc<Mutex<Cycle>>,
+    /// The relay's publication, which must carry the outbox table for a pair
+    /// to be stored ([`derived::OPEN`]).
+    publication: String,
     /// The outbox table, schema-qualified and quoted (holes are closed by
     /// its `relay_txid` index).
     outbox: String,
@@ -580,6 +594,7 @@ impl Derived {
     pub(crate) fn new(
         vouching: Vouching,
         outbox: &str,
+        publication: &str,
         published: watch::Sender<Option<Arc<Holes>>>,
     ) -> Self {
         let holes = Arc::new(vouching.holes);
@@ -598,7 +613,9 @@ impl Derived {
                 tidied: Instant::now()
                     .checked_sub(TIDY_EVERY - TIDY_FIRST)
                     .unwrap_or_else(Instant::now),
+                opened: false,
             })),
+            publication: publication.to_owned(),
             outbox: outbox.to_owned(),
         }
     }
@@ -711,6 +728,7 @@ impl Keeper {
             slot: self.slot.clone(),
             system: self.system.clone(),
             outbox: derived.outbox.clone(),
+            publication: derived.publication.clone(),
             cycle: Arc::clone(&derived.cycle),
             position: self.write(confirmed),
         };
@@ -746,6 +764,7 @@ impl Keeper {
                     slot: self.slot.clone(),
                     system: self.system.clone(),
                     outbox: derived.outbox.clone(),
+                    publication: derived.publication.clone(),
                     cycle: Arc::clone(&derived.cycle),
                     position: self.write(confirmed),
                 };
@@ -805,6 +824,7 @@ struct Round<F> {
     slot: String,
     system: System,
     outbox: String,
+    publication: String,
     cycle: Arc<Mutex<Cycle>>,
     /// Writes the confirmed position alone.
     position: F,
@@ -871,14 +891,33 @@ where
         position_due: bool,
     ) -> Result<(), tokio_postgres::Error> {
         let w = format_lsn(candidate.lsn);
-        let flushed: bool = self
+        let row = self
             .client
             .query_one(
-                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
-                &[&w],
+                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn, \
+                        EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $2 \
+                                AND to_regclass(format('%I.%I', t.schemaname, t.tablename)) \
+                                    IN (SELECT to_regclass($3) UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($3))))",
+                &[&w, &self.publication, &self.outbox],
             )
-            .await?
-            .get(0);
+            .await?;
+        let (flushed, carried): (bool, bool) = (row.get(0), row.get(1));
+        if !carried {
+            open_hole(
+                &self.client,
+                &self.table,
+                &self.slot,
+                &self.publication,
+                &self.outbox,
+                &self.cycle,
+            )
+            .await?;
+            return if position_due {
+                self.position.await
+            } else {
+                Ok(())
+            };
+        }
         if !flushed {
             return if position_due {
                 self.position.await
@@ -902,6 +941,57 @@ where
         lag_gauge(cycle.vouched_at);
         Ok(())
     }
+}
+
+/// The publication no longer carries the outbox table: rows committed
+/// from now on are not streamed, yet they would be visible in every later
+/// snapshot. Open a hole from the vouched S to [`derived::OPEN`] (every
+/// later transaction), durably, once: nothing after S is derived
+/// published until a session that finds the table carried again narrows
+/// it to a snapshot taken then ([`prepare`]); the poller publishes the
+/// rows in it and the stream marks those it publishes.
+async fn open_hole(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    publication: &str,
+    outbox: &str,
+    cycle: &Mutex<Cycle>,
+) -> Result<(), tokio_postgres::Error> {
+    let (holes, first) = {
+        let cycle = cycle.lock().expect("cycle");
+        let from = cycle
+            .vouched
+            .clone()
+            .unwrap_or_else(|| Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot"));
+        let mut holes = (*cycle.holes).clone();
+        if !cycle.opened {
+            holes.0.push(Hole {
+                from,
+                to: Snapshot::parse(derived::OPEN).expect("OPEN is a snapshot"),
+            });
+        }
+        (holes, !cycle.opened)
+    };
+    if !first {
+        return Ok(());
+    }
+    write_holes(client, table, slot, 0, &holes, false).await?;
+    tracing::error!(
+        slot = %slot, publication = %publication, table = %outbox,
+        "the publication no longer carries the outbox table: rows written now are not streamed; \
+         nothing after the last vouched snapshot is derived published until the table is in the \
+         publication again and the relay restarted (the poller publishes those rows after its grace)"
+    );
+    let holes = Arc::new(holes);
+    let mut cycle = cycle.lock().expect("cycle");
+    cycle.opened = true;
+    cycle.holes = Arc::clone(&holes);
+    crate::metrics::get()
+        .derived_holes
+        .set(holes.0.len() as i64);
+    cycle.published.send_replace(Some(holes));
+    Ok(())
 }
 
 /// A candidate pair: S = the statement's own snapshot (taken before it
@@ -980,7 +1070,14 @@ async fn close_holes(
              AND NOT pg_visible_in_snapshot(o.{x}, $1::text::pg_snapshot))"
     );
     let mut open = Holes::default();
+    let unbounded = Snapshot::parse(derived::OPEN).expect("OPEN is a snapshot");
     for hole in &holes.0 {
+        // Rows may still come into a hole left open (the publication does
+        // not carry the table): only a session's start narrows it.
+        if hole.to == unbounded {
+            open.0.push(hole.clone());
+            continue;
+        }
         let (from, to) = (hole.from.to_string(), hole.to.to_string());
         let pending: bool = client.query_one(&sql, &[&from, &to]).await?.get(0);
         if pending {

@@ -53,6 +53,11 @@ pub(crate) const XID8_OID: u32 = 5069;
 /// boundary hole.
 pub(crate) const BEGINNING: &str = "1:1:";
 
+/// A snapshot in which every transaction is visible: the `to` of a hole
+/// opened while the publication did not carry the table, until a session
+/// that finds it carried again narrows it (`position::prepare`).
+pub(crate) const OPEN: &str = "9223372036854775807:9223372036854775807:";
+
 /// A `pg_snapshot`: what `pg_visible_in_snapshot` needs of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
