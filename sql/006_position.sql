@@ -22,7 +22,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}.{{position}} (
     snapshot_lsn      pg_lsn,
     snapshot_at       timestamptz,
     hole_from         pg_snapshot[],
-    hole_to           pg_snapshot[]
+    hole_to           pg_snapshot[],
+    -- What the publication sends of the table, as a session found it: a
+    -- change (the table taken out and put back) opens a hole.
+    publication_id    text
 );
 -- A table from before the derived lifecycle gets its columns (nullable: no
 -- rewrite, a moment's lock).
@@ -31,5 +34,6 @@ ALTER TABLE {{schema}}.{{position}}
     ADD COLUMN IF NOT EXISTS snapshot_lsn pg_lsn,
     ADD COLUMN IF NOT EXISTS snapshot_at  timestamptz,
     ADD COLUMN IF NOT EXISTS hole_from    pg_snapshot[],
-    ADD COLUMN IF NOT EXISTS hole_to      pg_snapshot[];
+    ADD COLUMN IF NOT EXISTS hole_to      pg_snapshot[],
+    ADD COLUMN IF NOT EXISTS publication_id text;
 GRANT SELECT, INSERT, UPDATE ON {{schema}}.{{position}} TO {{role}};

@@ -609,3 +609,109 @@ async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
     }
     relay.stop().await;
 }
+
+/// Rows committed while the publication did not carry the table are never
+/// streamed (the walsender decodes with the catalog as it was), yet every
+/// later snapshot sees them: the keeper finds the publication changed,
+/// stores no pair and opens a hole to every later transaction; the poller
+/// publishes those rows, and nothing is derived published that was not
+/// delivered. A restart narrows the hole and vouching resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_while_the_publication_left_the_table_out_are_never_derived_published() {
+    let outbox = Outbox::new().await;
+    let config = format!("{DERIVE}[poller]\ninterval = \"1s\"\ngrace = \"3s\"\n");
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let first = outbox.insert_many(2, 5, 2).await;
+    all_derived(&outbox, &first, "the first rows are derived published").await;
+    let publication = outbox.config("").postgres.publication.clone();
+
+    // An operator's slip: the table out of the publication for a moment.
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{publication}\" DROP TABLE outbox"
+        ))
+        .await
+        .unwrap();
+    let dark = outbox.insert_many(1, 4, 2).await;
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "ALTER PUBLICATION \"{publication}\" ADD TABLE outbox"
+        ))
+        .await
+        .unwrap();
+    let light = outbox.insert_many(2, 3, 2).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the rows after reach the sink",
+        || async {
+            let got: HashSet<String> = sink.ids().into_iter().collect();
+            light.iter().all(|id| got.contains(id))
+        },
+    )
+    .await;
+    // While the poller has not taken them, nothing derives them published,
+    // however many status intervals pass.
+    for _ in 0..6 {
+        let derived = derived_published(&outbox).await;
+        let got: HashSet<String> = sink.ids().into_iter().collect();
+        for id in dark.iter().chain(&light) {
+            assert!(
+                !derived.contains(id) || got.contains(id),
+                "{id} derived published, never delivered"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    assert!(
+        holes
+            .iter()
+            .any(|(_, to)| to.starts_with("9223372036854775807:")),
+        "a hole open to every later transaction: {holes:?}"
+    );
+    // The poller publishes what the stream never carried, once each.
+    wait_until(
+        Duration::from_secs(60),
+        "the poller publishes the rows left out",
+        || async {
+            let got: HashSet<String> = sink.ids().into_iter().collect();
+            dark.iter().all(|id| got.contains(id))
+        },
+    )
+    .await;
+    let states = states(&outbox).await;
+    for id in &dark {
+        assert_eq!(states[id].0, "PUBLISHED", "{id} ends PUBLISHED explicitly");
+    }
+    relay.stop().await;
+
+    // A restart finds the table carried: the hole is narrowed and vouching resumes.
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let after = outbox.insert_many(1, 3, 1).await;
+    all_derived(
+        &outbox,
+        &after,
+        "a new pair vouches for the rows after the restart",
+    )
+    .await;
+    let holes = position(&outbox).await.unwrap().holes.unwrap();
+    assert!(
+        holes
+            .iter()
+            .all(|(_, to)| !to.starts_with("9223372036854775807:")),
+        "the open hole was narrowed: {holes:?}"
+    );
+    let counts = sink.ids().into_iter().fold(HashMap::new(), |mut m, id| {
+        *m.entry(id).or_insert(0) += 1;
+        m
+    });
+    for id in dark.iter().chain(&first).chain(&after) {
+        assert_eq!(counts.get(id), Some(&1), "{id} delivered once");
+    }
+    relay.stop().await;
+}

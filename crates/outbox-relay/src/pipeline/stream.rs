@@ -510,6 +510,8 @@ impl<'a> Session<'a> {
                 &config.postgres.slot,
                 admitted.start,
                 admitted.recreated,
+                &config.postgres.publication,
+                &admitted.table.qualified,
             )
             .await
             .map_err(sql("preparing the derived lifecycle's holes"))?;

@@ -104,10 +104,7 @@ use crate::postgres::lsn::{format_lsn, parse_lsn};
 use crate::postgres::outbox::derived::{self, Hole, Holes, Snapshot, BEGINNING};
 use crate::postgres::sql::quote_literal;
 
-/// The name of the position table of outbox table `table`.
-pub(crate) fn table_name(table: &str) -> String {
-    format!("{table}_position")
-}
+pub(crate) use crate::postgres::outbox::derived::position_table as table_name;
 
 /// What the server says about itself (`IDENTIFY_SYSTEM` on the replication
 /// connection).
@@ -278,6 +275,9 @@ pub(crate) struct Vouching {
     pub at: Option<f64>,
     /// The slot's holes, never empty once prepared (the boundary first).
     pub holes: Holes,
+    /// What the publication sends of the table, as this session found it:
+    /// a pair is stored only while it is the same.
+    pub publication: Option<String>,
 }
 
 /// Most holes kept: beyond, the two oldest are merged ([`merge`]).
@@ -303,6 +303,8 @@ struct Stored {
     foreign: bool,
     /// Why the stored S was refused (it is discarded).
     refused: Option<String>,
+    /// The publication as the last session found it.
+    publication: Option<String>,
 }
 
 /// Read the derived columns of `slot`'s row (`None`: no row) and check the
@@ -318,7 +320,8 @@ async fn read_stored(
                 p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
                 pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()), \
                 p.snapshot_lsn <= pg_current_wal_flush_lsn(), \
-                pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_flush_lsn()::text \
+                pg_snapshot_xmax(pg_current_snapshot())::text, pg_current_wal_flush_lsn()::text, \
+                p.publication_id \
          FROM {table} p WHERE p.slot_name = $1"
     );
     let Some(row) = client.query_opt(&sql, &[&slot]).await? else {
@@ -359,7 +362,31 @@ async fn read_stored(
         confirmed: parse_lsn(row.get::<_, &str>(5)),
         foreign,
         refused,
+        publication: row.get(11),
     }))
+}
+
+/// What the publication sends of the outbox table now
+/// ([`derived::publication_identity`]; `None`: it does not carry it).
+pub(crate) async fn publication_identity(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    outbox: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let namespaces: bool = client
+        .query_one(
+            "SELECT to_regclass('pg_catalog.pg_publication_namespace') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    client
+        .query_one(
+            &derived::publication_identity(namespaces),
+            &[&publication, &outbox],
+        )
+        .await
+        .map(|row| row.get(0))
 }
 
 /// Merge the two oldest holes while there are more than [`MAX_HOLES`]: the
@@ -397,12 +424,26 @@ pub(crate) async fn prepare(
     slot: &str,
     slot_confirmed: u64,
     recreated: bool,
+    publication: &str,
+    outbox: &str,
 ) -> Result<Vouching, tokio_postgres::Error> {
     let stored = read_stored(client, table, slot).await?;
-    let (snapshot, at, holes, confirmed, foreign, refused) = match stored {
-        Some(s) => (s.snapshot, s.at, s.holes, s.confirmed, s.foreign, s.refused),
-        None => (None, None, None, None, false, None),
+    let (snapshot, at, holes, confirmed, foreign, refused, seen) = match stored {
+        Some(s) => (
+            s.snapshot,
+            s.at,
+            s.holes,
+            s.confirmed,
+            s.foreign,
+            s.refused,
+            s.publication,
+        ),
+        None => (None, None, None, None, false, None, None),
     };
+    let identity = publication_identity(client, publication, outbox).await?;
+    // A publication that changed since the last session may have left the
+    // table out for a while: what committed then was never streamed.
+    let changed = seen.is_some() && seen != identity;
     if let Some(why) = &refused {
         tracing::warn!(
             slot = %slot,
@@ -442,13 +483,16 @@ pub(crate) async fn prepare(
         })
     } else {
         let ahead = confirmed.is_none_or(|kept| slot_confirmed > kept);
-        (recreated || ahead).then(|| {
+        (recreated || ahead || changed).then(|| {
             holes.0.push(Hole {
                 from: snapshot.clone().unwrap_or(beginning),
                 to: now,
             });
             if recreated {
                 "the relay created the slot"
+            } else if changed {
+                "the publication changed since the last session (the table taken out and put back, \
+                 or its options altered): what committed meanwhile may not have been streamed"
             } else {
                 "the slot is ahead of the kept position (moved by something else, or the relay \
                  stopped before it kept what it confirmed)"
@@ -462,7 +506,17 @@ pub(crate) async fn prepare(
              are no longer derived published and the poller publishes them again (at least once)"
         );
     }
-    if why.is_some() || refused.is_some() || narrowed {
+    if identity.is_none() {
+        // Readiness refuses a table the publication does not carry before
+        // a session gets here; should it happen, vouch for nothing.
+        holes.0.push(Hole {
+            from: snapshot
+                .clone()
+                .unwrap_or_else(|| Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot")),
+            to: Snapshot::parse(derived::OPEN).expect("OPEN is a snapshot"),
+        });
+    }
+    if why.is_some() || refused.is_some() || narrowed || seen != identity {
         write_holes(
             client,
             table,
@@ -470,6 +524,7 @@ pub(crate) async fn prepare(
             slot_confirmed,
             &holes,
             refused.is_some(),
+            Some(identity.as_deref()),
         )
         .await?;
     }
@@ -485,6 +540,7 @@ pub(crate) async fn prepare(
         snapshot,
         at,
         holes,
+        publication: identity,
     })
 }
 
@@ -505,8 +561,14 @@ async fn write_holes(
     confirmed: u64,
     holes: &Holes,
     discard: bool,
+    publication: Option<Option<&str>>,
 ) -> Result<(), tokio_postgres::Error> {
     let from = snapshot_array(holes.0.iter().map(|h| h.from.to_string()));
+    let publication = match publication {
+        Some(Some(id)) => format!(", publication_id = {}", quote_literal(id)),
+        Some(None) => ", publication_id = NULL".to_owned(),
+        None => String::new(),
+    };
     let to = snapshot_array(holes.0.iter().map(|h| h.to.to_string()));
     let discard = if discard {
         ", snapshot = NULL, snapshot_lsn = NULL, snapshot_at = NULL"
@@ -524,7 +586,7 @@ async fn write_holes(
                  (SELECT timeline_id FROM pg_control_checkpoint()), oid, {confirmed}::pg_lsn, now(), {from}, {to} \
              FROM pg_database WHERE datname = current_database() \
              ON CONFLICT (slot_name) DO UPDATE SET hole_from = excluded.hole_from, \
-                 hole_to = excluded.hole_to{discard}; \
+                 hole_to = excluded.hole_to{discard}{publication}; \
              COMMIT",
             slot = quote_literal(slot),
             confirmed = quote_literal(&format_lsn(confirmed)),
@@ -580,9 +642,11 @@ struct Cycle {
 /// The derived lifecycle's part of a [`Keeper`].
 pub(crate) struct Derived {
     cycle: Arc<Mutex<Cycle>>,
-    /// The relay's publication, which must carry the outbox table for a pair
-    /// to be stored ([`derived::OPEN`]).
+    /// The relay's publication, and what it sent of the outbox table when
+    /// the session started: a pair is stored only while it is the same
+    /// ([`derived::publication_identity`], [`derived::OPEN`]).
     publication: String,
+    publication_id: Option<String>,
     /// The outbox table, schema-qualified and quoted (holes are closed by
     /// its `relay_txid` index).
     outbox: String,
@@ -597,6 +661,7 @@ impl Derived {
         publication: &str,
         published: watch::Sender<Option<Arc<Holes>>>,
     ) -> Self {
+        let publication_id = vouching.publication;
         let holes = Arc::new(vouching.holes);
         published.send_replace(Some(Arc::clone(&holes)));
         let metrics = crate::metrics::get();
@@ -616,6 +681,7 @@ impl Derived {
                 opened: false,
             })),
             publication: publication.to_owned(),
+            publication_id,
             outbox: outbox.to_owned(),
         }
     }
@@ -729,6 +795,7 @@ impl Keeper {
             system: self.system.clone(),
             outbox: derived.outbox.clone(),
             publication: derived.publication.clone(),
+            publication_id: derived.publication_id.clone(),
             cycle: Arc::clone(&derived.cycle),
             position: self.write(confirmed),
         };
@@ -765,6 +832,7 @@ impl Keeper {
                     system: self.system.clone(),
                     outbox: derived.outbox.clone(),
                     publication: derived.publication.clone(),
+                    publication_id: derived.publication_id.clone(),
                     cycle: Arc::clone(&derived.cycle),
                     position: self.write(confirmed),
                 };
@@ -825,6 +893,7 @@ struct Round<F> {
     system: System,
     outbox: String,
     publication: String,
+    publication_id: Option<String>,
     cycle: Arc<Mutex<Cycle>>,
     /// Writes the confirmed position alone.
     position: F,
@@ -891,18 +960,18 @@ where
         position_due: bool,
     ) -> Result<(), tokio_postgres::Error> {
         let w = format_lsn(candidate.lsn);
-        let row = self
+        let flushed: bool = self
             .client
             .query_one(
-                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn, \
-                        EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $2 \
-                                AND to_regclass(format('%I.%I', t.schemaname, t.tablename)) \
-                                    IN (SELECT to_regclass($3) UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($3))))",
-                &[&w, &self.publication, &self.outbox],
+                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
+                &[&w],
             )
-            .await?;
-        let (flushed, carried): (bool, bool) = (row.get(0), row.get(1));
-        if !carried {
+            .await?
+            .get(0);
+        // After the flush check: a publication unchanged since the session
+        // started carried the table over every commit the pair vouches for.
+        let now = publication_identity(&self.client, &self.publication, &self.outbox).await?;
+        if now.is_none() || now != self.publication_id {
             open_hole(
                 &self.client,
                 &self.table,
@@ -976,7 +1045,7 @@ async fn open_hole(
     if !first {
         return Ok(());
     }
-    write_holes(client, table, slot, 0, &holes, false).await?;
+    write_holes(client, table, slot, 0, &holes, false, None).await?;
     tracing::error!(
         slot = %slot, publication = %publication, table = %outbox,
         "the publication no longer carries the outbox table: rows written now are not streamed; \

@@ -150,16 +150,55 @@ impl Holes {
     }
 }
 
+/// The name of the position table of outbox table `table`, where
+/// [`crate::postgres::position`] keeps the confirmed position and the
+/// derived lifecycle its pair and holes.
+pub(crate) fn position_table(table: &str) -> String {
+    format!("{table}_position")
+}
+
 /// Columns of the position table the derived lifecycle adds (nullable, so
 /// `ALTER TABLE … ADD COLUMN IF NOT EXISTS` migrates a table in place):
-/// the vouched snapshot, its W, when it was stored, and the holes.
-pub(crate) const POSITION_COLUMNS: [(&str, &str); 5] = [
+/// the vouched snapshot, its W, when it was stored, the holes, and the
+/// publication as a session found it ([`publication_identity`]).
+pub(crate) const POSITION_COLUMNS: [(&str, &str); 6] = [
     ("snapshot", "pg_snapshot"),
     ("snapshot_lsn", "pg_lsn"),
     ("snapshot_at", "timestamptz"),
     ("hole_from", "pg_snapshot[]"),
     ("hole_to", "pg_snapshot[]"),
+    ("publication_id", "text"),
 ];
+
+/// SQL (`$1` the publication's name, `$2` the outbox table, qualified and
+/// quoted): text that changes whenever what the publication sends of the
+/// table may have changed, NULL when it does not carry the table. The
+/// catalog rows that decide it (the publication's, the table's or an
+/// ancestor's membership, its schema's on 15+) each by oid and by the xmin
+/// of their version: taking the table out and putting it back makes a new
+/// membership row, and every `ALTER PUBLICATION … SET` a new version.
+/// Rows committed while the publication did not carry the table are never
+/// streamed (the walsender decodes with the catalog as it was), yet later
+/// snapshots see them: a change between two looks opens a hole.
+pub(crate) fn publication_identity(namespaces: bool) -> String {
+    let schemas = if namespaces {
+        " UNION ALL SELECT 'n' || n.oid || ':' || n.xmin FROM pg_publication_namespace n \
+           WHERE n.pnpubid = p.oid AND n.pnnspid IN (SELECT c.relnamespace FROM pg_class c WHERE c.oid IN (SELECT r FROM rels))"
+    } else {
+        ""
+    };
+    format!(
+        "WITH rels AS (SELECT to_regclass($2) AS r UNION ALL SELECT relid FROM pg_partition_ancestors(to_regclass($2))) \
+         SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
+                     AND to_regclass(format('%I.%I', t.schemaname, t.tablename)) \
+                         IN (SELECT r FROM rels UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($2)))) \
+           THEN (SELECT string_agg(x, ',' ORDER BY x) FROM pg_publication p, LATERAL ( \
+                   SELECT 'p' || p.oid || ':' || p.xmin || ':' || p.pubinsert || p.puballtables \
+                   UNION ALL SELECT 'r' || pr.oid || ':' || pr.xmin FROM pg_publication_rel pr \
+                     WHERE pr.prpubid = p.oid AND pr.prrelid IN (SELECT r FROM rels){schemas}) AS q(x) \
+                 WHERE p.pubname = $1) END"
+    )
+}
 
 /// SQL: the join that brings the slot's position row in as `p` (`slot` is an
 /// SQL expression: a `$n` parameter or a quoted literal; `position` the
@@ -268,10 +307,7 @@ impl Reader {
             return Ok(None);
         }
         let name = config.table();
-        let position = crate::postgres::sql::qualified(
-            &name.schema,
-            &crate::postgres::position::table_name(&name.name),
-        );
+        let position = crate::postgres::sql::qualified(&name.schema, &position_table(&name.name));
         let columns: Vec<&str> = POSITION_COLUMNS.iter().map(|(c, _)| *c).collect();
         let ready: bool = client
             .query_one(
