@@ -190,8 +190,9 @@ pub(crate) fn publication_identity(namespaces: bool) -> String {
     format!(
         "WITH rels AS (SELECT to_regclass($2) AS r UNION ALL SELECT relid FROM pg_partition_ancestors(to_regclass($2))) \
          SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
-                     AND to_regclass(format('%I.%I', t.schemaname, t.tablename)) \
-                         IN (SELECT r FROM rels UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($2)))) \
+                     AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname \
+                         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         WHERE c.oid IN (SELECT r FROM rels UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($2))))) \
            THEN (SELECT string_agg(x, ',' ORDER BY x) FROM pg_publication p, LATERAL ( \
                    SELECT 'p' || p.oid || ':' || p.xmin || ':' || p.pubinsert || p.puballtables \
                    UNION ALL SELECT 'r' || pr.oid || ':' || pr.xmin FROM pg_publication_rel pr \
