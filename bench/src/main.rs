@@ -14,11 +14,15 @@
 //!    EventBridge sink and the Kinesis sink. Default configuration but for
 //!    the lifecycle (`none`: streaming alone). Printed: rows/s, client CPU
 //!    seconds per million rows, peak RSS, messages per call at the endpoint,
-//!    and every ratio relay / pg_recvlogical.
-//! 2. **Default lifecycle**: a fresh backlog of `--lifecycle-rows`, drained
-//!    `--sns-latency` away with the default configuration (rows marked
-//!    PUBLISHED): rows/s until the slot has confirmed, and until no row is
-//!    PENDING (the table has settled), against pg_recvlogical on the same rows.
+//!    WAL written during the drain per row, and every ratio relay /
+//!    pg_recvlogical.
+//! 2. **Lifecycles** ([`lifecycle`]): for each of the relay with `none`,
+//!    `mark` and `derive` (the last when the table has it) `--sns-latency`
+//!    away, and `derive` through stdout, a fresh backlog of
+//!    `--lifecycle-rows` drained by pg_recvlogical and by the relay: rows/s
+//!    until the slot has confirmed and until the table has settled, CPU per
+//!    event, peak RSS, and the WAL the relay made the primary write per
+//!    event, beside the inserts' own.
 //! 3. **Quota**: for each of `--quotas` (messages/s) and each of
 //!    `--quota-bursts` (the size of the quota's token bucket, in seconds of
 //!    it), a fresh backlog drained `--sns-latency` away from an endpoint that
@@ -40,6 +44,7 @@
 //! Figures, not assertions: this machine is shared and noisy, so compare the
 //! ratios, which are measured in the same run.
 
+mod lifecycle;
 mod sns;
 
 use std::path::PathBuf;
@@ -113,10 +118,11 @@ struct Args {
     /// `GetTopicAttributes` with, bytes (SNS: 1024 to 1048576).
     #[arg(long, default_value_t = sns::DEFAULT_MAX_MESSAGE_SIZE)]
     sns_max_message_size: usize,
-    /// Backlog rows for the default-lifecycle run (marking every row).
+    /// Backlog rows for each contender of the lifecycle run (none, mark,
+    /// derive).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
-    /// Skip the default-lifecycle run.
+    /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
     /// Skip the quota run.
@@ -169,6 +175,29 @@ struct Usage {
     wall: Duration,
     cpu: Duration,
     max_rss_kib: i64,
+    /// WAL the server wrote from just before the process started until it
+    /// had stopped (nothing else writes meanwhile): what it made the
+    /// primary write.
+    wal_bytes: f64,
+}
+
+/// The server's WAL insert position.
+async fn wal_lsn(sql: &tokio_postgres::Client) -> anyhow::Result<String> {
+    Ok(sql
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0))
+}
+
+/// Bytes of WAL written since `lsn` (from [`wal_lsn`]).
+async fn wal_since(sql: &tokio_postgres::Client, lsn: &str) -> anyhow::Result<f64> {
+    Ok(sql
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8",
+            &[&lsn],
+        )
+        .await?
+        .get(0))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -230,7 +259,7 @@ async fn main() -> anyhow::Result<()> {
         drain(&args, &sql, &url, &relay, &pg_bin, &cluster).await?;
     }
     if !args.no_lifecycle {
-        lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+        lifecycle::lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
     }
     if !args.no_quota {
         quota(&args, &sql, &url, &relay).await?;
@@ -376,6 +405,7 @@ async fn recvlogical(
     slot: &str,
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
+    let before = wal_lsn(sql).await?;
     let usage = run_to_exit(
         Command::new(pg_bin.join("pg_recvlogical"))
             .arg("--dbname")
@@ -394,7 +424,10 @@ async fn recvlogical(
     )
     .await?;
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(30), None).await?;
-    Ok(usage)
+    Ok(Usage {
+        wal_bytes: wal_since(sql, &before).await?,
+        ..usage
+    })
 }
 
 /// The network contenders of the drain: name, destination (an SNS topic, a
@@ -627,11 +660,12 @@ async fn drain(
             return;
         }
         println!(
-            "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS{}",
+            "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS {:>7.1} B/row{}",
             median(runs.iter().map(rate).collect()),
             median(runs.iter().map(|u| u.wall.as_secs_f64()).collect()),
             median(runs.iter().map(cpu).collect()),
             median(runs.iter().map(|u| u.max_rss_kib as f64 / 1024.0).collect()),
+            median(runs.iter().map(|u| u.wal_bytes / rows as f64).collect()),
             traffic.map_or(String::new(), |(messages, calls)| format!(
                 " {:>8.1} messages/call",
                 messages as f64 / calls.max(1) as f64
@@ -639,7 +673,7 @@ async fn drain(
         )
     };
     println!(
-        "{:<36} {:>17} {:>10} {:>21} {:>19} {:>22}",
+        "{:<36} {:>17} {:>10} {:>21} {:>19} {:>13} {:>22}",
         if rounds > 1 {
             "median of rounds"
         } else {
@@ -649,6 +683,7 @@ async fn drain(
         "wall",
         "client CPU",
         "memory",
+        "WAL written",
         "at the endpoint"
     );
     report("pg_recvlogical (baseline)", &recvlogicals, None);
@@ -711,69 +746,6 @@ async fn drain(
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-/// The default lifecycle at a distance: marking every row, until the table
-/// has settled.
-async fn lifecycle(
-    args: &Args,
-    sql: &tokio_postgres::Client,
-    url: &str,
-    relay: &std::path::Path,
-    pg_bin: &std::path::Path,
-) -> anyhow::Result<()> {
-    // Only this backlog's rows in the table: "settled" is "none PENDING".
-    sql.batch_execute("TRUNCATE outbox").await?;
-    let names = ["bench_recvlogical_mark".to_owned(), "bench_mark".to_owned()];
-    let start_lsn = slots(sql, &names).await?;
-    let rows = args.lifecycle_rows;
-    let end_lsn = backlog(
-        sql,
-        url,
-        rows,
-        args.per_tx,
-        &start_lsn,
-        "default lifecycle (on_published = \"mark\", poller and retention on)",
-    )
-    .await?;
-    let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
-    let endpoint = sns::Endpoint::start(args.distant()).await?;
-    // The default configuration: nothing but where to connect and publish.
-    let config = format!(
-        "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{}",
-        names[1],
-        sns_sink(&endpoint.url, "bench")
-    );
-    let (usage, settled) = run_relay_until(
-        relay,
-        sql,
-        &config,
-        &aws_env(&endpoint.url),
-        &names[1],
-        &end_lsn,
-        true,
-        None,
-    )
-    .await?;
-    let settled = settled.expect("waited for the table");
-    let rate = |wall: Duration| rows as f64 / wall.as_secs_f64();
-    let base = rate(baseline.wall);
-    println!("pg_recvlogical (baseline)    {base:>10.0} rows/s");
-    println!(
-        "relay, slot confirmed        {:>10.0} rows/s ({:.2}x)",
-        rate(usage.wall),
-        rate(usage.wall) / base
-    );
-    println!(
-        "relay, table settled         {:>10.0} rows/s ({:.2}x, target >= 0.5), {:.1} MiB peak RSS, {:.2} CPU s",
-        rate(settled),
-        rate(settled) / base,
-        usage.max_rss_kib as f64 / 1024.0,
-        usage.cpu.as_secs_f64()
-    );
-    let (messages, calls, _) = endpoint.counts.snapshot();
-    println!("SNS endpoint: {messages} messages in {calls} calls");
-    Ok(())
 }
 
 /// What the endpoint saw in one quota run: a quota at one bucket size.
@@ -1137,6 +1109,7 @@ async fn large(
                 sns_sink(&endpoint.url, "bench")
             );
             let log = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.log"));
+            let settle = Settle::default_for(sql).await?;
             let (usage, settled) = run_relay_until(
                 relay,
                 sql,
@@ -1144,7 +1117,7 @@ async fn large(
                 &aws_env(&endpoint.url),
                 &slot,
                 &end_lsn,
-                true,
+                settle,
                 Some(&log),
             )
             .await?;
@@ -1281,6 +1254,7 @@ fn reap(pid: libc::pid_t) -> anyhow::Result<Usage> {
         wall: Duration::ZERO,
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
         max_rss_kib: usage.ru_maxrss,
+        wal_bytes: 0.0,
     })
 }
 
@@ -1294,16 +1268,73 @@ async fn run_relay(
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
     Ok(
-        run_relay_until(relay, sql, config, envs, slot, end_lsn, false, None)
+        run_relay_until(relay, sql, config, envs, slot, end_lsn, Settle::Confirmed, None)
             .await?
             .0,
     )
 }
 
-/// Run the relay until `slot` confirmed `end_lsn` (and, with `settle`, until
-/// no outbox row is PENDING), then stop it; what it cost (its wall time to
-/// the confirmation) and the wall time until the table settled. Its log goes
-/// to `log` when given, else to the bench's standard error.
+/// When a drain is over, besides the slot's confirmation of the backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// The slot confirmed the end of the backlog: nothing more.
+    Confirmed,
+    /// And no row is `publish_state = 'PENDING'` (`on_published = "mark"`).
+    Marked,
+    /// And the view `outbox_state` derives no row as `PENDING`
+    /// (`on_published = "derive"`: published state derived from the
+    /// relay's confirmed snapshot).
+    Derived,
+}
+
+impl Settle {
+    /// The query that says whether rows are still pending, if any.
+    fn pending_query(self) -> Option<&'static str> {
+        match self {
+            Settle::Confirmed => None,
+            // The partial index on PENDING/FAILED rows answers this.
+            Settle::Marked => {
+                Some("SELECT EXISTS (SELECT 1 FROM outbox WHERE publish_state = 'PENDING')")
+            }
+            Settle::Derived => {
+                Some("SELECT EXISTS (SELECT 1 FROM outbox_state WHERE state = 'PENDING')")
+            }
+        }
+    }
+
+    /// How the default configuration settles on this table: by the derived
+    /// state when the table has it (the column `relay_txid` and the view
+    /// `outbox_state`), else by the marks.
+    async fn default_for(sql: &tokio_postgres::Client) -> anyhow::Result<Settle> {
+        Ok(if derive_available(sql).await? {
+            Settle::Derived
+        } else {
+            Settle::Marked
+        })
+    }
+}
+
+/// Whether the outbox table has what the derived lifecycle needs: the column
+/// `relay_txid` and the view `outbox_state`.
+async fn derive_available(sql: &tokio_postgres::Client) -> anyhow::Result<bool> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+                            WHERE table_schema = current_schema() AND table_name = 'outbox' \
+                              AND column_name = 'relay_txid') \
+                    AND to_regclass('outbox_state') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Run the relay until `slot` confirmed `end_lsn` (and until the table has
+/// settled by `settle`), then stop it; what it cost (its wall time to the
+/// confirmation, the WAL written from just before its start until it
+/// stopped) and the wall time until the table settled (with a `settle` other
+/// than [`Settle::Confirmed`]). Its log goes to `log` when given, else to
+/// the bench's standard error.
 #[allow(clippy::too_many_arguments)]
 async fn run_relay_until(
     relay: &std::path::Path,
@@ -1312,7 +1343,7 @@ async fn run_relay_until(
     envs: &[(&'static str, String)],
     slot: &str,
     end_lsn: &str,
-    settle: bool,
+    settle: Settle,
     log: Option<&std::path::Path>,
 ) -> anyhow::Result<(Usage, Option<Duration>)> {
     let path = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.toml"));
@@ -1321,6 +1352,7 @@ async fn run_relay_until(
         Some(log) => Stdio::from(std::fs::File::create(log).context("the relay's log file")?),
         None => Stdio::inherit(),
     };
+    let wal_before = wal_lsn(sql).await?;
     let started = Instant::now();
     let child = Command::new(relay)
         .arg("--config")
@@ -1337,24 +1369,22 @@ async fn run_relay_until(
     // a 200,000-row backlog at a few hundred rows/s: docs/benchmarks.md).
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(3600), Some(pid)).await?;
     let wall = started.elapsed();
-    let settled = if settle {
+    let settled = if let Some(query) = settle.pending_query() {
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            // The partial index on PENDING/FAILED rows answers this.
-            let pending: bool = sql
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE publish_state = 'PENDING')",
-                    &[],
-                )
-                .await?
-                .get(0);
+            let asking = Instant::now();
+            let pending: bool = sql.query_one(query, &[]).await?.get(0);
             if !pending {
                 break Some(started.elapsed());
             }
             if Instant::now() > deadline {
-                bail!("rows still PENDING 600 s after the slot confirmed");
+                bail!("rows still PENDING 600 s after the slot confirmed ({settle:?})");
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Every 20 ms, or less often when the question is costly (the
+            // derived state is computed over the table), so the asking does
+            // not take the relay's CPU.
+            let cost = asking.elapsed();
+            tokio::time::sleep(Duration::from_millis(20).max(cost * 3)).await;
         }
     } else {
         None
@@ -1366,7 +1396,15 @@ async fn run_relay_until(
         libc::kill(pid, libc::SIGTERM);
     }
     let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
-    Ok((Usage { wall, ..usage }, settled))
+    let wal_bytes = wal_since(sql, &wal_before).await?;
+    Ok((
+        Usage {
+            wall,
+            wal_bytes,
+            ..usage
+        },
+        settled,
+    ))
 }
 
 /// Poll until `slot`'s confirmed_flush_lsn reaches `lsn`.
