@@ -23,6 +23,8 @@
 //!    until the slot has confirmed and until the table has settled, CPU per
 //!    event, peak RSS, and the WAL the relay made the primary write per
 //!    event, beside the inserts' own.
+//! 2b. **Debezium** ([`debezium`]): Debezium 3.6's embedded engine on a
+//!    backlog of `--debezium-rows`, beside pg_recvlogical and the relay.
 //! 3. **Quota**: for each of `--quotas` (messages/s) and each of
 //!    `--quota-bursts` (the size of the quota's token bucket, in seconds of
 //!    it), a fresh backlog drained `--sns-latency` away from an endpoint that
@@ -44,6 +46,7 @@
 //! Figures, not assertions: this machine is shared and noisy, so compare the
 //! ratios, which are measured in the same run.
 
+mod debezium;
 mod lifecycle;
 mod sns;
 
@@ -125,6 +128,29 @@ struct Args {
     /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
+    /// Run Debezium's embedded engine (default: when java and javac are on
+    /// the PATH; with this flag, fail when it cannot run).
+    #[arg(long, overrides_with = "no_debezium")]
+    debezium: bool,
+    /// Skip Debezium.
+    #[arg(long, overrides_with = "debezium")]
+    no_debezium: bool,
+    /// Backlog rows for Debezium (and pg_recvlogical and the relay beside
+    /// it): long enough to show its rate once its JIT has warmed up.
+    #[arg(long, default_value_t = 400_000)]
+    debezium_rows: u64,
+    /// The JVM's options for Debezium (heap, collector), split on spaces.
+    #[arg(long, default_value = "-Xms64m -Xmx512m -XX:+UseG1GC", allow_hyphen_values = true)]
+    debezium_jvm_options: String,
+    /// Debezium's records through the outbox EventRouter SMT (as its outbox
+    /// pattern is deployed, comparable to the relay's envelope), or plain
+    /// change events.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    debezium_event_router: bool,
+    /// Where the Debezium wheel, its jars and the compiled drain program are
+    /// kept (default: ~/.cache/outbox-relay-bench/debezium).
+    #[arg(long)]
+    debezium_cache: Option<PathBuf>,
     /// Skip the quota run.
     #[arg(long)]
     no_quota: bool,
@@ -258,8 +284,21 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_drain {
         drain(&args, &sql, &url, &relay, &pg_bin, &cluster).await?;
     }
+    let mut lifecycles = Vec::new();
     if !args.no_lifecycle {
-        lifecycle::lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+        lifecycles = lifecycle::lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+    }
+    if !args.no_debezium {
+        debezium::section(
+            &args,
+            &sql,
+            &url,
+            cluster.port(),
+            &relay,
+            &pg_bin,
+            &lifecycles,
+        )
+        .await?;
     }
     if !args.no_quota {
         quota(&args, &sql, &url, &relay).await?;
