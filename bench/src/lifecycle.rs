@@ -2,7 +2,10 @@
 //! how soon the table has settled.
 //!
 //! Every contender drains a fresh backlog of `--lifecycle-rows` rows (the
-//! table emptied, two new slots, one a copy of the other): `pg_recvlogical`
+//! table emptied, two new slots, one a copy of the other; the relay's is the
+//! slot `setup` was configured with, made afresh without a position row,
+//! because the view `outbox_state` derives states from that slot's row):
+//! `pg_recvlogical`
 //! drains one copy (the baseline, the rate at which PostgreSQL streams these
 //! rows at all), then the relay the other, with
 //!
@@ -34,7 +37,7 @@ use anyhow::Context;
 
 use super::{
     aws_env, backlog, reap, recvlogical, relay_config, run_relay_until, slots, sns, sns_sink,
-    wait_confirmed, wal_lsn, Args, KillOnError, Settle, Usage,
+    wait_confirmed, wal_lsn, Args, KillOnError, Settle, Usage, SETUP_SLOT,
 };
 
 /// What the relay does with a row once it is published (`[lifecycle]
@@ -219,6 +222,25 @@ pub(crate) async fn warm_start(
     Ok(())
 }
 
+/// Drops `slot` if it exists and the relay's position row for it, if any.
+async fn fresh_slot(sql: &tokio_postgres::Client, slot: &str) -> anyhow::Result<()> {
+    sql.execute(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name = $1",
+        &[&slot],
+    )
+    .await?;
+    let position: bool = sql
+        .query_one("SELECT to_regclass('outbox_position') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if position {
+        sql.execute("DELETE FROM outbox_position WHERE slot_name = $1", &[&slot])
+            .await?;
+    }
+    Ok(())
+}
+
 /// The lifecycles' run: one [`Outcome`] per contender that ran.
 pub(crate) async fn lifecycle(
     args: &Args,
@@ -256,11 +278,13 @@ pub(crate) async fn lifecycle(
             continue;
         }
         sql.batch_execute("TRUNCATE outbox").await?;
-        let names = [
-            format!("bench_lc_recvlogical_{i}"),
-            format!("bench_lc_{}_{i}", on.name()),
-        ];
+        // The relay's slot is the one `setup` was configured with: the view
+        // `outbox_state` derives states from that slot's position row. Made
+        // afresh, without a position row (a first install), for each.
+        let names = [SETUP_SLOT.to_owned(), format!("bench_lc_recvlogical_{i}")];
+        fresh_slot(sql, SETUP_SLOT).await?;
         slots(sql, &names).await?;
+        let (relay_slot, recvlogical_slot) = (&names[0], &names[1]);
         let (sink_config, envs) = match sink {
             Sink::Distant => (sns_sink(&endpoint.url, "bench"), aws_env(&endpoint.url)),
             Sink::Stdout => ("[sink]\nkind = \"stdout\"\n".to_owned(), Vec::new()),
@@ -269,18 +293,18 @@ pub(crate) async fn lifecycle(
             // Streaming alone, as in the drain: no poller, no retention.
             OnPublished::None => relay_config(
                 url,
-                &names[1],
+                relay_slot,
                 &format!("[http]\nlisten = \"\"\n{sink_config}"),
             ),
             // The default configuration but for the lifecycle named.
             OnPublished::Mark | OnPublished::Derive => format!(
                 "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[lifecycle]\non_published = \"{}\"\n\
                  [log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{sink_config}",
-                names[1],
+                relay_slot,
                 on.name()
             ),
         };
-        warm_start(relay, sql, &config, &envs, &names[1]).await?;
+        warm_start(relay, sql, &config, &envs, relay_slot).await?;
         let start_lsn = wal_lsn(sql).await?;
         let end_lsn = backlog(
             sql,
@@ -292,14 +316,14 @@ pub(crate) async fn lifecycle(
         )
         .await?;
         let insert_wal = wal_between(sql, &start_lsn, &end_lsn).await?;
-        let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
+        let baseline = recvlogical(pg_bin, url, sql, recvlogical_slot, &end_lsn).await?;
         let (before, calls_before, _) = endpoint.counts.snapshot();
         let (usage, settled) = run_relay_until(
             relay,
             sql,
             &config,
             &envs,
-            &names[1],
+            relay_slot,
             &end_lsn,
             on.settle(),
             None,

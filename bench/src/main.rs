@@ -270,7 +270,7 @@ async fn main() -> anyhow::Result<()> {
     let admin = harness::connect(&cluster.admin_url()).await;
     admin.batch_execute("CREATE DATABASE bench").await?;
     let sql = harness::connect(&url).await;
-    let setup_config = relay_config(&url, "bench", "[sink]\nkind = \"stdout\"\n");
+    let setup_config = relay_config(&url, SETUP_SLOT, "[sink]\nkind = \"stdout\"\n");
     let config = outbox_relay::Config::from_parts(
         &setup_config,
         std::path::Path::new("bench.toml"),
@@ -318,6 +318,11 @@ async fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The slot of the configuration `setup` renders the bench's SQL from (it
+/// creates the slot, and the view `outbox_state` derives states from the
+/// position row of this slot).
+const SETUP_SLOT: &str = "bench";
 
 /// The `[sink]` and `[sns]` sections for `endpoint`, publishing to `topic`
 /// (a name; `.fifo` makes it a FIFO topic).
