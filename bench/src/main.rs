@@ -1514,7 +1514,10 @@ async fn run_relay_until(
             let asking = Instant::now();
             let pending: bool = sql.query_one(query, &[]).await?.get(0);
             if !pending {
-                break Some(started.elapsed());
+                // Settled as of the question's snapshot, not its answer:
+                // the last question scans the whole table (no row is
+                // pending), the ones before stop at the first pending row.
+                break Some(asking.duration_since(started));
             }
             if Instant::now() > deadline {
                 bail!("rows still PENDING 600 s after the slot confirmed ({settle:?})");
