@@ -14,11 +14,19 @@
 //!    EventBridge sink and the Kinesis sink. Default configuration but for
 //!    the lifecycle (`none`: streaming alone). Printed: rows/s, client CPU
 //!    seconds per million rows, peak RSS, messages per call at the endpoint,
-//!    and every ratio relay / pg_recvlogical.
-//! 2. **Default lifecycle**: a fresh backlog of `--lifecycle-rows`, drained
-//!    `--sns-latency` away with the default configuration (rows marked
-//!    PUBLISHED): rows/s until the slot has confirmed, and until no row is
-//!    PENDING (the table has settled), against pg_recvlogical on the same rows.
+//!    WAL written during the drain per row, and every ratio relay /
+//!    pg_recvlogical.
+//! 2. **Lifecycles** ([`lifecycle`]): for each of the relay with `none`,
+//!    `mark` and `derive` (the last when the table has it) `--sns-latency`
+//!    away, and `derive` through stdout, a fresh backlog of
+//!    `--lifecycle-rows` drained by pg_recvlogical and by the relay: rows/s
+//!    until the slot has confirmed and until the table has settled, CPU per
+//!    event, peak RSS, and the WAL the relay made the primary write per
+//!    event, beside the inserts' own.
+//!    Then **Debezium** ([`debezium`]): Debezium 3.6's embedded engine on
+//!    a backlog of `--debezium-rows`, beside pg_recvlogical and the relay
+//!    (`--no-debezium` skips it, `--debezium` runs it with `--no-lifecycle`
+//!    too).
 //! 3. **Quota**: for each of `--quotas` (messages/s) and each of
 //!    `--quota-bursts` (the size of the quota's token bucket, in seconds of
 //!    it), a fresh backlog drained `--sns-latency` away from an endpoint that
@@ -40,6 +48,8 @@
 //! Figures, not assertions: this machine is shared and noisy, so compare the
 //! ratios, which are measured in the same run.
 
+mod debezium;
+mod lifecycle;
 mod sns;
 
 use std::path::PathBuf;
@@ -113,12 +123,41 @@ struct Args {
     /// `GetTopicAttributes` with, bytes (SNS: 1024 to 1048576).
     #[arg(long, default_value_t = sns::DEFAULT_MAX_MESSAGE_SIZE)]
     sns_max_message_size: usize,
-    /// Backlog rows for the default-lifecycle run (marking every row).
+    /// Backlog rows for each contender of the lifecycle run (none, mark,
+    /// derive).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
-    /// Skip the default-lifecycle run.
+    /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
+    /// Run Debezium's embedded engine (default: after the lifecycle run, when
+    /// java and javac are on the PATH; with this flag also with
+    /// `--no-lifecycle`, and fail when it cannot run).
+    #[arg(long, overrides_with = "no_debezium")]
+    debezium: bool,
+    /// Skip Debezium.
+    #[arg(long, overrides_with = "debezium")]
+    no_debezium: bool,
+    /// Backlog rows for Debezium (and pg_recvlogical and the relay beside
+    /// it): long enough to show its rate once its JIT has warmed up.
+    #[arg(long, default_value_t = 400_000)]
+    debezium_rows: u64,
+    /// The JVM's options for Debezium (heap, collector), split on spaces.
+    #[arg(
+        long,
+        default_value = "-Xms64m -Xmx512m -XX:+UseG1GC",
+        allow_hyphen_values = true
+    )]
+    debezium_jvm_options: String,
+    /// Debezium's records through the outbox EventRouter SMT (as its outbox
+    /// pattern is deployed, comparable to the relay's envelope), or plain
+    /// change events.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    debezium_event_router: bool,
+    /// Where the Debezium wheel, its jars and the compiled drain program are
+    /// kept (default: ~/.cache/outbox-relay-bench/debezium).
+    #[arg(long)]
+    debezium_cache: Option<PathBuf>,
     /// Skip the quota run.
     #[arg(long)]
     no_quota: bool,
@@ -169,6 +208,29 @@ struct Usage {
     wall: Duration,
     cpu: Duration,
     max_rss_kib: i64,
+    /// WAL the server wrote from just before the process started until it
+    /// had stopped (nothing else writes meanwhile): what it made the
+    /// primary write.
+    wal_bytes: f64,
+}
+
+/// The server's WAL insert position.
+async fn wal_lsn(sql: &tokio_postgres::Client) -> anyhow::Result<String> {
+    Ok(sql
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0))
+}
+
+/// Bytes of WAL written since `lsn` (from [`wal_lsn`]).
+async fn wal_since(sql: &tokio_postgres::Client, lsn: &str) -> anyhow::Result<f64> {
+    Ok(sql
+        .query_one(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8",
+            &[&lsn],
+        )
+        .await?
+        .get(0))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -208,7 +270,7 @@ async fn main() -> anyhow::Result<()> {
     let admin = harness::connect(&cluster.admin_url()).await;
     admin.batch_execute("CREATE DATABASE bench").await?;
     let sql = harness::connect(&url).await;
-    let setup_config = relay_config(&url, "bench", "[sink]\nkind = \"stdout\"\n");
+    let setup_config = relay_config(&url, SETUP_SLOT, "[sink]\nkind = \"stdout\"\n");
     let config = outbox_relay::Config::from_parts(
         &setup_config,
         std::path::Path::new("bench.toml"),
@@ -229,8 +291,21 @@ async fn main() -> anyhow::Result<()> {
     if !args.no_drain {
         drain(&args, &sql, &url, &relay, &pg_bin, &cluster).await?;
     }
+    let mut lifecycles = Vec::new();
     if !args.no_lifecycle {
-        lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+        lifecycles = lifecycle::lifecycle(&args, &sql, &url, &relay, &pg_bin).await?;
+    }
+    if !args.no_debezium && (!args.no_lifecycle || args.debezium) {
+        debezium::section(
+            &args,
+            &sql,
+            &url,
+            cluster.port(),
+            &relay,
+            &pg_bin,
+            &lifecycles,
+        )
+        .await?;
     }
     if !args.no_quota {
         quota(&args, &sql, &url, &relay).await?;
@@ -243,6 +318,11 @@ async fn main() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The slot of the configuration `setup` renders the bench's SQL from (it
+/// creates the slot, and the view `outbox_state` derives states from the
+/// position row of this slot).
+const SETUP_SLOT: &str = "bench";
 
 /// The `[sink]` and `[sns]` sections for `endpoint`, publishing to `topic`
 /// (a name; `.fifo` makes it a FIFO topic).
@@ -376,6 +456,7 @@ async fn recvlogical(
     slot: &str,
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
+    let before = wal_lsn(sql).await?;
     let usage = run_to_exit(
         Command::new(pg_bin.join("pg_recvlogical"))
             .arg("--dbname")
@@ -394,7 +475,10 @@ async fn recvlogical(
     )
     .await?;
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(30), None).await?;
-    Ok(usage)
+    Ok(Usage {
+        wal_bytes: wal_since(sql, &before).await?,
+        ..usage
+    })
 }
 
 /// The network contenders of the drain: name, destination (an SNS topic, a
@@ -627,11 +711,12 @@ async fn drain(
             return;
         }
         println!(
-            "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS{}",
+            "{name:<36} {:>10.0} rows/s {:>8.2} s {:>8.2} CPU s/M rows {:>8.1} MiB peak RSS {:>7.1} B/row{}",
             median(runs.iter().map(rate).collect()),
             median(runs.iter().map(|u| u.wall.as_secs_f64()).collect()),
             median(runs.iter().map(cpu).collect()),
             median(runs.iter().map(|u| u.max_rss_kib as f64 / 1024.0).collect()),
+            median(runs.iter().map(|u| u.wal_bytes / rows as f64).collect()),
             traffic.map_or(String::new(), |(messages, calls)| format!(
                 " {:>8.1} messages/call",
                 messages as f64 / calls.max(1) as f64
@@ -639,7 +724,7 @@ async fn drain(
         )
     };
     println!(
-        "{:<36} {:>17} {:>10} {:>21} {:>19} {:>22}",
+        "{:<36} {:>17} {:>10} {:>21} {:>19} {:>13} {:>22}",
         if rounds > 1 {
             "median of rounds"
         } else {
@@ -649,6 +734,7 @@ async fn drain(
         "wall",
         "client CPU",
         "memory",
+        "WAL written",
         "at the endpoint"
     );
     report("pg_recvlogical (baseline)", &recvlogicals, None);
@@ -711,69 +797,6 @@ async fn drain(
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-/// The default lifecycle at a distance: marking every row, until the table
-/// has settled.
-async fn lifecycle(
-    args: &Args,
-    sql: &tokio_postgres::Client,
-    url: &str,
-    relay: &std::path::Path,
-    pg_bin: &std::path::Path,
-) -> anyhow::Result<()> {
-    // Only this backlog's rows in the table: "settled" is "none PENDING".
-    sql.batch_execute("TRUNCATE outbox").await?;
-    let names = ["bench_recvlogical_mark".to_owned(), "bench_mark".to_owned()];
-    let start_lsn = slots(sql, &names).await?;
-    let rows = args.lifecycle_rows;
-    let end_lsn = backlog(
-        sql,
-        url,
-        rows,
-        args.per_tx,
-        &start_lsn,
-        "default lifecycle (on_published = \"mark\", poller and retention on)",
-    )
-    .await?;
-    let baseline = recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
-    let endpoint = sns::Endpoint::start(args.distant()).await?;
-    // The default configuration: nothing but where to connect and publish.
-    let config = format!(
-        "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{}",
-        names[1],
-        sns_sink(&endpoint.url, "bench")
-    );
-    let (usage, settled) = run_relay_until(
-        relay,
-        sql,
-        &config,
-        &aws_env(&endpoint.url),
-        &names[1],
-        &end_lsn,
-        true,
-        None,
-    )
-    .await?;
-    let settled = settled.expect("waited for the table");
-    let rate = |wall: Duration| rows as f64 / wall.as_secs_f64();
-    let base = rate(baseline.wall);
-    println!("pg_recvlogical (baseline)    {base:>10.0} rows/s");
-    println!(
-        "relay, slot confirmed        {:>10.0} rows/s ({:.2}x)",
-        rate(usage.wall),
-        rate(usage.wall) / base
-    );
-    println!(
-        "relay, table settled         {:>10.0} rows/s ({:.2}x, target >= 0.5), {:.1} MiB peak RSS, {:.2} CPU s",
-        rate(settled),
-        rate(settled) / base,
-        usage.max_rss_kib as f64 / 1024.0,
-        usage.cpu.as_secs_f64()
-    );
-    let (messages, calls, _) = endpoint.counts.snapshot();
-    println!("SNS endpoint: {messages} messages in {calls} calls");
-    Ok(())
 }
 
 /// What the endpoint saw in one quota run: a quota at one bucket size.
@@ -1137,6 +1160,7 @@ async fn large(
                 sns_sink(&endpoint.url, "bench")
             );
             let log = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.log"));
+            let settle = Settle::default_for(sql).await?;
             let (usage, settled) = run_relay_until(
                 relay,
                 sql,
@@ -1144,7 +1168,7 @@ async fn large(
                 &aws_env(&endpoint.url),
                 &slot,
                 &end_lsn,
-                true,
+                settle,
                 Some(&log),
             )
             .await?;
@@ -1253,14 +1277,94 @@ async fn run_to_exit(command: &mut Command) -> anyhow::Result<Usage> {
         .spawn()
         .context("spawn")?;
     let pid = child.id() as libc::pid_t;
-    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
+    let peak = PeakRss::watch(pid);
+    let usage = peak.reap().await?;
     Ok(Usage {
         wall: started.elapsed(),
         ..usage
     })
 }
 
-/// Wait for `pid` to exit; its CPU time and peak RSS (its wall time is the caller's).
+/// `VmHWM` of process `pid` (KiB): the peak resident set of its own memory
+/// since it started its program; `None` when it is gone or a zombie.
+fn vm_hwm(pid: libc::pid_t) -> Option<i64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A child's own peak RSS, sampled from `/proc` every 20 ms while it runs.
+///
+/// `wait4`'s `ru_maxrss` cannot be used for it: Linux starts a spawned
+/// child's high-water mark at the parent's resident set (the child runs on
+/// the parent's memory, or a copy of it, until it executes its program), so
+/// every child of a 30 MiB bench would show at least 30 MiB. `VmHWM` is the
+/// high-water mark of the program's own memory; sampled, it misses at most
+/// the last 20 ms of growth of a process that exits by itself (none for one
+/// the bench stops: [`PeakRss::sample`] reads it just before).
+struct PeakRss {
+    pid: libc::pid_t,
+    peak: Arc<std::sync::atomic::AtomicI64>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    fn watch(pid: libc::pid_t) -> PeakRss {
+        let peak = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let sampler = tokio::spawn({
+            let peak = Arc::clone(&peak);
+            async move {
+                loop {
+                    if let Some(kib) = vm_hwm(pid) {
+                        peak.fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
+        PeakRss { pid, peak, sampler }
+    }
+
+    /// Read it now (before the bench stops the process).
+    fn sample(&self) {
+        if let Some(kib) = vm_hwm(self.pid) {
+            self.peak
+                .fetch_max(kib, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Stop sampling; the peak seen, if any.
+    fn stop(self) -> Option<i64> {
+        self.sampler.abort();
+        Some(self.peak.load(std::sync::atomic::Ordering::Relaxed)).filter(|&kib| kib > 0)
+    }
+
+    /// Wait for the process to exit ([`reap`]); what it cost, with its own
+    /// peak RSS.
+    async fn reap(self) -> anyhow::Result<Usage> {
+        let pid = self.pid;
+        let usage = tokio::task::spawn_blocking(move || reap(pid)).await;
+        self.own(usage?)
+    }
+
+    /// `usage` (from [`reap`]) with the sampled peak RSS.
+    fn own(self, usage: anyhow::Result<Usage>) -> anyhow::Result<Usage> {
+        let peak = self.stop();
+        let usage = usage?;
+        Ok(Usage {
+            max_rss_kib: peak.unwrap_or(usage.max_rss_kib),
+            ..usage
+        })
+    }
+}
+
+/// Wait for `pid` to exit; its CPU time and `ru_maxrss` (its wall time is
+/// the caller's; its own peak RSS is [`PeakRss`]'s).
 fn reap(pid: libc::pid_t) -> anyhow::Result<Usage> {
     let mut status = 0;
     // SAFETY: plain FFI call with valid out-pointers.
@@ -1281,6 +1385,7 @@ fn reap(pid: libc::pid_t) -> anyhow::Result<Usage> {
         wall: Duration::ZERO,
         cpu: time(usage.ru_utime) + time(usage.ru_stime),
         max_rss_kib: usage.ru_maxrss,
+        wal_bytes: 0.0,
     })
 }
 
@@ -1293,17 +1398,81 @@ async fn run_relay(
     slot: &str,
     end_lsn: &str,
 ) -> anyhow::Result<Usage> {
-    Ok(
-        run_relay_until(relay, sql, config, envs, slot, end_lsn, false, None)
-            .await?
-            .0,
+    Ok(run_relay_until(
+        relay,
+        sql,
+        config,
+        envs,
+        slot,
+        end_lsn,
+        Settle::Confirmed,
+        None,
     )
+    .await?
+    .0)
 }
 
-/// Run the relay until `slot` confirmed `end_lsn` (and, with `settle`, until
-/// no outbox row is PENDING), then stop it; what it cost (its wall time to
-/// the confirmation) and the wall time until the table settled. Its log goes
-/// to `log` when given, else to the bench's standard error.
+/// When a drain is over, besides the slot's confirmation of the backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// The slot confirmed the end of the backlog: nothing more.
+    Confirmed,
+    /// And no row is `publish_state = 'PENDING'` (`on_published = "mark"`).
+    Marked,
+    /// And the view `outbox_state` derives no row as `PENDING`
+    /// (`on_published = "derive"`: published state derived from the
+    /// relay's confirmed snapshot).
+    Derived,
+}
+
+impl Settle {
+    /// The query that says whether rows are still pending, if any.
+    fn pending_query(self) -> Option<&'static str> {
+        match self {
+            Settle::Confirmed => None,
+            // The partial index on PENDING/FAILED rows answers this.
+            Settle::Marked => {
+                Some("SELECT EXISTS (SELECT 1 FROM outbox WHERE publish_state = 'PENDING')")
+            }
+            Settle::Derived => {
+                Some("SELECT EXISTS (SELECT 1 FROM outbox_state WHERE state = 'PENDING')")
+            }
+        }
+    }
+
+    /// How the default configuration settles on this table: by the derived
+    /// state when the table has it (the column `relay_txid` and the view
+    /// `outbox_state`), else by the marks.
+    async fn default_for(sql: &tokio_postgres::Client) -> anyhow::Result<Settle> {
+        Ok(if derive_available(sql).await? {
+            Settle::Derived
+        } else {
+            Settle::Marked
+        })
+    }
+}
+
+/// Whether the outbox table has what the derived lifecycle needs: the column
+/// `relay_txid` and the view `outbox_state`.
+async fn derive_available(sql: &tokio_postgres::Client) -> anyhow::Result<bool> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns \
+                            WHERE table_schema = current_schema() AND table_name = 'outbox' \
+                              AND column_name = 'relay_txid') \
+                    AND to_regclass('outbox_state') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Run the relay until `slot` confirmed `end_lsn` (and until the table has
+/// settled by `settle`), then stop it; what it cost (its wall time to the
+/// confirmation, the WAL written from just before its start until it
+/// stopped) and the wall time until the table settled (with a `settle` other
+/// than [`Settle::Confirmed`]). Its log goes to `log` when given, else to
+/// the bench's standard error.
 #[allow(clippy::too_many_arguments)]
 async fn run_relay_until(
     relay: &std::path::Path,
@@ -1312,7 +1481,7 @@ async fn run_relay_until(
     envs: &[(&'static str, String)],
     slot: &str,
     end_lsn: &str,
-    settle: bool,
+    settle: Settle,
     log: Option<&std::path::Path>,
 ) -> anyhow::Result<(Usage, Option<Duration>)> {
     let path = std::env::temp_dir().join(format!("outbox-relay-bench-{slot}.toml"));
@@ -1321,6 +1490,7 @@ async fn run_relay_until(
         Some(log) => Stdio::from(std::fs::File::create(log).context("the relay's log file")?),
         None => Stdio::inherit(),
     };
+    let wal_before = wal_lsn(sql).await?;
     let started = Instant::now();
     let child = Command::new(relay)
         .arg("--config")
@@ -1333,40 +1503,51 @@ async fn run_relay_until(
         .context("spawn the relay")?;
     let pid = child.id() as libc::pid_t;
     let guard = KillOnError(pid);
+    let peak = PeakRss::watch(pid);
     // Long enough for the slowest contender (Kinesis with strict_order drains
     // a 200,000-row backlog at a few hundred rows/s: docs/benchmarks.md).
     wait_confirmed(sql, slot, end_lsn, Duration::from_secs(3600), Some(pid)).await?;
     let wall = started.elapsed();
-    let settled = if settle {
+    let settled = if let Some(query) = settle.pending_query() {
         let deadline = Instant::now() + Duration::from_secs(600);
         loop {
-            // The partial index on PENDING/FAILED rows answers this.
-            let pending: bool = sql
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM outbox WHERE publish_state = 'PENDING')",
-                    &[],
-                )
-                .await?
-                .get(0);
+            let asking = Instant::now();
+            let pending: bool = sql.query_one(query, &[]).await?.get(0);
             if !pending {
-                break Some(started.elapsed());
+                // Settled as of the question's snapshot, not its answer:
+                // the last question scans the whole table (no row is
+                // pending), the ones before stop at the first pending row.
+                break Some(asking.duration_since(started));
             }
             if Instant::now() > deadline {
-                bail!("rows still PENDING 600 s after the slot confirmed");
+                bail!("rows still PENDING 600 s after the slot confirmed ({settle:?})");
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Every 20 ms, or less often when the question is costly (the
+            // derived state is computed over the table), so the asking does
+            // not take the relay's CPU.
+            let cost = asking.elapsed();
+            tokio::time::sleep(Duration::from_millis(20).max(cost * 3)).await;
         }
     } else {
         None
     };
     std::mem::forget(guard);
+    peak.sample();
     // SAFETY: signalling our own child.
     #[allow(unsafe_code)]
     unsafe {
         libc::kill(pid, libc::SIGTERM);
     }
-    let usage = tokio::task::spawn_blocking(move || reap(pid)).await??;
-    Ok((Usage { wall, ..usage }, settled))
+    let usage = peak.reap().await?;
+    let wal_bytes = wal_since(sql, &wal_before).await?;
+    Ok((
+        Usage {
+            wall,
+            wal_bytes,
+            ..usage
+        },
+        settled,
+    ))
 }
 
 /// Poll until `slot`'s confirmed_flush_lsn reaches `lsn`.
