@@ -8,7 +8,7 @@
 -- The expression is the relay's own (postgres::outbox::derived), so the view,
 -- the poller, retention and `status` agree. Made again each time (the table's
 -- columns may have changed); only for a table with publish_state and
--- relay_txid.
+-- relay_txid. With it, the trigger <table>_requeue (below).
 DO $$
 BEGIN
     DROP VIEW IF EXISTS {{schema}}.{{state_view}};
@@ -22,6 +22,21 @@ BEGIN
               FROM {{schema}}.{{table}} o
               {{=position_join}};
         GRANT SELECT ON {{schema}}.{{state_view}} TO {{role}};
+        -- A row set back to PENDING by hand (to send it again) loses its
+        -- transaction id: with it, the row would read as published at once
+        -- and never be sent. Without one the poller publishes it (explicit
+        -- state). Only such updates fire it; inserts cost nothing.
+        CREATE OR REPLACE FUNCTION {{schema}}.{{requeue}}() RETURNS trigger
+            LANGUAGE plpgsql AS $requeue$
+        BEGIN
+            NEW.relay_txid := NULL;
+            RETURN NEW;
+        END
+        $requeue$;
+        DROP TRIGGER IF EXISTS {{requeue}} ON {{schema}}.{{table}};
+        CREATE TRIGGER {{requeue}} BEFORE UPDATE OF publish_state ON {{schema}}.{{table}}
+            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING' AND OLD.publish_state IS DISTINCT FROM 'PENDING')
+            EXECUTE FUNCTION {{schema}}.{{requeue}}();
     END IF;
 END
 $$;

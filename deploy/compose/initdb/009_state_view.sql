@@ -15,7 +15,7 @@
 -- The expression is the relay's own (postgres::outbox::derived), so the view,
 -- the poller, retention and `status` agree. Made again each time (the table's
 -- columns may have changed); only for a table with publish_state and
--- relay_txid.
+-- relay_txid. With it, the trigger <table>_requeue (below).
 DO $$
 BEGIN
     DROP VIEW IF EXISTS public.outbox_state;
@@ -29,6 +29,21 @@ BEGIN
               FROM public.outbox o
               LEFT JOIN public.outbox_position p ON p.slot_name = 'outbox_relay';
         GRANT SELECT ON public.outbox_state TO outbox_relay;
+        -- A row set back to PENDING by hand (to send it again) loses its
+        -- transaction id: with it, the row would read as published at once
+        -- and never be sent. Without one the poller publishes it (explicit
+        -- state). Only such updates fire it; inserts cost nothing.
+        CREATE OR REPLACE FUNCTION public.outbox_requeue() RETURNS trigger
+            LANGUAGE plpgsql AS $requeue$
+        BEGIN
+            NEW.relay_txid := NULL;
+            RETURN NEW;
+        END
+        $requeue$;
+        DROP TRIGGER IF EXISTS outbox_requeue ON public.outbox;
+        CREATE TRIGGER outbox_requeue BEFORE UPDATE OF publish_state ON public.outbox
+            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING' AND OLD.publish_state IS DISTINCT FROM 'PENDING')
+            EXECUTE FUNCTION public.outbox_requeue();
     END IF;
 END
 $$;

@@ -475,7 +475,9 @@ async fn marks_cut_off_by_a_postgres_restart_are_written_once_it_is_back() {
         .unwrap();
     let sink = Collect::default();
     let relay = Running::start(
-        outbox.config(&format!("{QUICK_RETRY}[poller]\nenabled = false\n")),
+        outbox.config(&format!(
+            "{QUICK_RETRY}[poller]\nenabled = false\n[lifecycle]\non_published = \"mark\"\n"
+        )),
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;

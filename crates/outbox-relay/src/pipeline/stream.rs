@@ -522,6 +522,11 @@ impl<'a> Session<'a> {
                 holes_tx,
             ))
         } else {
+            if admitted.table.derived {
+                position::suspend(&sql_client, &position_table, &config.postgres.slot)
+                    .await
+                    .map_err(sql("suspending the derived lifecycle"))?;
+            }
             None
         };
         let replicating = Self::start_replication(config, conn, stop, &admitted, kept.as_ref());

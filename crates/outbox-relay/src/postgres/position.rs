@@ -43,29 +43,35 @@
 //! ([`crate::postgres::outbox::derived`] states the rule). The keeper owns
 //! the writing side:
 //!
-//! * **The pair.** When events finished since the last one, the keeper takes
-//!   a *candidate* on its SQL connection: S = `pg_current_snapshot()` (the
+//! * **The pair.** While events finish, the keeper takes a *candidate* once
+//!   a status interval on its SQL connection: S = `pg_current_snapshot()` (the
 //!   statement's snapshot, taken before it runs), then W =
 //!   `pg_current_wal_insert_lsn()` (read while it runs). PostgreSQL inserts
 //!   a commit record before the transaction leaves the proc array, so every
 //!   transaction visible in S has its commit record before W. Once the
 //!   confirmed position passes W (every transaction committed before it was
 //!   published or recorded) *and* `pg_current_wal_flush_lsn() >= W`, S, W
-//!   and `snapshot_at` are stored with the confirmed position, in one
-//!   transaction with `SET LOCAL synchronous_commit = on`; then the next
-//!   candidate is taken. An idle relay takes none and writes nothing; a
-//!   graceful stop stores the pair if it qualifies.
+//!   and `snapshot_at` of the newest candidate it passed are stored with the
+//!   confirmed position, in one transaction with `SET LOCAL
+//!   synchronous_commit = local`. Candidates wait in a queue, so while the
+//!   stream works through a backlog the vouched S trails it by about an
+//!   interval (not by the backlog, which would let the poller, whose
+//!   samples trail by an interval, take rows the stream delivered). An idle
+//!   relay takes none and writes nothing; a graceful stop stores the pair if
+//!   it qualifies.
 //! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
 //!   off` is visible before its commit record is flushed. If the server then
 //!   stops (crash, immediate shutdown) the commit is lost and its xid is
 //!   handed out again, to a transaction the stream has not seen, which S
 //!   would still call visible. Once W is flushed, every commit S can see is
 //!   durable and no id in S can be reused.
-//! * **Why a synchronous commit.** The stored pair vouches for rows at once
-//!   (every reader joins the row). Were its own commit lost in a crash, no
-//!   harm (the older pair stays); but a server whose WAL it reached must hold
-//!   it; `on` also waits for synchronous standbys, so a promoted synchronous
-//!   standby holds the pair with everything it vouches for.
+//! * **Why a synchronous commit, and only a local one.** The stored pair
+//!   vouches for rows at once (every reader joins the row), so it is flushed
+//!   before the keeper moves on; were its own commit lost in a crash, no harm
+//!   (the older pair stays). Not `on`: waiting for synchronous standbys adds
+//!   nothing (a standby promoted holds the pair only with the WAL before it,
+//!   below) and would stall the session's shared connection, and with it the
+//!   recorder and the stream, while a synchronous standby is away.
 //! * **Identity.** At a session's start ([`prepare`]) a stored S is
 //!   discarded (set NULL, with a warning: the poller publishes its rows again,
 //!   at least once, until a new pair is stored) when the row was written by
@@ -283,6 +289,13 @@ pub(crate) struct Vouching {
 /// Most holes kept: beyond, the two oldest are merged ([`merge`]).
 pub(crate) const MAX_HOLES: usize = 16;
 
+/// Most pairs waiting for the stream to pass their W.
+const MAX_CANDIDATES: usize = 256;
+
+/// How often a pair is taken while events finish (and no older one waits
+/// for nothing: an empty queue takes one at once).
+const CANDIDATE_EVERY: Duration = Duration::from_secs(1);
+
 /// How often the keeper looks for holes to close.
 const TIDY_EVERY: Duration = Duration::from_secs(60);
 
@@ -395,9 +408,13 @@ pub(crate) async fn publication_identity(
 /// How many merges.
 pub(crate) fn merge(holes: &mut Holes) -> usize {
     let mut merged = 0;
-    while holes.0.len() > MAX_HOLES {
-        let second = holes.0.remove(1);
-        holes.0[0].to = second.to;
+    // The slot's boundary (from the beginning) is never merged: that would
+    // hand every row the stream delivered since it to the poller.
+    let beginning = Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot");
+    let first = usize::from(holes.0.first().is_some_and(|h| h.from == beginning));
+    while holes.0.len() > MAX_HOLES && holes.0.len() >= first + 2 {
+        let second = holes.0.remove(first + 1);
+        holes.0[first].to = second.to;
         merged += 1;
     }
     merged
@@ -544,6 +561,41 @@ pub(crate) async fn prepare(
     })
 }
 
+/// A session that keeps no holes (the lifecycle in force is not `derive`)
+/// on a slot whose row holds derived state: the slot may be lost, created
+/// again or moved meanwhile, and no session would see it, so a hole from the
+/// stored S to every later transaction ([`derived::OPEN`]) is written first
+/// (once); the next `derive` session narrows it ([`prepare`]). Rows the
+/// stream publishes meanwhile are marked anyway. Without derived state (or
+/// the columns, or the privilege) nothing to do.
+pub(crate) async fn suspend(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = format!(
+        "UPDATE {table} SET hole_from = hole_from || coalesce(snapshot, {beginning}::pg_snapshot), \
+                hole_to = hole_to || {open}::pg_snapshot \
+         WHERE slot_name = $1 AND hole_to IS NOT NULL AND NOT ({open} = ANY(hole_to::text[]))",
+        beginning = quote_literal(BEGINNING),
+        open = quote_literal(derived::OPEN),
+    );
+    match client.execute(&sql, &[&slot]).await {
+        Ok(0) => Ok(()),
+        Ok(_) => {
+            tracing::info!(slot = %slot, "derived lifecycle suspended: a hole open to every later transaction until a `derive` session narrows it");
+            Ok(())
+        }
+        Err(error)
+            if missing_or_denied(&error)
+                || error.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) =>
+        {
+            Ok(())
+        }
+        Err(error) => Err(error),
+    }
+}
+
 /// SQL array literal of `snapshots`.
 fn snapshot_array(snapshots: impl Iterator<Item = String>) -> String {
     let items: Vec<String> = snapshots.map(|s| quote_literal(&s)).collect();
@@ -579,7 +631,7 @@ async fn write_holes(
     // can fall inside the transaction.
     client
         .batch_execute(&format!(
-            "BEGIN; SET LOCAL synchronous_commit = on; \
+            "BEGIN; SET LOCAL synchronous_commit = local; \
              INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, \
                  updated_at, hole_from, hole_to) \
              SELECT {slot}, (SELECT system_identifier::text FROM pg_control_system()), \
@@ -622,10 +674,16 @@ struct Candidate {
 /// The derived lifecycle's state in the keeper, shared with its background
 /// write.
 struct Cycle {
-    /// The pair waiting for the confirmed position to pass its W.
-    candidate: Option<Candidate>,
-    /// Events finished when the candidate was taken.
+    /// The pairs waiting for the confirmed position to pass their W, oldest
+    /// first, one taken a status interval while events finish: while the
+    /// stream catches up on a backlog, each W it passes has a pair ready,
+    /// so the vouched S trails the stream by about an interval, not by the
+    /// backlog ([`MAX_CANDIDATES`]).
+    candidates: std::collections::VecDeque<Candidate>,
+    /// Events finished when the last candidate was taken.
     finished_at_candidate: u64,
+    /// When the last candidate was taken.
+    taken: Instant,
     /// The vouched S (for a hole's `from` at the next start, and the log).
     vouched: Option<Snapshot>,
     /// When the vouched pair was stored (unix seconds).
@@ -668,8 +726,9 @@ impl Derived {
         metrics.derived_holes.set(holes.0.len() as i64);
         Self {
             cycle: Arc::new(Mutex::new(Cycle {
-                candidate: None,
+                candidates: std::collections::VecDeque::new(),
                 finished_at_candidate: u64::MAX,
+                taken: Instant::now(),
                 vouched: vouching.snapshot,
                 vouched_at: vouching.at,
                 holes,
@@ -774,10 +833,15 @@ impl Keeper {
             return;
         };
         let (take, store, tidy) = {
-            let cycle = derived.cycle.lock().expect("cycle");
-            let store = cycle.candidate.clone().filter(|c| confirmed >= c.lsn);
-            let take = (cycle.candidate.is_none() || store.is_some())
-                && finished != cycle.finished_at_candidate;
+            let mut cycle = derived.cycle.lock().expect("cycle");
+            // The newest pair whose W the stream passed; older ones are
+            // vouched for by it.
+            let mut store = None;
+            while cycle.candidates.front().is_some_and(|c| confirmed >= c.lsn) {
+                store = cycle.candidates.pop_front();
+            }
+            let take = finished != cycle.finished_at_candidate
+                && (cycle.candidates.is_empty() || cycle.taken.elapsed() >= CANDIDATE_EVERY);
             let tidy = !cycle.holes.0.is_empty() && cycle.tidied.elapsed() >= TIDY_EVERY;
             (take, store, tidy)
         };
@@ -813,12 +877,12 @@ impl Keeper {
             let _ = tokio::time::timeout(limit, writing).await;
         }
         let store = self.derived.as_ref().and_then(|d| {
-            d.cycle
-                .lock()
-                .expect("cycle")
-                .candidate
-                .clone()
-                .filter(|c| confirmed >= c.lsn)
+            let mut cycle = d.cycle.lock().expect("cycle");
+            let mut store = None;
+            while cycle.candidates.front().is_some_and(|c| confirmed >= c.lsn) {
+                store = cycle.candidates.pop_front();
+            }
+            store
         });
         if confirmed <= self.written && store.is_none() {
             return;
@@ -933,10 +997,18 @@ where
             match take_candidate(&client).await {
                 Ok(candidate) => {
                     let mut cycle = cycle.lock().expect("cycle");
-                    if cycle.candidate.is_none() {
-                        cycle.candidate = Some(candidate);
-                        cycle.finished_at_candidate = finished;
+                    cycle.finished_at_candidate = finished;
+                    cycle.taken = Instant::now();
+                    if cycle.candidates.len() >= MAX_CANDIDATES {
+                        // Thin out, keeping the oldest and the newest: the
+                        // stream still finds a pair within twice the spacing.
+                        let mut keep = false;
+                        cycle.candidates.retain(|_| {
+                            keep = !keep;
+                            keep
+                        });
                     }
+                    cycle.candidates.push_back(candidate);
                 }
                 Err(error) => {
                     tracing::warn!(error = %crate::report::Chain(&error), "cannot take a snapshot to vouch for");
@@ -1006,7 +1078,6 @@ where
         let mut cycle = self.cycle.lock().expect("cycle");
         cycle.vouched = Some(candidate.snapshot);
         cycle.vouched_at = Some(crate::time::unix_ms() as f64 / 1000.0);
-        cycle.candidate = None;
         lag_gauge(cycle.vouched_at);
         Ok(())
     }
@@ -1094,7 +1165,7 @@ async fn store_pair(
     // statement of another task on this connection can fall inside it.
     client
         .batch_execute(&format!(
-            "BEGIN; SET LOCAL synchronous_commit = on; \
+            "BEGIN; SET LOCAL synchronous_commit = local; \
              INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, \
                  updated_at, snapshot, snapshot_lsn, snapshot_at) \
              SELECT {slot}, {system}, {timeline}, oid, {confirmed}::pg_lsn, now(), {s}::pg_snapshot, \
@@ -1247,7 +1318,7 @@ mod tests {
         let mut holes = Holes(
             (0..MAX_HOLES as u64 + 2)
                 .map(|k| Hole {
-                    from: snap(100 * k + 1),
+                    from: snap(100 * k + 10),
                     to: snap(100 * k + 50),
                 })
                 .collect(),
@@ -1255,10 +1326,29 @@ mod tests {
         assert_eq!(merge(&mut holes), 2);
         assert_eq!(holes.0.len(), MAX_HOLES);
         // The first now spans the first three; a row between them is in it.
-        assert_eq!(holes.0[0].from, snap(1));
+        assert_eq!(holes.0[0].from, snap(10));
         assert_eq!(holes.0[0].to, snap(250));
-        assert!(holes.needs_mark(Some(120)) && holes.needs_mark(Some(220)));
-        assert_eq!(holes.0[1].from, snap(301));
+        assert!(holes.needs_mark(Some(80)) && holes.needs_mark(Some(180)));
+        assert_eq!(holes.0[1].from, snap(310));
         assert_eq!(merge(&mut holes), 0);
+        // The slot's boundary is never merged: the two after it are.
+        let mut holes = Holes(
+            std::iter::once(Hole {
+                from: Snapshot::parse(BEGINNING).unwrap(),
+                to: snap(5),
+            })
+            .chain((1..MAX_HOLES as u64 + 1).map(|k| Hole {
+                from: snap(100 * k + 10),
+                to: snap(100 * k + 50),
+            }))
+            .collect(),
+        );
+        assert_eq!(merge(&mut holes), 1);
+        assert_eq!(holes.0[0].to, snap(5));
+        assert_eq!((holes.0[1].from.xmin, holes.0[1].to.xmin), (110, 250));
+        assert!(
+            !holes.needs_mark(Some(60)),
+            "between the boundary and the next hole"
+        );
     }
 }

@@ -171,6 +171,7 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
             qualified(&table.schema, &view),
         ),
         ("state_view".to_owned(), view),
+        ("requeue".to_owned(), format!("{}_requeue", table.name)),
         ("=state".to_owned(), derived::state("o", "p")),
         ("lock_timeout".to_owned(), MIGRATION_LOCK_TIMEOUT.to_owned()),
     ];

@@ -291,7 +291,7 @@ impl Reader {
     }
 
     /// The configured table's reader when its state is derived:
-    /// `on_published` is `"derive"` or `"mark"`, the table has [`COLUMN`] (`table_derived`,
+    /// `on_published` is not `"none"`, the table has [`COLUMN`] (`table_derived`,
     /// `Table::derived`), and the position table exists with
     /// [`POSITION_COLUMNS`] and may be read. Otherwise `None`: the relay runs
     /// `derive` as `mark` (nothing is vouched for, the stream marks what it
@@ -301,10 +301,11 @@ impl Reader {
         config: &crate::config::Config,
         table_derived: bool,
     ) -> Result<Option<Self>, tokio_postgres::Error> {
-        // Under `mark` too: a derived table switched back to `mark` keeps the
-        // rows the stream published under `derive` published (its last
-        // vouched snapshot stays); rows written since are marked explicitly.
-        if !table_derived || !config.lifecycle.on_published.tracks_rows() {
+        // Under `mark` and `delete` too: a derived table switched to either
+        // keeps the rows the stream published under `derive` published (its
+        // last vouched snapshot stays; a session in another mode opens a hole
+        // from it), so the poller does not take the whole history again.
+        if !table_derived || config.lifecycle.on_published == crate::config::OnPublished::None {
             return Ok(None);
         }
         let name = config.table();
