@@ -22,10 +22,11 @@ BEGIN
               FROM {{schema}}.{{table}} o
               {{=position_join}};
         GRANT SELECT ON {{schema}}.{{state_view}} TO {{role}};
-        -- A row set back to PENDING by hand (to send it again) loses its
-        -- transaction id: with it, the row would read as published at once
-        -- and never be sent. Without one the poller publishes it (explicit
-        -- state). Only such updates fire it; inserts cost nothing.
+        -- A row set to PENDING by hand (to send it again; a row published by
+        -- the derived rule is PENDING on disk already) loses its transaction
+        -- id: with it, the row would read as published and never be sent.
+        -- Without one the poller publishes it (explicit state). Only such
+        -- updates fire it (the relay never writes PENDING); inserts cost nothing.
         CREATE OR REPLACE FUNCTION {{schema}}.{{requeue}}() RETURNS trigger
             LANGUAGE plpgsql AS $requeue$
         BEGIN
@@ -35,7 +36,7 @@ BEGIN
         $requeue$;
         DROP TRIGGER IF EXISTS {{requeue}} ON {{schema}}.{{table}};
         CREATE TRIGGER {{requeue}} BEFORE UPDATE OF publish_state ON {{schema}}.{{table}}
-            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING' AND OLD.publish_state IS DISTINCT FROM 'PENDING')
+            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING')
             EXECUTE FUNCTION {{schema}}.{{requeue}}();
     END IF;
 END

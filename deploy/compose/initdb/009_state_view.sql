@@ -29,10 +29,11 @@ BEGIN
               FROM public.outbox o
               LEFT JOIN public.outbox_position p ON p.slot_name = 'outbox_relay';
         GRANT SELECT ON public.outbox_state TO outbox_relay;
-        -- A row set back to PENDING by hand (to send it again) loses its
-        -- transaction id: with it, the row would read as published at once
-        -- and never be sent. Without one the poller publishes it (explicit
-        -- state). Only such updates fire it; inserts cost nothing.
+        -- A row set to PENDING by hand (to send it again; a row published by
+        -- the derived rule is PENDING on disk already) loses its transaction
+        -- id: with it, the row would read as published and never be sent.
+        -- Without one the poller publishes it (explicit state). Only such
+        -- updates fire it (the relay never writes PENDING); inserts cost nothing.
         CREATE OR REPLACE FUNCTION public.outbox_requeue() RETURNS trigger
             LANGUAGE plpgsql AS $requeue$
         BEGIN
@@ -42,7 +43,7 @@ BEGIN
         $requeue$;
         DROP TRIGGER IF EXISTS outbox_requeue ON public.outbox;
         CREATE TRIGGER outbox_requeue BEFORE UPDATE OF publish_state ON public.outbox
-            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING' AND OLD.publish_state IS DISTINCT FROM 'PENDING')
+            FOR EACH ROW WHEN (NEW.publish_state = 'PENDING')
             EXECUTE FUNCTION public.outbox_requeue();
     END IF;
 END

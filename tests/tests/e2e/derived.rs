@@ -715,3 +715,52 @@ async fn rows_written_while_the_publication_left_the_table_out_are_never_derived
     }
     relay.stop().await;
 }
+
+/// An operator sends rows again the way the lifecycle always allowed: by
+/// setting them to `PENDING`. A row published by the derived rule is
+/// `PENDING` on disk already, so the requeue trigger clears its id; the
+/// poller then publishes it, and it ends `PUBLISHED` explicitly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_set_to_pending_by_hand_is_sent_again() {
+    let outbox = Outbox::new().await;
+    let config = format!("{DERIVE}[poller]\ninterval = \"1s\"\ngrace = \"1s\"\n");
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let ids = outbox.insert_many(1, 2, 1).await;
+    all_derived(&outbox, &ids, "the rows are derived published").await;
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox SET publish_state = 'PENDING' WHERE id::text = $1",
+            &[&ids[0]],
+        )
+        .await
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the row is sent again", || async {
+        sink.ids().iter().filter(|id| **id == ids[0]).count() == 2
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(10),
+        "it ends PUBLISHED explicitly",
+        || async {
+            let row = outbox
+                .sql
+                .query_one(
+                    "SELECT publish_state, relay_txid IS NULL FROM outbox WHERE id::text = $1",
+                    &[&ids[0]],
+                )
+                .await
+                .unwrap();
+            row.get::<_, String>(0) == "PUBLISHED" && row.get::<_, bool>(1)
+        },
+    )
+    .await;
+    assert_eq!(
+        sink.ids().iter().filter(|id| **id == ids[1]).count(),
+        1,
+        "the other row is not sent again"
+    );
+    relay.stop().await;
+}
