@@ -697,6 +697,18 @@ struct Cycle {
     opened: bool,
 }
 
+impl Cycle {
+    /// Take out the newest pair whose W the stream passed (`confirmed`),
+    /// and the older ones, which it vouches for.
+    fn passed(&mut self, confirmed: u64) -> Option<Candidate> {
+        let mut newest = None;
+        while self.candidates.front().is_some_and(|c| confirmed >= c.lsn) {
+            newest = self.candidates.pop_front();
+        }
+        newest
+    }
+}
+
 /// The derived lifecycle's part of a [`Keeper`].
 pub(crate) struct Derived {
     cycle: Arc<Mutex<Cycle>>,
@@ -834,12 +846,7 @@ impl Keeper {
         };
         let (take, store, tidy) = {
             let mut cycle = derived.cycle.lock().expect("cycle");
-            // The newest pair whose W the stream passed; older ones are
-            // vouched for by it.
-            let mut store = None;
-            while cycle.candidates.front().is_some_and(|c| confirmed >= c.lsn) {
-                store = cycle.candidates.pop_front();
-            }
+            let store = cycle.passed(confirmed);
             let take = finished != cycle.finished_at_candidate
                 && (cycle.candidates.is_empty() || cycle.taken.elapsed() >= CANDIDATE_EVERY);
             let tidy = !cycle.holes.0.is_empty() && cycle.tidied.elapsed() >= TIDY_EVERY;
@@ -852,17 +859,7 @@ impl Keeper {
             self.written = confirmed;
             self.finished_then = finished;
         }
-        let round = Round {
-            client: Arc::clone(&self.client),
-            table: self.table.clone(),
-            slot: self.slot.clone(),
-            system: self.system.clone(),
-            outbox: derived.outbox.clone(),
-            publication: derived.publication.clone(),
-            publication_id: derived.publication_id.clone(),
-            cycle: Arc::clone(&derived.cycle),
-            position: self.write(confirmed),
-        };
+        let round = self.round(derived, confirmed);
         self.writing = Some(tokio::spawn(async move {
             round
                 .run(confirmed, finished, take, store, position_due, tidy)
@@ -876,30 +873,16 @@ impl Keeper {
         if let Some(writing) = self.writing.take() {
             let _ = tokio::time::timeout(limit, writing).await;
         }
-        let store = self.derived.as_ref().and_then(|d| {
-            let mut cycle = d.cycle.lock().expect("cycle");
-            let mut store = None;
-            while cycle.candidates.front().is_some_and(|c| confirmed >= c.lsn) {
-                store = cycle.candidates.pop_front();
-            }
-            store
-        });
+        let store = self
+            .derived
+            .as_ref()
+            .and_then(|d| d.cycle.lock().expect("cycle").passed(confirmed));
         if confirmed <= self.written && store.is_none() {
             return;
         }
         let done = match (store, &self.derived) {
             (Some(candidate), Some(derived)) => {
-                let round = Round {
-                    client: Arc::clone(&self.client),
-                    table: self.table.clone(),
-                    slot: self.slot.clone(),
-                    system: self.system.clone(),
-                    outbox: derived.outbox.clone(),
-                    publication: derived.publication.clone(),
-                    publication_id: derived.publication_id.clone(),
-                    cycle: Arc::clone(&derived.cycle),
-                    position: self.write(confirmed),
-                };
+                let round = self.round(derived, confirmed);
                 tokio::time::timeout(limit, async move {
                     round.store_or_write(confirmed, candidate, true).await
                 })
@@ -915,6 +898,26 @@ impl Keeper {
                 tracing::warn!(error = %crate::report::Chain(&error), "cannot keep the final position");
             }
             Err(_) => tracing::warn!("the final position could not be kept in time"),
+        }
+    }
+
+    /// A background round of the derived keeper at `confirmed`.
+    fn round(
+        &self,
+        derived: &Derived,
+        confirmed: u64,
+    ) -> Round<impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static>
+    {
+        Round {
+            client: Arc::clone(&self.client),
+            table: self.table.clone(),
+            slot: self.slot.clone(),
+            system: self.system.clone(),
+            outbox: derived.outbox.clone(),
+            publication: derived.publication.clone(),
+            publication_id: derived.publication_id.clone(),
+            cycle: Arc::clone(&derived.cycle),
+            position: self.write(confirmed),
         }
     }
 
