@@ -122,8 +122,9 @@ async fn every_state_run_refuses_at_start_check_reports_as_an_error_in_the_same_
         ),
         (
             "nowhere to record rejected events",
-            // The state view reads publish_state: it goes first.
-            "DROP VIEW outbox_state; ALTER TABLE outbox DROP COLUMN publish_state; \
+            // The state view and the requeue trigger read publish_state: they go first.
+            "DROP VIEW outbox_state; DROP TRIGGER outbox_requeue ON outbox; \
+             ALTER TABLE outbox DROP COLUMN publish_state; \
              DROP TABLE outbox_dead_letter",
             |_| "outbox_dead_letter".into(),
         ),
