@@ -312,6 +312,14 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
 async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_it() {
     let outbox = Outbox::new().await;
     derive(&outbox).await;
+    // The test sets rows back to PENDING to stand for rows the stream
+    // published and left so; an operator's requeue (the trigger clearing
+    // their ids) is another case (derived::a_row_set_to_pending_by_hand_is_sent_again).
+    outbox
+        .sql
+        .batch_execute("ALTER TABLE outbox DISABLE TRIGGER outbox_requeue")
+        .await
+        .unwrap();
     let boundary = snapshot(&outbox).await;
     position(&outbox, &boundary, &[("1:1:", &boundary)]).await;
     let sink = Collect::holding(|m| m.event.event_type() == "Held");
