@@ -14,46 +14,16 @@ const DERIVE: &str = "[lifecycle]\non_published = \"derive\"\n";
 /// Quick reconnects for tests.
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
 
-/// Give the test table and position table the derived lifecycle's columns,
-/// as `setup --apply` migrates them (the column without a default first,
-/// then the default: rows from before keep NULL); harmless once setup
-/// creates them itself.
-async fn derive_columns(outbox: &Outbox) {
-    outbox
-        .sql
-        .batch_execute(
-            "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS relay_txid xid8; \
-             ALTER TABLE outbox ALTER COLUMN relay_txid SET DEFAULT pg_current_xact_id(); \
-             CREATE INDEX IF NOT EXISTS outbox_txid_idx ON outbox (relay_txid) WHERE publish_state = 'PENDING'; \
-             ALTER TABLE outbox_position ADD COLUMN IF NOT EXISTS snapshot pg_snapshot, \
-                 ADD COLUMN IF NOT EXISTS snapshot_lsn pg_lsn, ADD COLUMN IF NOT EXISTS snapshot_at timestamptz, \
-                 ADD COLUMN IF NOT EXISTS hole_from pg_snapshot[], ADD COLUMN IF NOT EXISTS hole_to pg_snapshot[];",
-        )
-        .await
-        .expect("the derived lifecycle's columns");
-}
-
-/// `postgres::outbox::derived::published(o, p)`, as every reader uses it
-/// (inline until setup creates the `outbox_state` view).
-const PUBLISHED: &str = "coalesce(o.publish_state = 'PENDING' AND o.relay_txid IS NOT NULL \
-     AND p.hole_to IS NOT NULL AND pg_visible_in_snapshot(o.relay_txid, p.snapshot) \
-     AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
-     AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
-     AND NOT EXISTS (SELECT 1 FROM unnest(p.hole_from, p.hole_to) AS h(f, t) \
-                     WHERE pg_visible_in_snapshot(o.relay_txid, h.t) AND NOT pg_visible_in_snapshot(o.relay_txid, h.f)), \
-     false)";
-
 /// Each row's state: derived `PUBLISHED`, or its explicit one; and whether
 /// it was derived.
 async fn states(outbox: &Outbox) -> HashMap<String, (String, bool)> {
     outbox
         .sql
         .query(
-            &format!(
-                "SELECT o.id::text, CASE WHEN {PUBLISHED} THEN 'PUBLISHED' ELSE o.publish_state END, {PUBLISHED} \
-                 FROM outbox o LEFT JOIN outbox_position p ON p.slot_name = $1"
-            ),
-            &[&outbox.slot],
+            // The view setup made: derived when it reads PUBLISHED while the
+            // row itself still says PENDING.
+            "SELECT id::text, state, state = 'PUBLISHED' AND publish_state = 'PENDING' FROM outbox_state",
+            &[],
         )
         .await
         .expect("read the derived states")
@@ -125,7 +95,6 @@ async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derive_publishes_every_row_and_writes_none_of_them() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     let sink = Collect::default();
     let relay = Running::start(outbox.config(DERIVE), sink.clone());
     outbox.wait_slot_active(true).await;
@@ -188,7 +157,6 @@ async fn derive_publishes_every_row_and_writes_none_of_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     // After the slot exists, before the relay's first start: in the boundary.
     let early = outbox.insert_many(1, 3, 3).await;
     let inserted = std::time::Instant::now();
@@ -244,7 +212,14 @@ async fn a_row_without_an_id_is_marked_explicitly() {
     let outbox = Outbox::new().await;
     // Before the migration: no id.
     let old = outbox.insert_many(1, 2, 2).await;
-    derive_columns(&outbox).await;
+    outbox
+        .sql
+        .execute(
+            "UPDATE outbox SET relay_txid = NULL WHERE id::text = ANY($1)",
+            &[&old],
+        )
+        .await
+        .unwrap();
     let sink = Collect::default();
     let relay = Running::start(
         outbox.config(&format!("{DERIVE}[poller]\nenabled = false\n")),
@@ -283,7 +258,6 @@ async fn a_row_without_an_id_is_marked_explicitly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_asynchronous_commits_the_vouched_w_was_flushed_when_stored() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     // Each write of the row, with the flush position at that moment.
     outbox
         .sql
@@ -381,7 +355,6 @@ fn delivered(relays: &[&RelayProcess]) -> HashMap<String, usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_mid_stream_derives_nothing_it_did_not_deliver() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     let config = outbox.config_file(&format!("{DERIVE}{QUICK_RETRY}[poller]\nenabled = false\n"));
     let mut first = run(&config);
     outbox.wait_slot_active(true).await;
@@ -490,7 +463,6 @@ async fn a_relay_killed_mid_stream_derives_nothing_it_did_not_deliver() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vouched_snapshot_of_doubtful_identity_is_discarded_until_a_new_one() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     let config = outbox.config_file(&format!("{DERIVE}{QUICK_RETRY}[poller]\nenabled = false\n"));
     let mut relay = run(&config);
     outbox.wait_slot_active(true).await;
@@ -575,7 +547,6 @@ async fn a_vouched_snapshot_of_doubtful_identity_is_discarded_until_a_new_one() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
     let outbox = Outbox::new().await;
-    derive_columns(&outbox).await;
     let config = format!("{DERIVE}recreate_slot = true\n[poller]\nenabled = false\n");
     let sink = Collect::default();
     let relay = Running::start(outbox.config(&config), sink.clone());
