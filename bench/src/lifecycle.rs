@@ -88,6 +88,8 @@ const CONTENDERS: [(OnPublished, Sink); 4] = [
 #[derive(Debug, Clone)]
 pub(crate) struct Outcome {
     pub(crate) name: String,
+    /// The round it ran in (from 1).
+    pub(crate) round: usize,
     pub(crate) rows: u64,
     /// WAL the backlog's inserts wrote.
     pub(crate) insert_wal: f64,
@@ -95,6 +97,82 @@ pub(crate) struct Outcome {
     pub(crate) usage: Usage,
     /// Wall time from the relay's start until the table had settled.
     pub(crate) settled: Option<Duration>,
+    /// Where the two cores went while the relay drained.
+    pub(crate) budget: Budget,
+    /// Messages the endpoint received beyond one an event (SNS only).
+    pub(crate) repeats: Option<u64>,
+}
+
+/// CPU spent while the relay ran, by the processes that share the machine
+/// with it: the walsender streaming to it, and the bench's own process,
+/// which is the SNS endpoint (answering, parsing every body, counting) and
+/// the settle checks.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Budget {
+    pub(crate) walsender: Duration,
+    pub(crate) bench: Duration,
+}
+
+/// This process's CPU time so far.
+fn own_cpu() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    #[allow(unsafe_code)]
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// CPU time of process `pid` (utime + stime from `/proc/<pid>/stat`).
+fn process_cpu(pid: i32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is field 3, so
+    // utime (14) and stime (15) are the 12th and 13th after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf reads a constant.
+    #[allow(unsafe_code)]
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(Duration::from_micros(ticks * 1_000_000 / hz))
+}
+
+/// The CPU of the walsender serving `slot`, sampled every 100 ms until
+/// `done` is set: the last reading of the last walsender (a restarted
+/// stream's earlier ones are added).
+async fn watch_walsender(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    done: &std::sync::atomic::AtomicBool,
+) -> Duration {
+    let (mut finished, mut current): (Duration, Option<(i32, Duration)>) = (Duration::ZERO, None);
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        let pid: Option<i32> = sql
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .and_then(|row| row.get(0));
+        if let Some(pid) = pid {
+            if let Some(cpu) = process_cpu(pid) {
+                match current {
+                    Some((p, last)) if p != pid => {
+                        finished += last;
+                        current = Some((pid, cpu));
+                    }
+                    _ => current = Some((pid, cpu)),
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    finished + current.map_or(Duration::ZERO, |(_, cpu)| cpu)
 }
 
 impl Outcome {
@@ -110,6 +188,13 @@ impl Outcome {
     /// Microseconds of CPU a row in `usage`'s process.
     pub(crate) fn cpu_per_row(&self, usage: &Usage) -> f64 {
         usage.cpu.as_secs_f64() * 1e6 / self.rows as f64
+    }
+
+    /// Cores the relay, its walsender and the bench kept busy at the
+    /// confirmed rate.
+    fn cores(&self) -> f64 {
+        (self.usage.cpu + self.budget.walsender + self.budget.bench).as_secs_f64()
+            / self.usage.wall.as_secs_f64()
     }
 
     fn insert_wal_per_row(&self) -> f64 {
@@ -261,106 +346,155 @@ pub(crate) async fn lifecycle(
     );
     measuring_wal(sql, true).await?;
     let mut outcomes = Vec::new();
-    for (i, (on, sink)) in CONTENDERS.iter().copied().enumerate() {
-        let name = format!(
-            "relay, {}, {}",
-            on.name(),
-            match sink {
-                Sink::Distant => distant.as_str(),
-                Sink::Stdout => "stdout",
-            }
-        );
-        if on == OnPublished::Derive && !derive {
-            println!(
-                "{name}: skipped (not available: the outbox table has no column relay_txid \
-                 or there is no view outbox_state)"
+    let rounds = args.lifecycle_rounds.max(1);
+    for round in 0..rounds {
+        for turn in 0..CONTENDERS.len() {
+            let i = (turn + round) % CONTENDERS.len();
+            let (on, sink) = CONTENDERS[i];
+            let name = format!(
+                "relay, {}, {}",
+                on.name(),
+                match sink {
+                    Sink::Distant => distant.as_str(),
+                    Sink::Stdout => "stdout",
+                }
             );
-            continue;
-        }
-        sql.batch_execute("TRUNCATE outbox").await?;
-        // The relay's slot is the one `setup` was configured with: the view
-        // `outbox_state` derives states from that slot's position row. Made
-        // afresh, without a position row (a first install), for each.
-        let names = [SETUP_SLOT.to_owned(), format!("bench_lc_recvlogical_{i}")];
-        fresh_slot(sql, SETUP_SLOT).await?;
-        slots(sql, &names).await?;
-        let (relay_slot, recvlogical_slot) = (&names[0], &names[1]);
-        let (sink_config, envs) = match sink {
-            Sink::Distant => (sns_sink(&endpoint.url, "bench"), aws_env(&endpoint.url)),
-            Sink::Stdout => ("[sink]\nkind = \"stdout\"\n".to_owned(), Vec::new()),
-        };
-        let config = match on {
-            // Streaming alone, as in the drain: no poller, no retention.
-            OnPublished::None => relay_config(
-                url,
-                relay_slot,
-                &format!("[http]\nlisten = \"\"\n{sink_config}"),
-            ),
-            // The default configuration but for the lifecycle named.
-            OnPublished::Mark | OnPublished::Derive => format!(
+            if on == OnPublished::Derive && !derive {
+                println!(
+                    "{name}: skipped (not available: the outbox table has no column relay_txid \
+                 or there is no view outbox_state)"
+                );
+                continue;
+            }
+            sql.batch_execute("TRUNCATE outbox").await?;
+            // The relay's slot is the one `setup` was configured with: the view
+            // `outbox_state` derives states from that slot's position row. Made
+            // afresh, without a position row (a first install), for each.
+            let names = [SETUP_SLOT.to_owned(), format!("bench_lc_recvlogical_{i}")];
+            fresh_slot(sql, SETUP_SLOT).await?;
+            slots(sql, &names).await?;
+            let (relay_slot, recvlogical_slot) = (&names[0], &names[1]);
+            let (sink_config, envs) = match sink {
+                Sink::Distant => (sns_sink(&endpoint.url, "bench"), aws_env(&endpoint.url)),
+                Sink::Stdout => ("[sink]\nkind = \"stdout\"\n".to_owned(), Vec::new()),
+            };
+            let config = match on {
+                // Streaming alone, as in the drain: no poller, no retention.
+                OnPublished::None => relay_config(
+                    url,
+                    relay_slot,
+                    &format!("[http]\nlisten = \"\"\n{sink_config}"),
+                ),
+                // The default configuration but for the lifecycle named.
+                OnPublished::Mark | OnPublished::Derive => format!(
                 "[postgres]\nurl = \"{url}\"\nslot = \"{}\"\n[lifecycle]\non_published = \"{}\"\n\
                  [log]\nlevel = \"warn\"\n[http]\nlisten = \"\"\n{sink_config}",
                 relay_slot,
                 on.name()
             ),
-        };
-        warm_start(relay, sql, &config, &envs, relay_slot).await?;
-        let start_lsn = wal_lsn(sql).await?;
-        let end_lsn = backlog(
-            sql,
-            url,
-            rows,
-            args.per_tx,
-            &start_lsn,
-            &format!("lifecycle, {name}"),
-        )
-        .await?;
-        let insert_wal = wal_between(sql, &start_lsn, &end_lsn).await?;
-        let baseline = recvlogical(pg_bin, url, sql, recvlogical_slot, &end_lsn).await?;
-        let (before, calls_before, _) = endpoint.counts.snapshot();
-        let (usage, settled) = run_relay_until(
-            relay,
-            sql,
-            &config,
-            &envs,
-            relay_slot,
-            &end_lsn,
-            on.settle(),
-            None,
-        )
-        .await?;
-        let (after, calls_after, _) = endpoint.counts.snapshot();
-        if sink == Sink::Distant && after - before < rows {
-            anyhow::bail!(
-                "the endpoint received {} messages of {rows} ({name})",
-                after - before
+            };
+            warm_start(relay, sql, &config, &envs, relay_slot).await?;
+            let start_lsn = wal_lsn(sql).await?;
+            let end_lsn = backlog(
+                sql,
+                url,
+                rows,
+                args.per_tx,
+                &start_lsn,
+                &format!("lifecycle, {name}"),
+            )
+            .await?;
+            let insert_wal = wal_between(sql, &start_lsn, &end_lsn).await?;
+            let baseline = recvlogical(pg_bin, url, sql, recvlogical_slot, &end_lsn).await?;
+            let (before, calls_before, _) = endpoint.counts.snapshot();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            let bench_before = own_cpu();
+            let (ran, walsender) = tokio::join!(
+                async {
+                    let ran = run_relay_until(
+                        relay,
+                        sql,
+                        &config,
+                        &envs,
+                        relay_slot,
+                        &end_lsn,
+                        on.settle(),
+                        None,
+                    )
+                    .await;
+                    done.store(true, std::sync::atomic::Ordering::Relaxed);
+                    ran
+                },
+                watch_walsender(sql, relay_slot, &done),
             );
+            let (usage, settled) = ran?;
+            let budget = Budget {
+                walsender,
+                bench: own_cpu().saturating_sub(bench_before),
+            };
+            let (after, calls_after, _) = endpoint.counts.snapshot();
+            if sink == Sink::Distant && after - before < rows {
+                anyhow::bail!(
+                    "the endpoint received {} messages of {rows} ({name})",
+                    after - before
+                );
+            }
+            for slot in &names {
+                sql.execute("SELECT pg_drop_replication_slot($1)", &[slot])
+                    .await?;
+            }
+            let outcome = Outcome {
+                name,
+                round: round + 1,
+                rows,
+                insert_wal,
+                baseline,
+                usage,
+                settled,
+                budget,
+                repeats: (sink == Sink::Distant).then(|| (after - before).saturating_sub(rows)),
+            };
+            print_line(&outcome);
+            if sink == Sink::Distant {
+                println!(
+                    "  SNS endpoint: {} messages in {} calls",
+                    after - before,
+                    calls_after - calls_before
+                );
+            }
+            outcomes.push(outcome);
         }
-        for slot in &names {
-            sql.execute("SELECT pg_drop_replication_slot($1)", &[slot])
-                .await?;
-        }
-        let outcome = Outcome {
-            name,
-            rows,
-            insert_wal,
-            baseline,
-            usage,
-            settled,
-        };
-        print_line(&outcome);
-        if sink == Sink::Distant {
-            println!(
-                "  SNS endpoint: {} messages in {} calls",
-                after - before,
-                calls_after - calls_before
-            );
-        }
-        outcomes.push(outcome);
     }
     measuring_wal(sql, false).await?;
-    print_table(&outcomes);
-    Ok(outcomes)
+    let medians = medians(&outcomes);
+    print_table(&outcomes, &medians);
+    Ok(medians)
+}
+
+/// The ratio a contender is judged by: its settled rate over
+/// `pg_recvlogical`'s on the same rows (its confirmed rate when it has no
+/// settling).
+fn judged(o: &Outcome) -> f64 {
+    let base = o.rate(o.baseline.wall);
+    o.rate(o.settled.unwrap_or(o.usage.wall)) / base
+}
+
+/// Each contender's median round (by [`judged`]), in the contenders' order.
+fn medians(outcomes: &[Outcome]) -> Vec<Outcome> {
+    let mut names: Vec<&str> = Vec::new();
+    for o in outcomes {
+        if !names.contains(&o.name.as_str()) {
+            names.push(&o.name);
+        }
+    }
+    names
+        .iter()
+        .filter_map(|name| {
+            let mut rounds: Vec<&Outcome> = outcomes.iter().filter(|o| o.name == *name).collect();
+            rounds.sort_by(|a, b| judged(a).total_cmp(&judged(b)));
+            rounds.get(rounds.len() / 2).map(|o| (*o).clone())
+        })
+        .collect()
 }
 
 fn print_line(o: &Outcome) {
@@ -384,15 +518,27 @@ fn print_line(o: &Outcome) {
         o.insert_wal_per_row(),
         o.wal_per_row(&o.usage) / o.insert_wal_per_row() * 100.0,
     );
+    let per_event = |d: Duration| d.as_secs_f64() * 1e6 / o.rows as f64;
+    println!(
+        "  round {}; CPU while it ran: relay {:.2}, walsender {:.2}, bench (endpoint) {:.2} µs/event: \
+         {:.2} of 2 cores busy at its confirmed rate{}",
+        o.round,
+        o.cpu_per_row(&o.usage),
+        per_event(o.budget.walsender),
+        per_event(o.budget.bench),
+        o.cores(),
+        o.repeats
+            .map_or(String::new(), |r| format!("; {r} messages beyond one an event")),
+    );
 }
 
-fn print_table(outcomes: &[Outcome]) {
+fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
     if outcomes.is_empty() {
         return;
     }
     let median = |f: &dyn Fn(&Outcome) -> f64| super::median(outcomes.iter().map(f).collect());
     println!(
-        "\n{:<32} {:>11} {:>7} {:>11} {:>7} {:>9} {:>9} {:>11} {:>9}",
+        "\n{:<32} {:>11} {:>7} {:>11} {:>7} {:>9} {:>9} {:>11} {:>9} {:>8} {:>8} {:>6}",
         "lifecycle contender",
         "confirmed/s",
         "x",
@@ -401,7 +547,10 @@ fn print_table(outcomes: &[Outcome]) {
         "µs CPU/ev",
         "peak MiB",
         "WAL B/event",
-        "% inserts"
+        "% inserts",
+        "walsndr",
+        "bench",
+        "cores"
     );
     println!(
         "{:<32} {:>11.0} {:>7} {:>11} {:>7} {:>9.2} {:>9.1} {:>11.1} {:>8.1}%",
@@ -415,7 +564,7 @@ fn print_table(outcomes: &[Outcome]) {
         median(&|o| o.wal_per_row(&o.baseline)),
         median(&|o| o.wal_per_row(&o.baseline) / o.insert_wal_per_row() * 100.0),
     );
-    for o in outcomes {
+    for o in medians {
         let base = o.rate(o.baseline.wall);
         let (settled, settled_x) = o.settled.map_or(("-".into(), "-".into()), |s| {
             (
@@ -423,8 +572,9 @@ fn print_table(outcomes: &[Outcome]) {
                 format!("{:.2}x", o.rate(s) / base),
             )
         });
+        let per_event = |d: Duration| d.as_secs_f64() * 1e6 / o.rows as f64;
         println!(
-            "{:<32} {:>11.0} {:>7} {:>11} {:>7} {:>9.2} {:>9.1} {:>11.1} {:>8.1}%",
+            "{:<32} {:>11.0} {:>7} {:>11} {:>7} {:>9.2} {:>9.1} {:>11.1} {:>8.1}% {:>8.2} {:>8.2} {:>6.2}",
             o.name,
             o.rate(o.usage.wall),
             format!("{:.2}x", o.rate(o.usage.wall) / base),
@@ -434,10 +584,17 @@ fn print_table(outcomes: &[Outcome]) {
             o.usage.max_rss_kib as f64 / 1024.0,
             o.wal_per_row(&o.usage),
             o.wal_per_row(&o.usage) / o.insert_wal_per_row() * 100.0,
+            per_event(o.budget.walsender),
+            per_event(o.budget.bench),
+            o.cores(),
         );
     }
     println!(
-        "(inserts' own WAL: {:.0} B/event, median; x: against pg_recvlogical on the same backlog)",
+        "(each contender's median round of {}, by its settled ratio; inserts' own WAL: {:.0} B/event, \
+         median; x: against pg_recvlogical on the same backlog; walsndr and bench: µs of CPU an event \
+         of the walsender streaming to the relay and of the bench's process, the SNS endpoint; cores: \
+         relay, walsender and bench CPU over the time to confirm)",
+        outcomes.iter().map(|o| o.round).max().unwrap_or(1),
         median(&|o| o.insert_wal_per_row())
     );
     println!(

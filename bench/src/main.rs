@@ -127,6 +127,11 @@ struct Args {
     /// derive).
     #[arg(long, default_value_t = 200_000)]
     lifecycle_rows: u64,
+    /// Rounds of the lifecycle run: each runs every contender once (in an
+    /// order turned by one each round), each on a fresh backlog beside
+    /// `pg_recvlogical`; the table gives each contender's median.
+    #[arg(long, default_value_t = 3)]
+    lifecycle_rounds: usize,
     /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
