@@ -268,8 +268,11 @@ impl Outbox {
         commits
     }
 
-    /// Drop the relay's slot.
+    /// Drop the relay's slot, once its walsender has let it go: a relay that
+    /// stopped has closed its connection, but its walsender exits on its own
+    /// time, and `pg_drop_replication_slot` refuses an active slot at once.
     pub async fn drop_slot(&self) {
+        self.wait_slot_active(false).await;
         self.sql
             .execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
             .await
