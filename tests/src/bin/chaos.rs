@@ -10,7 +10,18 @@
 //!
 //! ```sh
 //! cargo run --release -p outbox-relay-tests --bin chaos -- 240   # seconds of faults
+//! cargo run -p outbox-relay-tests --bin chaos -- --faults 10 --every-ms 100 --seconds 150
 //! ```
+//!
+//! Arguments: `[SECONDS]` or `--seconds N` (how long faults are injected; with
+//! `--faults`, the cap), `--faults M` (stop after M faults; the run fails if
+//! the cap comes first), `--min-faults M` (the count the run requires: 20, or
+//! M of `--faults`), `--recovery-wait S` (the most the driver waits for a
+//! recovery before the next fault: 30), `--settle S` (the most the checker
+//! waits, in all, for the slot, the queue and the derived state after the
+//! producer stopped: 180), `--gap-ms LOW-HIGH` (the quiet time before each
+//! fault: 2000-6000), `--every-ms N` (the producer's pause between two
+//! events: 50, 20 a second).
 //!
 //! Exit 0 only when every check holds; the summary is printed either way.
 
@@ -27,15 +38,79 @@ use harness::{Cluster, FaultProxy, Mode, RelayProcess, StopMode, TestDb};
 const MAX_REPEAT_SHARE: f64 = 0.05;
 const AGGREGATES: u64 = 12;
 
-/// How long the driver waits for a recovery before the next fault.
-const RECOVERY_WAIT: Duration = Duration::from_secs(30);
+/// The faults, dealt from a shuffled deck holding each once: every kind comes
+/// as often as the others (give or take one), however short the run.
+const FAULT_KINDS: [&str; 5] = [
+    "kill -9 relay",
+    "postgres fast restart",
+    "postgres immediate restart",
+    "sns cut",
+    "sns throttling",
+];
+
+struct Args {
+    /// Seconds of faults; with `faults`, the cap.
+    seconds: u64,
+    /// Stop after this many faults.
+    faults: Option<u32>,
+    /// The run fails with fewer faults.
+    min_faults: u32,
+    /// The most the driver waits for a recovery before the next fault.
+    recovery_wait: Duration,
+    /// The most the checker waits, in all, once the producer stopped.
+    settle: Duration,
+    /// The quiet time before each fault, in milliseconds: drawn from this range.
+    gap_ms: std::ops::Range<u64>,
+    /// The producer's pause between two events, in milliseconds.
+    every_ms: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        seconds: 240,
+        faults: None,
+        min_faults: 20,
+        recovery_wait: Duration::from_secs(30),
+        settle: Duration::from_secs(180),
+        gap_ms: 2000..6000,
+        every_ms: 50,
+    };
+    let mut min_faults = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut num = |name: &str| -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} takes a number"))
+        };
+        match arg.as_str() {
+            "--seconds" => a.seconds = num("--seconds"),
+            "--faults" => a.faults = Some(num("--faults") as u32),
+            "--min-faults" => min_faults = Some(num("--min-faults") as u32),
+            "--recovery-wait" => a.recovery_wait = Duration::from_secs(num("--recovery-wait")),
+            "--settle" => a.settle = Duration::from_secs(num("--settle")),
+            "--every-ms" => a.every_ms = num("--every-ms").max(1),
+            "--gap-ms" => {
+                let range = it.next().unwrap_or_default();
+                a.gap_ms = range
+                    .split_once('-')
+                    .and_then(|(lo, hi)| Some(lo.parse().ok()?..hi.parse().ok()?))
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| panic!("--gap-ms takes LOW-HIGH (milliseconds)"));
+            }
+            n if n.parse::<u64>().is_ok() => a.seconds = n.parse().unwrap(),
+            other => panic!(
+                "unknown argument {other:?} ([SECONDS] --seconds N --faults M --min-faults M --recovery-wait S --settle S --gap-ms LOW-HIGH --every-ms N)"
+            ),
+        }
+    }
+    a.min_faults = min_faults.or(a.faults).unwrap_or(a.min_faults);
+    a
+}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let seconds: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(240);
+    let args = args();
     let started = Instant::now();
     let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
     let db = TestDb::on(&cluster).await;
@@ -91,8 +166,10 @@ async fn main() {
         "(SELECT publish_state AS state, id FROM outbox) AS o"
     };
     let mut relay = RelayProcess::spawn(&["--config", &config, "run"], &env_refs());
-    // Every relay's stderr, one after the other, for a look after the run.
-    let relay_log = std::env::temp_dir().join("outbox-relay-chaos-relay.log");
+    // Every relay's stderr, one after the other, for a look after the run (and
+    // the poller's count); named by process, as runs may overlap.
+    let relay_log =
+        std::env::temp_dir().join(format!("outbox-relay-chaos-{}.log", std::process::id()));
     std::fs::write(&relay_log, "").unwrap();
 
     // The reader: drains the queue all along (moto's FIFO queues slow down as they fill).
@@ -117,19 +194,20 @@ async fn main() {
         })
     };
 
-    // The producer: one single-row transaction every 50 ms (what moto's FIFO
-    // queues pass with room to spare), reconnecting through restarts.
+    // The producer: one single-row transaction every `--every-ms` (50 ms: what
+    // moto's FIFO queues pass with room to spare), reconnecting through restarts.
     let stop_producing = Arc::new(AtomicBool::new(false));
     let attempted = Arc::new(AtomicU64::new(0));
     let producer = {
         let url = db.url().to_owned();
         let stop = Arc::clone(&stop_producing);
         let attempted = Arc::clone(&attempted);
+        let every = Duration::from_millis(args.every_ms);
         tokio::spawn(async move {
             let mut client: Option<tokio_postgres::Client> = None;
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(every).await;
                 if client.as_ref().is_none_or(|c| c.is_closed()) {
                     client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
                         Ok((c, conn)) => {
@@ -160,16 +238,16 @@ async fn main() {
     let mut longest_recovery = Duration::ZERO;
     let mut unrecovered = 0u32;
     let sql_url = db.url().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    while Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(fastrand::u64(2000..6000))).await;
-        let kind = [
-            "kill -9 relay",
-            "postgres fast restart",
-            "postgres immediate restart",
-            "sns cut",
-            "sns throttling",
-        ][fastrand::usize(..5)];
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let mut deck: Vec<&str> = Vec::new();
+    while Instant::now() < deadline && args.faults.is_none_or(|m| faults.values().sum::<u32>() < m)
+    {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(args.gap_ms.clone()))).await;
+        if deck.is_empty() {
+            deck = FAULT_KINDS.to_vec();
+            fastrand::shuffle(&mut deck);
+        }
+        let kind = deck.pop().unwrap();
         match kind {
             "kill -9 relay" => {
                 relay.kill9();
@@ -201,10 +279,10 @@ async fn main() {
         }
         *faults.entry(kind).or_default() += 1;
         // Recovery: until the slot confirms what was written when the fault
-        // ended, or RECOVERY_WAIT passes; then the next fault comes anyway
+        // ended, or `--recovery-wait` passes; then the next fault comes anyway
         // (the final check waits for everything).
         let ended = Instant::now();
-        let recovered = wait_caught_up(&sql_url, RECOVERY_WAIT).await;
+        let recovered = wait_caught_up(&sql_url, args.recovery_wait).await;
         let took = ended.elapsed();
         longest_recovery = longest_recovery.max(took);
         if !recovered {
@@ -227,7 +305,12 @@ async fn main() {
     }
     stop_producing.store(true, Ordering::Relaxed);
     producer.await.unwrap();
-    let caught_up = wait_caught_up(&sql_url, Duration::from_secs(120)).await;
+    let faults_took = started.elapsed();
+    // The settle: one deadline for the slot, the queue and the derived state.
+    let settle_started = Instant::now();
+    let settle_deadline = settle_started + args.settle;
+    let left = || settle_deadline.saturating_duration_since(Instant::now());
+    let caught_up = wait_caught_up(&sql_url, left()).await;
 
     // The truth: every committed row.
     let sql = harness::connect(&sql_url).await;
@@ -243,7 +326,6 @@ async fn main() {
         .map(|r| (r.get(0), (r.get(1), r.get::<_, i64>(2) as u64)))
         .collect();
     // Wait for the queue to hand out everything.
-    let wait_until = Instant::now() + Duration::from_secs(180);
     loop {
         let ids: HashSet<String> = received
             .lock()
@@ -251,14 +333,13 @@ async fn main() {
             .iter()
             .map(|r| r.2.clone())
             .collect();
-        if committed.keys().all(|id| ids.contains(id)) || Instant::now() > wait_until {
+        if committed.keys().all(|id| ids.contains(id)) || left().is_zero() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     stop_reading.store(true, Ordering::Relaxed);
     reader.await.unwrap();
-    let pending_wait = Instant::now() + Duration::from_secs(60);
     let pending = loop {
         let pending: i64 = sql
             .query_one(
@@ -268,11 +349,12 @@ async fn main() {
             .await
             .unwrap()
             .get(0);
-        if pending == 0 || Instant::now() > pending_wait {
+        if pending == 0 || left().is_zero() {
             break pending;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let settled_in = settle_started.elapsed();
     let lag: i64 = sql
         .query_one(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint \
@@ -322,6 +404,12 @@ async fn main() {
         "== chaos summary ({:.0} s)",
         started.elapsed().as_secs_f64()
     );
+    println!(
+        "faults for              {:.0} s, then settled in {:.1} s (at most {} s)",
+        faults_took.as_secs_f64(),
+        settled_in.as_secs_f64(),
+        args.settle.as_secs()
+    );
     println!("events committed        {}", committed.len());
     println!(
         "insert attempts         {}",
@@ -337,7 +425,10 @@ async fn main() {
     );
     println!("lost                    {}", lost.len());
     println!("order violations        {order_violations} (per aggregate, first deliveries)");
-    println!("faults injected         {total_faults}");
+    println!(
+        "faults injected         {total_faults} (at least {})",
+        args.min_faults
+    );
     for (kind, n) in &faults {
         println!("  {kind:<24}{n}");
     }
@@ -347,7 +438,7 @@ async fn main() {
         if unrecovered > 0 {
             format!(
                 " ({unrecovered} faults still behind after {} s: the next came anyway)",
-                RECOVERY_WAIT.as_secs()
+                args.recovery_wait.as_secs()
             )
         } else {
             String::new()
@@ -382,7 +473,7 @@ async fn main() {
         && derived
         && published_not_received == 0
         && caught_up
-        && total_faults >= 20
+        && total_faults >= args.min_faults
         && repeat_share <= MAX_REPEAT_SHARE
         && poller_share <= MAX_REPEAT_SHARE;
     println!(

@@ -1,6 +1,7 @@
 //! End-to-end tests of outbox-relay, one binary (see `harness` for the helpers).
 
 mod bad_input;
+mod chaos;
 mod check;
 mod conformance;
 mod derived;
