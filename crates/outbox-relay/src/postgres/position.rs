@@ -54,9 +54,18 @@
 //!   and `snapshot_at` of the newest candidate it passed are stored with the
 //!   confirmed position, in one transaction with `SET LOCAL
 //!   synchronous_commit = local`. Candidates wait in a queue, so while the
-//!   stream works through a backlog the vouched S trails it by about an
-//!   interval (not by the backlog, which would let the poller, whose
-//!   samples trail by an interval, take rows the stream delivered). An idle
+//!   stream keeps up with the writers the vouched S trails it by about an
+//!   interval. A backlog already in the WAL when a session starts (after a
+//!   restart or an outage) is another matter: every candidate's W lies past
+//!   its end, so S stays where it was until the stream has worked through
+//!   it. The poller's samples are taken the same way (their W too lies past
+//!   the backlog), so it takes none of those rows meanwhile. A session that
+//!   ends in the middle of such a catch-up in a way that leaves the slot
+//!   ahead of the kept confirmed position (a fast shutdown on 17+, which
+//!   writes the slot's position, after the relay's last acknowledgement
+//!   but before the row's write) opens a hole from that S at the next start:
+//!   the rows of the catch-up are published again by the poller, at least
+//!   once (docs/chaos.md measured it). An idle
 //!   relay takes none and writes nothing; a graceful stop stores the pair if
 //!   it qualifies.
 //! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
