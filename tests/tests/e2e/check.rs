@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{server_version_num, wait_until};
+use harness::{server_version_num, wait_until, RelayProcess};
 use outbox_relay::check::{Finding, Severity};
 use outbox_relay::Config;
 use outbox_relay::ErrorClass;
@@ -389,6 +389,37 @@ async fn check_says_which_lifecycle_is_in_force_and_why() {
     ] {
         assert!(line.message.contains(part), "{part:?} in {line}");
     }
+    // run decides by the same finding: it warns in check's words and runs
+    // as mark, updating the row it published.
+    let config = outbox.config_file("");
+    let mut relay = RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &[]);
+    outbox.wait_slot_active(true).await;
+    let id = outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the row is delivered and marked PUBLISHED",
+        || async {
+            relay.stdout_text().contains(&id[0])
+                && outbox
+                    .sql
+                    .query_one(
+                        "SELECT publish_state = 'PUBLISHED' FROM outbox WHERE id = $1::text::uuid",
+                        &[&id[0]],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, bool>(0)
+        },
+    )
+    .await;
+    relay.stop_gracefully().await;
+    outbox.wait_slot_active(false).await;
+    let stderr = relay.stderr_text();
+    assert!(
+        stderr.contains(&line.message),
+        "run does not warn in check's words: {}\n{stderr}",
+        line.message
+    );
     // Migrated: derive, and nothing to warn of.
     crate::migration::setup_apply(&outbox, &[]).await;
     let findings = check(&outbox.config("")).await;

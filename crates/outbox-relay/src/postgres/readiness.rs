@@ -148,7 +148,8 @@ pub(crate) enum Problem {
         mode: OnPublished,
     },
     /// `lifecycle.on_published = "derive"`, but the table or the position
-    /// table lacks what it needs: the relay runs as `mark`.
+    /// table lacks what it needs: the relay runs as `mark`
+    /// ([`Readiness::runs_as_mark`], which `run` decides by at start).
     DerivedRunsAsMark {
         /// What is missing, one phrase each.
         missing: Vec<String>,
@@ -726,6 +727,16 @@ impl Readiness {
         }
     }
 
+    /// Why `lifecycle.on_published = "derive"` runs as `mark`, in `check`'s
+    /// words ([`Problem::DerivedRunsAsMark`]); `None` when the lifecycle is
+    /// as configured. `run` chooses its workers' mode by it at start.
+    pub(crate) fn runs_as_mark(&self) -> Option<String> {
+        self.problems
+            .iter()
+            .find(|p| matches!(p, Problem::DerivedRunsAsMark { .. }))
+            .map(|p| p.describe(&self.names))
+    }
+
     /// How `check` reports `problem`.
     pub(crate) fn severity(&self, problem: &Problem) -> Severity {
         problem.effect().severity(self.recreates())
@@ -1051,14 +1062,7 @@ async fn inspect_lifecycle(
             quote_literal(&position_name)
         ));
     } else {
-        let wanted: Vec<&str> = derived::POSITION_COLUMNS.iter().map(|(c, _)| *c).collect();
-        let lacking: Vec<String> = client
-            .query_one(
-                "SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS w(c, n)                  WHERE NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)                                    AND attname = c AND NOT attisdropped)",
-                &[&position, &wanted],
-            )
-            .await?
-            .get(0);
+        let lacking = crate::postgres::position::missing_derived_columns(client, &position).await?;
         if !lacking.is_empty() {
             missing.push(format!(
                 "table {} has no column {}",
