@@ -120,7 +120,7 @@ grep -E ' migration LOG:  duration: ' "$dir/server.log" |
     '
 echo
 echo "inserts that waited for a lock (deadlock_timeout = 5 ms: waits longer are logged):"
-grep -E 'load LOG:  process [0-9]+ acquired' "$dir/server.log" | sed -E 's/.*acquired ([A-Za-z]+) on (.*) after ([0-9.]+) ms.*/  \3 ms for \1 on \2/' | sort -t' ' -k3 -n -r | head -5
+{ grep -E 'load LOG:  process [0-9]+ acquired' "$dir/server.log" || true; } | sed -E 's/.*acquired ([A-Za-z]+) on (.*) after ([0-9.]+) ms.*/  \3 ms for \1 on \2/' | sort -t' ' -k3 -n -r | head -5
 grep -qE 'load LOG:  process [0-9]+ acquired' "$dir/server.log" || echo "  none"
 echo
 # Insert latencies (pgbench log: client, tx, latency us, script, epoch s, us).
