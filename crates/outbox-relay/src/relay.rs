@@ -19,6 +19,8 @@
 //! columns: the vouched snapshot and the holes live there. Without them the
 //! relay runs as `mark` (every worker gets that mode), and says once, at
 //! start, what is missing and that `setup --apply` adds it ([`effective`]).
+//! Whether they are there is [`readiness`]'s finding, the one `check`
+//! reports ([`readiness::Problem::DerivedRunsAsMark`]).
 
 use std::sync::Arc;
 
@@ -29,53 +31,9 @@ use crate::config::{Config, OnPublished};
 use crate::pipeline::poller::Poller;
 use crate::pipeline::sink::Sink;
 use crate::pipeline::stream::{self, RelayError, Summary};
-use crate::postgres::outbox::table::Table;
-use crate::postgres::position;
+use crate::postgres::readiness;
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
-
-/// What the derived lifecycle lacks on this database (`None`: nothing, or
-/// the table does not exist yet, which the stream reports itself).
-async fn derive_lacks(
-    client: &tokio_postgres::Client,
-    config: &Config,
-) -> Result<Option<String>, tokio_postgres::Error> {
-    let Some(table) = Table::inspect(client, config).await? else {
-        return Ok(None);
-    };
-    let name = config.table();
-    let positions = position::table_name(&name.name);
-    let qualified = crate::postgres::sql::qualified(&name.schema, &positions);
-    let mut lacks = Vec::new();
-    if !table.managed {
-        // Explicit states (the holes' rows, FAILED, DEAD) live there.
-        lacks.push(format!(
-            "table {} lacks the relay-managed columns",
-            table.qualified
-        ));
-    }
-    if !table.derived {
-        lacks.push(format!(
-            "table {} has no {} column (xid8)",
-            table.qualified,
-            crate::postgres::outbox::derived::COLUMN
-        ));
-    }
-    if !position::writable(client, &qualified).await? {
-        lacks.push(format!(
-            "the position table {positions} is missing or the relay may not read and write it"
-        ));
-    } else {
-        let missing = position::missing_derived_columns(client, &qualified).await?;
-        if !missing.is_empty() {
-            lacks.push(format!(
-                "the position table {positions} lacks the columns {}",
-                missing.join(", ")
-            ));
-        }
-    }
-    Ok((!lacks.is_empty()).then(|| lacks.join("; ")))
-}
 
 /// The configuration the workers run with: `derive` becomes `mark` when the
 /// database lacks what it needs (warned once, with the fix). Retries the
@@ -90,10 +48,10 @@ async fn effective(
     let conn = ConnInfo::new(&config.postgres)?;
     let backoff = Backoff::new(&config.retry);
     let mut attempt = 0;
-    let lacks = loop {
+    let runs_as_mark = loop {
         let looked = async {
             let client = conn.connect().await.map_err(RelayError::from)?;
-            derive_lacks(&client, config)
+            readiness::inspect(&client, config)
                 .await
                 .map_err(|source| RelayError::Sql {
                     context: "choosing the lifecycle",
@@ -101,7 +59,7 @@ async fn effective(
                 })
         };
         match looked.await {
-            Ok(lacks) => break lacks,
+            Ok(ready) => break ready.runs_as_mark(),
             // As the stream would: a fatal error (a refused login, TLS) stops the relay.
             Err(error) if error.class() != stream::ErrorClass::Transient => return Err(error),
             Err(error) => {
@@ -116,11 +74,9 @@ async fn effective(
         }
     };
     let mut effective = config.clone();
-    if let Some(lacks) = lacks {
-        tracing::warn!(
-            "lifecycle.on_published = \"derive\" runs as \"mark\" (an UPDATE per published row): {lacks}; \
-             run `outbox-relay setup --apply` to add them, then restart"
-        );
+    if let Some(problem) = runs_as_mark {
+        // `check`'s words; the lifecycle is chosen here only, at start.
+        tracing::warn!(problem = %problem, "the relay runs, but check this; restart it after the fix");
         effective.lifecycle.on_published = OnPublished::Mark;
     }
     Ok(Some(effective))

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{server_version_num, wait_until};
+use harness::{server_version_num, wait_until, RelayProcess};
 use outbox_relay::check::{Finding, Severity};
 use outbox_relay::Config;
 use outbox_relay::ErrorClass;
@@ -389,6 +389,37 @@ async fn check_says_which_lifecycle_is_in_force_and_why() {
     ] {
         assert!(line.message.contains(part), "{part:?} in {line}");
     }
+    // run decides by the same finding: it warns in check's words and runs
+    // as mark, updating the row it published.
+    let config = outbox.config_file("");
+    let mut relay = RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &[]);
+    outbox.wait_slot_active(true).await;
+    let id = outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the row is delivered and marked PUBLISHED",
+        || async {
+            relay.stdout_text().contains(&id[0])
+                && outbox
+                    .sql
+                    .query_one(
+                        "SELECT publish_state = 'PUBLISHED' FROM outbox WHERE id = $1::text::uuid",
+                        &[&id[0]],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, bool>(0)
+        },
+    )
+    .await;
+    relay.stop_gracefully().await;
+    outbox.wait_slot_active(false).await;
+    let stderr = relay.stderr_text();
+    assert!(
+        stderr.contains(&line.message),
+        "run does not warn in check's words: {}\n{stderr}",
+        line.message
+    );
     // Migrated: derive, and nothing to warn of.
     crate::migration::setup_apply(&outbox, &[]).await;
     let findings = check(&outbox.config("")).await;
@@ -507,4 +538,115 @@ async fn check_warns_of_what_weakens_the_derived_lifecycle_and_names_the_fix() {
         .await;
         assert_eq!(said, Vec::<String>::new());
     }
+}
+
+/// Roles that bypass column privileges may set `relay_txid` whatever is
+/// granted: check names each that may log in (a member of
+/// `pg_write_all_data`, another superuser, a member of the owner's role),
+/// and its ok line names the owner and the bootstrap superuser, which every
+/// table has. The role checking is not named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_the_roles_that_bypass_column_privileges() {
+    // Roles belong to the cluster: a private one, so that no other test's
+    // check meets them.
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .expect("start a cluster"),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    let warned = |change: &'static str| warned_after(&outbox, change.into());
+    let lifecycle = |findings: Vec<Finding>| lifecycle_line(&findings).message.clone();
+    let superuser = harness::SUPERUSER;
+    let line = lifecycle(check(&outbox.config("")).await);
+    assert!(
+        line.starts_with("lifecycle derive: ")
+            && line.contains(&format!(
+                "the owner {superuser}, the bootstrap superuser, bypass column privileges and may \
+                 set relay_txid: they must be trusted application code or not write the outbox"
+            )),
+        "{line}"
+    );
+    assert_eq!(warned("SELECT 1").await, Vec::<String>::new());
+
+    // A member of pg_write_all_data: granted nothing on the table, it
+    // forges an id all the same.
+    let said = warned("CREATE ROLE etl LOGIN PASSWORD 'etl'; GRANT pg_write_all_data TO etl").await;
+    assert!(
+        said.len() == 1
+            && said[0].contains(
+                "role etl (member of pg_write_all_data) bypasses column privileges and may set \
+                 relay_txid in table public.outbox whatever is granted: they must be trusted \
+                 application code or not write the outbox"
+            )
+            && said[0].contains("REVOKE pg_write_all_data FROM name")
+            && !said[0].contains("--producer-role"),
+        "{said:#?}"
+    );
+    let etl = harness::connect(&outbox.db.url().replacen(
+        &format!("{superuser}:{}@", harness::PASSWORD),
+        "etl:etl@",
+        1,
+    ))
+    .await;
+    outbox.insert_tx(&[("a".into(), "E".into())]).await;
+    let forged = etl
+        .execute("UPDATE public.outbox SET relay_txid = '1'", &[])
+        .await
+        .expect("a member of pg_write_all_data writes the column");
+    assert_eq!(forged, 1);
+
+    // Another superuser, and a member of the owner's role: each named with why.
+    let said = warned(
+        "CREATE ROLE admin LOGIN SUPERUSER PASSWORD 'admin'; CREATE ROLE app_owner NOLOGIN; \
+         ALTER TABLE outbox OWNER TO app_owner; CREATE ROLE app LOGIN; GRANT app_owner TO app",
+    )
+    .await;
+    assert!(
+        said.len() == 1
+            && said[0].contains(
+                "roles admin (superuser), app (member of the owner app_owner), etl (member of \
+                 pg_write_all_data) bypass column privileges"
+            ),
+        "{said:#?}"
+    );
+    let line = lifecycle(check(&outbox.config("")).await);
+    assert!(
+        line.contains(&format!(
+            "the owner app_owner and the bootstrap superuser {superuser} bypass column privileges"
+        )),
+        "{line}"
+    );
+    // Checked as admin, admin is not named: the others are.
+    let as_admin = Config::from_parts(
+        &outbox.config_toml("").replacen(
+            &outbox.relay_url(),
+            &outbox.db.url().replacen(
+                &format!("{superuser}:{}@", harness::PASSWORD),
+                "admin:admin@",
+                1,
+            ),
+            1,
+        ),
+        Path::new("test.toml"),
+        std::iter::empty(),
+    )
+    .expect("config");
+    let said = warnings(&check(&as_admin).await);
+    assert!(
+        said.len() == 1
+            && said[0].contains(
+                "roles app (member of the owner app_owner), etl (member of pg_write_all_data) \
+                 bypass column privileges"
+            ),
+        "{said:#?}"
+    );
+    // Taken back, nothing is named.
+    assert_eq!(
+        warned(
+            "REVOKE pg_write_all_data FROM etl; ALTER ROLE admin NOSUPERUSER; REVOKE app_owner FROM app"
+        )
+        .await,
+        Vec::<String>::new()
+    );
 }

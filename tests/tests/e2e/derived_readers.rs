@@ -14,28 +14,6 @@ use crate::outbox::{metric, Collect, Outbox, Running};
 /// the poller's unless the derived rule says it is published.
 const POLLER_ONLY: &str = "[stream]\nenabled = false\n[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\nbackoff_initial = \"100ms\"\nbackoff_max = \"200ms\"\n";
 
-/// Make the fixture's table derived as the schema migration does (the
-/// column without a default, then the default; the txid index; the due index
-/// redefined), and give the position table its columns. Harmless once
-/// `setup` creates them (IF NOT EXISTS).
-async fn derive(outbox: &Outbox) {
-    outbox
-        .sql
-        .batch_execute(
-            "ALTER TABLE outbox ADD COLUMN IF NOT EXISTS relay_txid xid8;
-             ALTER TABLE outbox ALTER COLUMN relay_txid SET DEFAULT pg_current_xact_id();
-             CREATE INDEX IF NOT EXISTS outbox_txid_idx ON outbox (relay_txid) WHERE publish_state = 'PENDING';
-             CREATE INDEX IF NOT EXISTS outbox_explicit_idx ON outbox (created_at)
-               WHERE publish_state = 'FAILED' OR (publish_state = 'PENDING' AND relay_txid IS NULL);
-             DROP INDEX IF EXISTS outbox_due_idx;
-             ALTER TABLE outbox_position ADD COLUMN IF NOT EXISTS snapshot pg_snapshot,
-               ADD COLUMN IF NOT EXISTS snapshot_lsn pg_lsn, ADD COLUMN IF NOT EXISTS snapshot_at timestamptz,
-               ADD COLUMN IF NOT EXISTS hole_from pg_snapshot[], ADD COLUMN IF NOT EXISTS hole_to pg_snapshot[];",
-        )
-        .await
-        .unwrap();
-}
-
 /// `pg_current_snapshot()`, as text.
 async fn snapshot(outbox: &Outbox) -> String {
     outbox
@@ -139,7 +117,6 @@ fn set(ids: &[&[String]]) -> HashSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
     let outbox = Outbox::new().await;
-    derive(&outbox).await;
     let before = rows(&outbox, 3, "3 days", "PENDING", 0).await;
     let boundary = snapshot(&outbox).await;
     // A transaction left open while S is taken (S's xmin stays below every
@@ -311,7 +288,6 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_it() {
     let outbox = Outbox::new().await;
-    derive(&outbox).await;
     // The test sets rows back to PENDING to stand for rows the stream
     // published and left so; an operator's requeue (the trigger clearing
     // their ids) is another case (derived::a_row_set_to_pending_by_hand_is_sent_again).
@@ -459,7 +435,6 @@ async fn plans_of<F: std::future::Future<Output = ()>>(outbox: &Outbox, run: F) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_poller_and_retention_read_a_derived_table_through_its_indexes() {
     let outbox = Outbox::new().await;
-    derive(&outbox).await;
     let boundary = snapshot(&outbox).await;
     for _ in 0..20 {
         rows(&outbox, 5000, "3 days", "PENDING", 0).await;

@@ -12,64 +12,14 @@ use harness::{wait_until, RelayProcess};
 use crate::outbox::{Collect, Outbox, Running};
 
 /// The outbox table as `setup` created it before the derived lifecycle
-/// (sql/001_outbox_table.sql at b52e47e, rendered for `public.outbox`).
-pub const OLD_TABLE: &str = "
-CREATE TABLE public.outbox (
-    id             uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    event_type     text        NOT NULL,
-    payload        jsonb       NOT NULL,
-    headers        jsonb,
-    topic          text,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    publish_state   text        NOT NULL DEFAULT 'PENDING'
-                    CHECK (publish_state IN ('PENDING', 'PUBLISHED', 'FAILED', 'DEAD', 'SKIPPED')),
-    attempts        integer     NOT NULL DEFAULT 0,
-    last_error      text,
-    next_attempt_at timestamptz,
-    published_at    timestamptz
-);
-CREATE INDEX outbox_due_idx ON public.outbox (created_at)
-    WHERE publish_state IN ('PENDING', 'FAILED');
-CREATE INDEX outbox_published_idx ON public.outbox (published_at)
-    WHERE publish_state IN ('PUBLISHED', 'SKIPPED');
-";
+/// (sql/001_outbox_table.sql at b52e47e, rendered for `public.outbox`);
+/// scripts/migration-lock.sh starts from the same file.
+pub const OLD_TABLE: &str = include_str!("../../data/outbox_before_derive.sql");
 
 /// The partitioned variant before the derived lifecycle
 /// (sql/001_outbox_table_partitioned.sql at b52e47e), with a partition
 /// holding today besides the default one.
-const OLD_PARTITIONED_TABLE: &str = "
-CREATE TABLE public.outbox (
-    id             uuid        NOT NULL DEFAULT gen_random_uuid(),
-    aggregate_type text        NOT NULL,
-    aggregate_id   text        NOT NULL,
-    event_type     text        NOT NULL,
-    payload        jsonb       NOT NULL,
-    headers        jsonb,
-    topic          text,
-    created_at     timestamptz NOT NULL DEFAULT now(),
-    publish_state   text        NOT NULL DEFAULT 'PENDING'
-                    CHECK (publish_state IN ('PENDING', 'PUBLISHED', 'FAILED', 'DEAD', 'SKIPPED')),
-    attempts        integer     NOT NULL DEFAULT 0,
-    last_error      text,
-    next_attempt_at timestamptz,
-    published_at    timestamptz,
-    PRIMARY KEY (id, created_at)
-) PARTITION BY RANGE (created_at);
-CREATE TABLE public.outbox_default PARTITION OF public.outbox DEFAULT;
-CREATE INDEX outbox_due_idx ON public.outbox (created_at)
-    WHERE publish_state IN ('PENDING', 'FAILED');
-CREATE INDEX outbox_published_idx ON public.outbox (published_at)
-    WHERE publish_state IN ('PUBLISHED', 'SKIPPED');
-CREATE INDEX outbox_id_idx ON public.outbox (id);
-DO $$
-BEGIN
-    EXECUTE format('CREATE TABLE public.outbox_today PARTITION OF public.outbox FOR VALUES FROM (%L) TO (%L)',
-                   now() - interval '1 day', now() + interval '1 day');
-END
-$$;
-";
+const OLD_PARTITIONED_TABLE: &str = include_str!("../../data/outbox_before_derive_partitioned.sql");
 
 /// Put `outbox` back to the shape `setup` gave it before the derived
 /// lifecycle: `table` (one of [`OLD_TABLE`], or the partitioned one) in the

@@ -67,11 +67,7 @@ pub async fn run(
     if ready.table.is_some() && fine(Area::Table) {
         ok(format!("table {} has the mapped columns", names.table));
     }
-    if let Some(line) = ready
-        .lifecycle
-        .filter(|_| fine(Area::Table))
-        .and_then(|l| readiness::lifecycle_summary(names, l))
-    {
+    if let Some(line) = readiness::lifecycle_summary(&ready).filter(|_| fine(Area::Table)) {
         ok(line);
     }
     let mut problems: Vec<Finding> = ready

@@ -657,7 +657,8 @@ async fn write_holes(
 
 /// Whether `table` (schema-qualified, quoted) holds every column the derived
 /// lifecycle keeps ([`derived::POSITION_COLUMNS`]): the missing ones, by
-/// name (none: it does). For the start-up choice of the lifecycle in force.
+/// name, in [`derived::POSITION_COLUMNS`]'s order (none: it does). For
+/// the lifecycle in force ([`crate::postgres::readiness`]).
 pub(crate) async fn missing_derived_columns(
     client: &tokio_postgres::Client,
     table: &str,
@@ -665,8 +666,9 @@ pub(crate) async fn missing_derived_columns(
     let names: Vec<&str> = derived::POSITION_COLUMNS.iter().map(|(n, _)| *n).collect();
     let rows = client
         .query(
-            "SELECT c FROM unnest($2::text[]) AS c WHERE NOT EXISTS \
-             (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = c AND NOT attisdropped)",
+            "SELECT c FROM unnest($2::text[]) WITH ORDINALITY AS w(c, n) WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = c AND NOT attisdropped) \
+             ORDER BY n",
             &[&table, &names],
         )
         .await?;

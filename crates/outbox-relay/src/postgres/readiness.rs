@@ -148,7 +148,8 @@ pub(crate) enum Problem {
         mode: OnPublished,
     },
     /// `lifecycle.on_published = "derive"`, but the table or the position
-    /// table lacks what it needs: the relay runs as `mark`.
+    /// table lacks what it needs: the relay runs as `mark`
+    /// ([`Readiness::runs_as_mark`], which `run` decides by at start).
     DerivedRunsAsMark {
         /// What is missing, one phrase each.
         missing: Vec<String>,
@@ -165,12 +166,18 @@ pub(crate) enum Problem {
         /// Their names.
         indexes: Vec<String>,
     },
-    /// Roles other than the relay's and the owner may set the derived
-    /// lifecycle's column (a table-level INSERT or UPDATE, or a column grant
-    /// on it).
+    /// Roles other than the relays, the owner, the bootstrap superuser and
+    /// the role checking may set the derived lifecycle's column: by a
+    /// table-level INSERT or UPDATE, or a column grant on it, or bypassing
+    /// column privileges (superusers, members of `pg_write_all_data`,
+    /// members of the owner's role).
     TxidForgeable {
-        /// The roles (`PUBLIC` for everyone).
+        /// The roles granted it (`PUBLIC` for everyone).
         roles: Vec<String>,
+        /// The roles that bypass column privileges, each with why:
+        /// `name (superuser)`, `name (member of pg_write_all_data)`,
+        /// `name (member of the owner <owner>)`.
+        bypassing: Vec<String>,
     },
     /// Other publications send the derived lifecycle's column (PostgreSQL
     /// 15+, where column lists can leave it out).
@@ -372,14 +379,31 @@ impl Problem {
                  whole table for the rows they look for",
                 indexes.join(", ")
             ),
-            Problem::TxidForgeable { roles } => format!(
-                "{} {} may set {col} in table {table} (a table-level INSERT or UPDATE, which a \
-                 column REVOKE does not narrow, or a grant on the column): a row with a forged id \
-                 could read as published without having been sent",
-                if roles.len() == 1 { "role" } else { "roles" },
-                roles.join(", "),
-                col = derived::COLUMN
-            ),
+            Problem::TxidForgeable { roles, bypassing } => {
+                let col = derived::COLUMN;
+                let mut who = Vec::new();
+                if !roles.is_empty() {
+                    who.push(format!(
+                        "{} {} may set {col} in table {table} (a table-level INSERT or UPDATE, \
+                         which a column REVOKE does not narrow, or a grant on the column)",
+                        if roles.len() == 1 { "role" } else { "roles" },
+                        roles.join(", "),
+                    ));
+                }
+                if !bypassing.is_empty() {
+                    who.push(format!(
+                        "{} {} {} column privileges and may set {col} in table {table} whatever \
+                         is granted: they must be trusted application code or not write the outbox",
+                        if bypassing.len() == 1 { "role" } else { "roles" },
+                        bypassing.join(", "),
+                        if bypassing.len() == 1 { "bypasses" } else { "bypass" },
+                    ));
+                }
+                format!(
+                    "{}: a row with a forged id could read as published without having been sent",
+                    who.join("; ")
+                )
+            }
             Problem::TxidPublished { publications } => format!(
                 "{} {} {} table {table} with its column {col}: a subscriber receives this \
                  server's transaction ids, which mean nothing there (its copy would read as \
@@ -528,10 +552,22 @@ impl Problem {
                  CONCURRENTLY, sql/008_derived_indexes.sql)"
                     .into()
             }
-            Problem::TxidForgeable { .. } => {
-                "grant the application its own columns instead: `outbox-relay setup --config FILE \
-                 --apply --producer-role ROLE` (sql/010_producer.sql, docs/producers.md)"
-                    .into()
+            Problem::TxidForgeable { roles, bypassing } => {
+                let mut fixes = Vec::new();
+                if !roles.is_empty() {
+                    fixes.push(
+                        "grant the application its own columns instead: `outbox-relay setup \
+                         --config FILE --apply --producer-role ROLE` (sql/010_producer.sql)",
+                    );
+                }
+                if !bypassing.is_empty() {
+                    fixes.push(
+                        "take from a role that is not trusted what lets it bypass them (ALTER \
+                         ROLE name NOSUPERUSER, REVOKE pg_write_all_data FROM name, REVOKE \
+                         owner_role FROM name)",
+                    );
+                }
+                format!("{} (docs/producers.md)", fixes.join("; "))
             }
             Problem::TxidPublished { .. } => format!(
                 "give each a column list without it: ALTER PUBLICATION name SET TABLE {table} \
@@ -586,18 +622,53 @@ pub(crate) enum Lifecycle {
     DeriveAsMark,
 }
 
+/// The roles every table has that may set any of its columns whatever is
+/// granted ([`Readiness::txid_unbound`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unbound {
+    /// The table's owner.
+    pub owner: String,
+    /// The cluster's bootstrap superuser (the role `initdb` made; on a
+    /// managed service, the provider's).
+    pub bootstrap: String,
+}
+
+impl Unbound {
+    /// Who they are, for `check`'s line.
+    fn describe(&self) -> String {
+        let col = derived::COLUMN;
+        let who = if self.owner == self.bootstrap {
+            format!("the owner {}, the bootstrap superuser,", self.owner)
+        } else {
+            format!(
+                "the owner {} and the bootstrap superuser {}",
+                self.owner, self.bootstrap
+            )
+        };
+        format!(
+            "{who} bypass column privileges and may set {col}: they must be trusted application \
+             code or not write the outbox"
+        )
+    }
+}
+
 /// `check`'s ok line for the lifecycle in force, `None` when `derive` runs
-/// as `mark` (a warning says so).
-pub(crate) fn lifecycle_summary(names: &Names, lifecycle: Lifecycle) -> Option<String> {
-    let Names { table, .. } = names;
+/// as `mark` (a warning says so) or the table does not exist.
+pub(crate) fn lifecycle_summary(ready: &Readiness) -> Option<String> {
+    let Names { table, .. } = &ready.names;
     let position = crate::postgres::position::table_name(&table.name);
-    Some(match lifecycle {
+    Some(match ready.lifecycle? {
         Lifecycle::DeriveAsMark => return None,
         Lifecycle::AsConfigured(OnPublished::Derive) => format!(
             "lifecycle derive: table {table} has {col} DEFAULT pg_current_xact_id() and its \
              indexes, and {position:?} is writable: a row is published once its transaction is \
-             in a snapshot the relay vouched for, without being written again",
-            col = derived::COLUMN
+             in a snapshot the relay vouched for, without being written again{unbound}",
+            col = derived::COLUMN,
+            unbound = ready
+                .txid_unbound
+                .as_ref()
+                .map(|u| format!("; {}", u.describe()))
+                .unwrap_or_default()
         ),
         Lifecycle::AsConfigured(OnPublished::Mark) => {
             "lifecycle mark (lifecycle.on_published): each published row is updated".to_owned()
@@ -669,6 +740,11 @@ pub(crate) struct Readiness {
     pub table: Option<Table>,
     /// The lifecycle in force, when the table exists.
     pub lifecycle: Option<Lifecycle>,
+    /// Under `derive`, the roles that may always set the derived
+    /// lifecycle's column, bound by no privilege: the table's owner and the
+    /// bootstrap superuser (for `check`'s line; a warning for them would
+    /// never go away).
+    pub txid_unbound: Option<Unbound>,
     /// `lifecycle.recreate_slot`.
     recreate_slot: bool,
     /// Every problem, in the order `run` meets them: server, slot, table,
@@ -724,6 +800,16 @@ impl Readiness {
             }
             _ => Protocol::V1,
         }
+    }
+
+    /// Why `lifecycle.on_published = "derive"` runs as `mark`, in `check`'s
+    /// words ([`Problem::DerivedRunsAsMark`]); `None` when the lifecycle is
+    /// as configured. `run` chooses its workers' mode by it at start.
+    pub(crate) fn runs_as_mark(&self) -> Option<String> {
+        self.problems
+            .iter()
+            .find(|p| matches!(p, Problem::DerivedRunsAsMark { .. }))
+            .map(|p| p.describe(&self.names))
     }
 
     /// How `check` reports `problem`.
@@ -806,14 +892,16 @@ pub(crate) async fn inspect(
     let published = inspect_publication(client, &names, table.as_ref(), &mut publication).await?;
     // The table's problems before the publication's: a table that does not
     // fit is the first thing to fix.
-    let lifecycle = match &table {
+    let (lifecycle, txid_unbound) = match &table {
         None => {
             problems.push(Problem::TableMissing);
-            None
+            (None, None)
         }
         Some(table) => {
             inspect_table(client, config, table, published.as_deref(), &mut problems).await?;
-            Some(inspect_lifecycle(client, config, table, server_version_num, &mut problems).await?)
+            let (lifecycle, unbound) =
+                inspect_lifecycle(client, config, table, server_version_num, &mut problems).await?;
+            (Some(lifecycle), unbound)
         }
     };
     problems.extend(publication);
@@ -824,6 +912,7 @@ pub(crate) async fn inspect(
         slot,
         table,
         lifecycle,
+        txid_unbound,
         recreate_slot: config.lifecycle.recreate_slot,
         problems,
     })
@@ -1014,18 +1103,19 @@ async fn inspect_table(
 /// table have what it needs (the column, as `Table::derived` reads it, and a
 /// position table the relay may write with the derived columns), else it
 /// runs as `mark`; then what would weaken it (the column's default, its
-/// indexes, who may set it, who else publishes it).
+/// indexes, who may set it, who else publishes it), and who may always set
+/// it ([`Unbound`]).
 async fn inspect_lifecycle(
     client: &tokio_postgres::Client,
     config: &Config,
     table: &Table,
     server_version_num: i32,
     problems: &mut Vec<Problem>,
-) -> Result<Lifecycle, tokio_postgres::Error> {
+) -> Result<(Lifecycle, Option<Unbound>), tokio_postgres::Error> {
     let mode = config.lifecycle.on_published;
     // Without the managed columns the relay does not start (ManagedColumnsMissing).
     if mode != OnPublished::Derive || !table.managed {
-        return Ok(Lifecycle::AsConfigured(mode));
+        return Ok((Lifecycle::AsConfigured(mode), None));
     }
     let name = config.table();
     let column = derived::COLUMN;
@@ -1051,14 +1141,7 @@ async fn inspect_lifecycle(
             quote_literal(&position_name)
         ));
     } else {
-        let wanted: Vec<&str> = derived::POSITION_COLUMNS.iter().map(|(c, _)| *c).collect();
-        let lacking: Vec<String> = client
-            .query_one(
-                "SELECT coalesce(array_agg(c ORDER BY n), '{}') FROM unnest($2::text[]) WITH ORDINALITY AS w(c, n)                  WHERE NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)                                    AND attname = c AND NOT attisdropped)",
-                &[&position, &wanted],
-            )
-            .await?
-            .get(0);
+        let lacking = crate::postgres::position::missing_derived_columns(client, &position).await?;
         if !lacking.is_empty() {
             missing.push(format!(
                 "table {} has no column {}",
@@ -1069,7 +1152,7 @@ async fn inspect_lifecycle(
     }
     if !missing.is_empty() {
         problems.push(Problem::DerivedRunsAsMark { missing });
-        return Ok(Lifecycle::DeriveAsMark);
+        return Ok((Lifecycle::DeriveAsMark, None));
     }
     let default: Option<String> = client
         .query_one(
@@ -1109,9 +1192,48 @@ async fn inspect_lifecycle(
         )
         .await?
         .get(0);
-    if !roles.is_empty() {
-        problems.push(Problem::TxidForgeable { roles });
+    // Who may write it whatever is granted, besides the owner, the bootstrap
+    // superuser (every cluster has them: check's ok line names them) and the
+    // role checking: roles that may log in and are superusers, members of
+    // pg_write_all_data (14+), or members of the owner's role. A role that
+    // cannot log in acts only through its members, which are named.
+    let rows = client
+        .query(
+            "SELECT r.oid::regrole::text, CASE WHEN r.rolsuper THEN 'superuser' \
+                      WHEN pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER') THEN 'member of pg_write_all_data' \
+                      ELSE 'member of the owner ' || c.relowner::regrole::text END \
+             FROM pg_class c JOIN pg_roles r ON r.rolcanlogin \
+             WHERE c.oid = $1 AND r.oid <> c.relowner AND r.oid <> 10 \
+               AND r.rolname <> current_user AND r.rolname !~ '^pg_' \
+               AND (r.rolsuper OR pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER') \
+                    OR pg_has_role(r.oid, c.relowner, 'MEMBER')) \
+             ORDER BY 1",
+            &[&table.oid],
+        )
+        .await?;
+    let bypass: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // A grant does not matter to a role that needs none: it is named once, as bypassing.
+    let roles: Vec<String> = roles
+        .into_iter()
+        .filter(|role| !bypass.iter().any(|(name, _)| name == role))
+        .collect();
+    let bypassing: Vec<String> = bypass
+        .into_iter()
+        .map(|(name, why)| format!("{name} ({why})"))
+        .collect();
+    if !roles.is_empty() || !bypassing.is_empty() {
+        problems.push(Problem::TxidForgeable { roles, bypassing });
     }
+    let row = client
+        .query_one(
+            "SELECT c.relowner::regrole::text, 10::oid::regrole::text FROM pg_class c WHERE c.oid = $1",
+            &[&table.oid],
+        )
+        .await?;
+    let unbound = Unbound {
+        owner: row.get(0),
+        bootstrap: row.get(1),
+    };
     // Column lists came with PostgreSQL 15; before, every publication of
     // the table sends every column and there is nothing to fix.
     if server_version_num >= 150_000 {
@@ -1126,7 +1248,7 @@ async fn inspect_lifecycle(
             problems.push(Problem::TxidPublished { publications });
         }
     }
-    Ok(Lifecycle::AsConfigured(OnPublished::Derive))
+    Ok((Lifecycle::AsConfigured(OnPublished::Derive), Some(unbound)))
 }
 
 /// `check`'s ok line for the slot.
@@ -1312,6 +1434,28 @@ mod tests {
             (
                 Problem::TxidForgeable {
                     roles: vec!["app".into()],
+                    bypassing: Vec::new(),
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidForgeable {
+                    roles: Vec::new(),
+                    bypassing: vec!["etl (member of pg_write_all_data)".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::TxidForgeable {
+                    roles: vec!["app".into()],
+                    bypassing: vec![
+                        "admin (superuser)".into(),
+                        "etl (member of pg_write_all_data)".into(),
+                    ],
                 },
                 Warns,
                 Warning,
@@ -1413,6 +1557,49 @@ mod tests {
     }
 
     #[test]
+    fn a_forgeable_txid_names_who_is_granted_it_and_who_bypasses_privileges_each_with_its_fix() {
+        let text = |roles: &[&str], bypassing: &[&str]| {
+            Problem::TxidForgeable {
+                roles: roles.iter().map(|r| r.to_string()).collect(),
+                bypassing: bypassing.iter().map(|r| r.to_string()).collect(),
+            }
+            .describe(&names())
+        };
+        let granted = text(&["app"], &[]);
+        assert!(
+            granted
+                .starts_with("role app may set relay_txid in table public.outbox (a table-level")
+                && granted.contains("--producer-role")
+                && !granted.contains("bypass"),
+            "{granted}"
+        );
+        let bypassing = text(&[], &["etl (member of pg_write_all_data)"]);
+        assert!(
+            bypassing.starts_with(
+                "role etl (member of pg_write_all_data) bypasses column privileges and may set \
+                 relay_txid in table public.outbox whatever is granted: they must be trusted \
+                 application code or not write the outbox: a row with a forged id"
+            ) && bypassing.contains("REVOKE pg_write_all_data FROM name")
+                && !bypassing.contains("--producer-role"),
+            "{bypassing}"
+        );
+        let both = text(
+            &["app"],
+            &["admin (superuser)", "etl (member of pg_write_all_data)"],
+        );
+        assert!(
+            both.contains("role app may set relay_txid")
+                && both.contains(
+                    "; roles admin (superuser), etl (member of pg_write_all_data) bypass column \
+                     privileges"
+                )
+                && both.contains("--producer-role")
+                && both.contains("ALTER ROLE name NOSUPERUSER"),
+            "{both}"
+        );
+    }
+
+    #[test]
     fn wal_level_below_logical_is_fixed_with_the_platforms_own_setting() {
         let text = |platform| {
             Problem::WalLevel {
@@ -1497,6 +1684,7 @@ mod tests {
             }),
             table: Some(table()),
             lifecycle: Some(Lifecycle::AsConfigured(OnPublished::Derive)),
+            txid_unbound: None,
             recreate_slot,
             problems,
         }
