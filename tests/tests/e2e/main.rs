@@ -4,6 +4,7 @@ mod bad_input;
 mod check;
 mod conformance;
 mod derived;
+mod derived_ranges;
 mod derived_readers;
 mod eventbridge;
 mod failover;
