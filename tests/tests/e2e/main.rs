@@ -5,6 +5,7 @@ mod chaos;
 mod check;
 mod conformance;
 mod derived;
+mod derived_ranges;
 mod derived_readers;
 mod eventbridge;
 mod failover;

@@ -228,7 +228,7 @@ async fn oldest_pending(
 ) -> Option<f64> {
     let created_at = table.created_at.as_deref()?;
     let pending = match reader {
-        Some(reader) => reader.pending("o", &reader.hole_ranges(client).await.ok()?),
+        Some(reader) => reader.pending("o", &reader.ranges(client).await.ok()?),
         None => "o.publish_state = 'PENDING'".to_owned(),
     };
     client

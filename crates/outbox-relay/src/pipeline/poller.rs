@@ -22,15 +22,19 @@
 //! 2. **rows in a hole** (before the slot's boundary, or written while the
 //!    relay could not vouch for the stream), one `{table}_txid_idx` range per
 //!    hole, then
-//! 3. **rows after the vouched snapshot**, the range from its xmin,
+//! 3. **rows not visible in the vouched snapshot**: those of the
+//!    transactions in progress at it (`= ANY` of its in-progress ids) and
+//!    those after it (the range from its xmax; [`derived::Ranges`]),
 //!
-//! both in id order (≈ the order the transactions started) and only rows
+//! each in id order (≈ the order the transactions started) and only rows
 //! not derived published, with the age rules of `PENDING` rows and one
 //! more: their id is visible in the snapshot of a passed sample
 //! ([`Passed`]): the transaction had committed when the sample was taken,
 //! so the stream passed it. That snapshot's xmax closes the range above, so
 //! a round reads the index only between the vouched snapshot and the
-//! stream, never the table's published rows. The claimed rows are then
+//! stream, and the rows of transactions open at the vouched snapshot, never
+//! the table's published rows (also not while a long or prepared
+//! transaction keeps the snapshot's xmin back). The claimed rows are then
 //! published oldest `created_at` first, and every outcome is written
 //! explicitly, as above.
 //!
@@ -509,8 +513,9 @@ impl<S: Sink> Poller<S> {
     }
 
     /// Claim a derived table's due rows, at most a batch: explicit work,
-    /// then the rows in each hole, then the rows after the vouched snapshot
-    /// (see the module's documentation); in `created_at` order.
+    /// then the rows in each hole, then those of the transactions in
+    /// progress at the vouched snapshot, then the rows after it (see the
+    /// module's documentation); in `created_at` order.
     async fn claim_derived(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
@@ -526,25 +531,14 @@ impl<S: Sink> Poller<S> {
                 &[sweep, &missed.before],
             )
             .await?;
-        let mut ranges: Vec<String> = reader
-            .hole_ranges(tx)
-            .await?
-            .iter()
-            .map(|(lo, hi)| {
-                format!(
-                    "o.publish_state = 'PENDING' AND {}",
-                    derived::hole_arm("o", lo, hi)
-                )
-            })
-            .collect();
-        ranges.push(derived::after_snapshot_range("o", &reader.p));
+        let ranges = reader.ranges(tx).await?.arms("o");
         // The table's columns come first ([`Table::text_columns`]).
         let width = table.columns.len();
         for range in ranges {
             if rows.len() >= batch {
                 break;
             }
-            // A row in a hole may lie after the snapshot too: claimed once.
+            // A row in a hole may lie in another range too: claimed once.
             let claimed: Vec<String> = rows.iter().map(|r| r.get(width + 3)).collect();
             let more = tx
                 .query(

@@ -91,7 +91,7 @@ pub(crate) async fn row_counts(
     reader: Option<&Reader>,
 ) -> Result<Vec<(String, i64)>, tokio_postgres::Error> {
     let pending = match reader {
-        Some(reader) => reader.pending("o", &reader.hole_ranges(client).await?),
+        Some(reader) => reader.pending("o", &reader.ranges(client).await?),
         None => "o.publish_state = 'PENDING'".to_owned(),
     };
     let row = client

@@ -242,21 +242,90 @@ pub(crate) fn pending(r: &str, p: &str) -> String {
     )
 }
 
-/// SQL boolean, index-friendly (the `<table>_txid_idx` range, partial on
-/// `publish_state = 'PENDING'`): the rows with an id the vouched snapshot
-/// may not cover yet. All rows with an id not derived published are in it
-/// or in a hole ([`Reader::hole_ranges`]); without a vouched snapshot, every row
-/// with an id.
-pub(crate) fn after_snapshot_range(r: &str, p: &str) -> String {
-    format!(
-        "{r}.publish_state = 'PENDING' AND {r}.{COLUMN} >= coalesce(pg_snapshot_xmin({p}.snapshot), '0'::xid8)"
-    )
+/// Where a reader finds, on `<table>_txid_idx`, every row with an id that
+/// may not be derived published: the ids not visible in the vouched
+/// snapshot S and those in a hole, read from the slot's row
+/// ([`Reader::ranges`]) as constants, so the planner estimates each range
+/// from the column's statistics.
+///
+/// An id is not visible in S exactly when it is at or above S's xmax
+/// ([`Ranges::after`]) or in progress at S ([`Ranges::in_progress`]): ids
+/// below S's xmin are finished and visible, and so are those between xmin
+/// and xmax not in progress. Both ranges hold only the rows written since S
+/// and those of the transactions still open at S, so a long or prepared
+/// transaction, which keeps S's xmin back, costs a reader its own rows, not
+/// every row committed since it began (as a range from S's xmin would).
+///
+/// Read in a statement of its own, before the reader's, which still filters
+/// by the whole rule ([`pending`]) under the position row as its own
+/// statement reads it: a stored S is only ever replaced by a later one,
+/// which sees every id the earlier one saw, so the ranges of the earlier one
+/// hold every row the later one leaves unpublished; holes are opened from
+/// the stored S. (Only a pair discarded in between escapes them, for one
+/// statement: the reader reads the new row the next time.)
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ranges {
+    /// Each hole's `[xmin(from), xmax(to))`, lowest first.
+    pub holes: Vec<(u64, u64)>,
+    /// S's xmax; 0 without a vouched snapshot (every id).
+    pub after: u64,
+    /// S's in-progress ids, lowest first.
+    pub in_progress: Vec<u64>,
+}
+
+impl Ranges {
+    /// The ranges of vouched snapshot `s` (none: every id) and `holes`.
+    pub(crate) fn new(s: Option<&Snapshot>, holes: &Holes) -> Self {
+        let mut holes: Vec<(u64, u64)> = holes.0.iter().map(|h| (h.from.xmin, h.to.xmax)).collect();
+        holes.sort_unstable();
+        let mut in_progress = s.map(|s| s.xip.clone()).unwrap_or_default();
+        in_progress.sort_unstable();
+        Self {
+            holes,
+            after: s.map_or(0, |s| s.xmax),
+            in_progress,
+        }
+    }
+
+    /// Whether id `x` lies in one of the ranges: what [`Ranges::arms`]
+    /// select, for the model test.
+    #[cfg(test)]
+    fn holds(&self, x: u64) -> bool {
+        x >= self.after
+            || self.in_progress.contains(&x)
+            || self.holes.iter().any(|(lo, hi)| (*lo..*hi).contains(&x))
+    }
+
+    /// Each range as an index-friendly SQL boolean on `r` (`PENDING` and
+    /// within it), in id order: the holes, the ids in progress at S (`=
+    /// ANY` of a constant array), the ids after S. A row may be in more
+    /// than one.
+    pub(crate) fn arms(&self, r: &str) -> Vec<String> {
+        let pending = format!("{r}.publish_state = 'PENDING'");
+        let mut arms: Vec<String> = self
+            .holes
+            .iter()
+            .map(|(lo, hi)| format!("{pending} AND {}", hole_arm(r, *lo, *hi)))
+            .collect();
+        if !self.in_progress.is_empty() {
+            let ids: Vec<String> = self.in_progress.iter().map(u64::to_string).collect();
+            arms.push(format!(
+                "{pending} AND {r}.{COLUMN} = ANY('{{{}}}'::xid8[])",
+                ids.join(",")
+            ));
+        }
+        arms.push(format!(
+            "{pending} AND {r}.{COLUMN} >= '{}'::xid8",
+            self.after
+        ));
+        arms
+    }
 }
 
 // ---- readers ----
 
 /// SQL: the slot's position row as a scalar subquery, to pass as `p` to
-/// [`published`], [`state`], [`pending`] and [`after_snapshot_range`]
+/// [`published`], [`state`] and [`pending`]
 /// (`position` the qualified, quoted position table, `slot` an SQL
 /// expression). Unlike [`join`] it keeps a reader's statement on the outbox
 /// table alone, so an ordered index scan under a `LIMIT` stops early: each
@@ -324,67 +393,65 @@ impl Reader {
         Ok(ready.then(|| Self::new(&position, &config.postgres.slot)))
     }
 
-    /// The slot's holes as index ranges of [`COLUMN`]: `(xmin(from),
-    /// xmax(to))`, as `xid8` text, lowest first.
-    pub(crate) async fn hole_ranges(
+    /// The slot's [`Ranges`], read from its row in one statement. A row
+    /// that does not parse reads as no vouched snapshot and no holes: every
+    /// id.
+    pub(crate) async fn ranges(
         &self,
         client: &impl tokio_postgres::GenericClient,
-    ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
-        let rows = client
-            .query(
+    ) -> Result<Ranges, tokio_postgres::Error> {
+        let row = client
+            .query_opt(
                 &format!(
-                    "SELECT pg_snapshot_xmin(h.f)::text, pg_snapshot_xmax(h.t)::text \
-                     FROM {} p, unnest(p.hole_from, p.hole_to) AS h(f, t) \
-                     WHERE p.slot_name = {} ORDER BY pg_snapshot_xmin(h.f)",
+                    "SELECT p.snapshot::text, coalesce(p.hole_from::text[], '{{}}'), coalesce(p.hole_to::text[], '{{}}') \
+                     FROM {} p WHERE p.slot_name = {}",
                     self.position, self.slot
                 ),
                 &[],
             )
             .await?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+        let Some(row) = row else {
+            return Ok(Ranges::new(None, &Holes::default()));
+        };
+        let snapshot: Option<String> = row.get(0);
+        let snapshot = match snapshot.as_deref().map(Snapshot::parse) {
+            Some(None) => return Ok(Ranges::new(None, &Holes::default())),
+            parsed => parsed.flatten(),
+        };
+        let holes = Holes::parse(&row.get::<_, Vec<String>>(1), &row.get::<_, Vec<String>>(2));
+        Ok(match holes {
+            Some(holes) => Ranges::new(snapshot.as_ref(), &holes),
+            None => Ranges::new(None, &Holes::default()),
+        })
     }
 
     /// SQL boolean, index-friendly: every row of `r` that may be pending by
     /// the derived rule, a superset to AND with [`pending`]: `PENDING`
-    /// without an id (the poller's `{table}_explicit_idx`), after the
-    /// vouched snapshot ([`after_snapshot_range`]) and within each hole's
-    /// range (`holes` from [`Reader::hole_ranges`]; each an OR arm on
-    /// `{table}_txid_idx`, which a bitmap scan ORs together; the EXISTS of
-    /// an `EXISTS` over the holes would not reach the index).
-    pub(crate) fn candidates(&self, r: &str, holes: &[(String, String)]) -> String {
-        let mut arms = vec![
-            format!("{r}.{COLUMN} IS NULL"),
-            format!(
-                "{r}.{COLUMN} >= coalesce(pg_snapshot_xmin({}.snapshot), '0'::xid8)",
-                self.p
-            ),
-        ];
-        arms.extend(holes.iter().map(|(lo, hi)| hole_arm(r, lo, hi)));
-        format!(
-            "({r}.publish_state = 'PENDING' AND ({}))",
-            arms.join(" OR ")
-        )
+    /// without an id (the poller's `{table}_explicit_idx`) or within one of
+    /// `ranges` ([`Ranges::arms`]), each an OR arm on `{table}_txid_idx`,
+    /// which a bitmap scan ORs together.
+    pub(crate) fn candidates(&self, r: &str, ranges: &Ranges) -> String {
+        let mut arms = vec![format!(
+            "({r}.publish_state = 'PENDING' AND {r}.{COLUMN} IS NULL)"
+        )];
+        arms.extend(ranges.arms(r).into_iter().map(|a| format!("({a})")));
+        format!("({})", arms.join(" OR "))
     }
 
     /// SQL boolean: row `r` is still to publish ([`pending`]), found through
     /// the indexes ([`Reader::candidates`]).
-    pub(crate) fn pending(&self, r: &str, holes: &[(String, String)]) -> String {
+    pub(crate) fn pending(&self, r: &str, ranges: &Ranges) -> String {
         format!(
             "({} AND {})",
-            self.candidates(r, holes),
+            self.candidates(r, ranges),
             pending(r, &self.p)
         )
     }
 }
 
-/// SQL boolean: `r`'s id within `[lo, hi)` (`xid8` text from the server).
-pub(crate) fn hole_arm(r: &str, lo: &str, hi: &str) -> String {
-    use crate::postgres::sql::quote_literal;
-    format!(
-        "({r}.{COLUMN} >= {}::xid8 AND {r}.{COLUMN} < {}::xid8)",
-        quote_literal(lo),
-        quote_literal(hi)
-    )
+/// SQL boolean: `r`'s id within `[lo, hi)`.
+fn hole_arm(r: &str, lo: u64, hi: u64) -> String {
+    format!("({r}.{COLUMN} >= '{lo}'::xid8 AND {r}.{COLUMN} < '{hi}'::xid8)")
 }
 
 #[cfg(test)]
@@ -424,5 +491,53 @@ mod tests {
         assert!(!holes.needs_mark(Some(211)));
         assert!(!holes.needs_mark(Some(300)));
         assert_eq!(Holes::parse(&[BEGINNING.into()], &[]), None);
+    }
+
+    #[test]
+    fn the_readers_ranges_hold_every_id_not_derived_published_and_no_other_outside_the_holes() {
+        let cases = [
+            ("100:100:", vec![]),
+            ("100:180:100,150", vec![]),
+            // A transaction open long before the others: xmin far back.
+            (
+                "20:180:20,170",
+                vec![(BEGINNING, "10:12:10"), ("60:70:61", "90:95:")],
+            ),
+            ("20:180:20,170", vec![("20:180:20,170", OPEN)]),
+        ];
+        for (s, holes) in cases {
+            let snapshot = Snapshot::parse(s).unwrap();
+            let (from, to): (Vec<String>, Vec<String>) = holes
+                .iter()
+                .map(|(f, t)| (f.to_string(), t.to_string()))
+                .unzip();
+            let holes = Holes::parse(&from, &to).unwrap();
+            let ranges = Ranges::new(Some(&snapshot), &holes);
+            for x in 1..250 {
+                let in_hole = holes.0.iter().any(|h| h.holds(x));
+                let not_published = !snapshot.visible(x) || in_hole;
+                assert!(!not_published || ranges.holds(x), "{s}: {x}");
+                let in_hole_range = ranges.holes.iter().any(|(lo, hi)| (*lo..*hi).contains(&x));
+                if !in_hole_range {
+                    assert_eq!(ranges.holds(x), !snapshot.visible(x), "{s}: {x}");
+                }
+            }
+        }
+        // Nothing vouched: every id.
+        let none = Ranges::new(None, &Holes::default());
+        assert!(none.holds(0) && none.holds(1) && none.holds(u64::MAX));
+        // Xmin held back by 20: the ids between the open transactions are outside.
+        let pinned = Ranges::new(
+            Some(&Snapshot::parse("20:180:20,170").unwrap()),
+            &Holes::default(),
+        );
+        assert_eq!(
+            pinned.arms("o"),
+            [
+                "o.publish_state = 'PENDING' AND o.relay_txid = ANY('{20,170}'::xid8[])",
+                "o.publish_state = 'PENDING' AND o.relay_txid >= '180'::xid8",
+            ]
+        );
+        assert_eq!((21..170).filter(|x| pinned.holds(*x)).count(), 0);
     }
 }
