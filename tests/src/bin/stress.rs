@@ -197,7 +197,8 @@ async fn main() {
         eprintln!("stress: the derived lifecycle is not in force (no outbox_state view): FAIL");
         std::process::exit(1);
     }
-    let relay_log = std::env::temp_dir().join(format!("outbox-relay-stress-{}.log", std::process::id()));
+    let relay_log =
+        std::env::temp_dir().join(format!("outbox-relay-stress-{}.log", std::process::id()));
     std::fs::write(&relay_log, "").unwrap();
     let mut relay = RelayProcess::spawn(&["--config", &config, "run"], &env);
 
