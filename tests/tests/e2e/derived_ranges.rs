@@ -277,4 +277,26 @@ async fn an_open_transaction_costs_the_readers_its_own_rows_not_every_row_since_
         "the poller alone read {polled} index entries in 20 rounds"
     );
     relay.stop().await;
+
+    // A pair the rule does not trust (another system's, as a restored
+    // cluster's row is until a session starts and discards it) leaves every
+    // row with an id pending by the rule: the ranges must hold them all, so
+    // `status` counts every one, not only those after the pair's snapshot.
+    outbox
+        .sql
+        .batch_execute("UPDATE outbox_position SET system_identifier = '1'")
+        .await
+        .unwrap();
+    let pending: i64 = outbox
+        .sql
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE publish_state = 'PENDING'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(pending >= N, "{pending}");
+    let report = status(&outbox).await;
+    assert_eq!(report["rows"]["PENDING"], pending, "{report:#}");
 }

@@ -395,7 +395,11 @@ impl Reader {
 
     /// The slot's [`Ranges`], read from its row in one statement. A row
     /// that does not parse reads as no vouched snapshot and no holes: every
-    /// id.
+    /// id. So does a snapshot the rule would not trust ([`published`]'s
+    /// conditions on the row: no holes kept, another system's, or ahead of
+    /// the server's xmax, as after a restore before a session's start
+    /// discards it): the rule then calls every row with an id pending, and
+    /// the ranges must hold them all.
     pub(crate) async fn ranges(
         &self,
         client: &impl tokio_postgres::GenericClient,
@@ -403,7 +407,11 @@ impl Reader {
         let row = client
             .query_opt(
                 &format!(
-                    "SELECT p.snapshot::text, coalesce(p.hole_from::text[], '{{}}'), coalesce(p.hole_to::text[], '{{}}') \
+                    "SELECT CASE WHEN p.hole_to IS NOT NULL \
+                                  AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
+                                  AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
+                                 THEN p.snapshot::text END, \
+                            coalesce(p.hole_from::text[], '{{}}'), coalesce(p.hole_to::text[], '{{}}') \
                      FROM {} p WHERE p.slot_name = {}",
                     self.position, self.slot
                 ),
