@@ -596,20 +596,40 @@ async fn check_names_the_roles_that_bypass_column_privileges() {
         .expect("a member of pg_write_all_data writes the column");
     assert_eq!(forged, 1);
 
-    // Another superuser, and a member of the owner's role: each named with why.
+    // Another superuser, a member of the owner's role, and a role that may
+    // SET ROLE to a superuser role that cannot log in: each named with why.
     let said = warned(
         "CREATE ROLE admin LOGIN SUPERUSER PASSWORD 'admin'; CREATE ROLE app_owner NOLOGIN; \
-         ALTER TABLE outbox OWNER TO app_owner; CREATE ROLE app LOGIN; GRANT app_owner TO app",
+         ALTER TABLE outbox OWNER TO app_owner; CREATE ROLE app LOGIN; GRANT app_owner TO app; \
+         CREATE ROLE su_group NOLOGIN SUPERUSER; CREATE ROLE ops LOGIN; GRANT su_group TO ops",
     )
     .await;
     assert!(
         said.len() == 1
             && said[0].contains(
                 "roles admin (superuser), app (member of the owner app_owner), etl (member of \
-                 pg_write_all_data) bypass column privileges"
+                 pg_write_all_data), ops (may act as a superuser role) bypass column privileges"
             ),
         "{said:#?}"
     );
+    // From 16 a membership may give neither the role's privileges nor SET
+    // ROLE to it: such a member can write nothing, and is not named.
+    let version: i32 = outbox
+        .sql
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if version >= 160_000 {
+        let unchanged = warned(
+            "CREATE ROLE audit LOGIN; GRANT pg_write_all_data TO audit WITH INHERIT FALSE, SET FALSE",
+        )
+        .await;
+        assert!(
+            unchanged.len() == 1 && !unchanged[0].contains("audit"),
+            "{unchanged:#?}"
+        );
+    }
     let line = lifecycle(check(&outbox.config("")).await);
     assert!(
         line.contains(&format!(
@@ -636,15 +656,16 @@ async fn check_names_the_roles_that_bypass_column_privileges() {
     assert!(
         said.len() == 1
             && said[0].contains(
-                "roles app (member of the owner app_owner), etl (member of pg_write_all_data) \
-                 bypass column privileges"
+                "roles app (member of the owner app_owner), etl (member of pg_write_all_data), \
+                 ops (may act as a superuser role) bypass column privileges"
             ),
         "{said:#?}"
     );
     // Taken back, nothing is named.
     assert_eq!(
         warned(
-            "REVOKE pg_write_all_data FROM etl; ALTER ROLE admin NOSUPERUSER; REVOKE app_owner FROM app"
+            "REVOKE pg_write_all_data FROM etl; ALTER ROLE admin NOSUPERUSER; REVOKE app_owner FROM app; \
+             REVOKE su_group FROM ops"
         )
         .await,
         Vec::<String>::new()

@@ -1194,20 +1194,41 @@ async fn inspect_lifecycle(
         .get(0);
     // Who may write it whatever is granted, besides the owner, the bootstrap
     // superuser (every cluster has them: check's ok line names them) and the
-    // role checking: roles that may log in and are superusers, members of
-    // pg_write_all_data (14+), or members of the owner's role. A role that
-    // cannot log in acts only through its members, which are named.
+    // role checking: roles that may log in and are superusers, or may act as
+    // a superuser role, pg_write_all_data (14+) or the owner's role. A role
+    // that cannot log in acts only through its members, which are named.
+    // Acting as a role: before 16 membership (a NOINHERIT member may still
+    // SET ROLE); from 16 a grant's INHERIT (USAGE) or SET option, since a
+    // membership with neither gives nothing.
+    let acts_as = |role: &str| {
+        if server_version_num >= 160_000 {
+            format!("(pg_has_role(r.oid, {role}, 'USAGE') OR pg_has_role(r.oid, {role}, 'SET'))")
+        } else {
+            format!("pg_has_role(r.oid, {role}, 'MEMBER')")
+        }
+    };
+    let write_all = format!(
+        "(to_regrole('pg_write_all_data') IS NOT NULL AND {})",
+        acts_as("'pg_write_all_data'")
+    );
+    let superuser = format!(
+        "EXISTS (SELECT 1 FROM pg_roles s WHERE s.rolsuper AND s.oid <> r.oid AND {})",
+        acts_as("s.oid")
+    );
+    let owner = acts_as("c.relowner");
     let rows = client
         .query(
-            "SELECT r.oid::regrole::text, CASE WHEN r.rolsuper THEN 'superuser' \
-                      WHEN pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER') THEN 'member of pg_write_all_data' \
-                      ELSE 'member of the owner ' || c.relowner::regrole::text END \
-             FROM pg_class c JOIN pg_roles r ON r.rolcanlogin \
-             WHERE c.oid = $1 AND r.oid <> c.relowner AND r.oid <> 10 \
-               AND r.rolname <> current_user AND r.rolname !~ '^pg_' \
-               AND (r.rolsuper OR pg_has_role(r.oid, 'pg_write_all_data', 'MEMBER') \
-                    OR pg_has_role(r.oid, c.relowner, 'MEMBER')) \
-             ORDER BY 1",
+            &format!(
+                "SELECT r.oid::regrole::text, CASE WHEN r.rolsuper THEN 'superuser' \
+                          WHEN {superuser} THEN 'may act as a superuser role' \
+                          WHEN {write_all} THEN 'member of pg_write_all_data' \
+                          ELSE 'member of the owner ' || c.relowner::regrole::text END \
+                 FROM pg_class c JOIN pg_roles r ON r.rolcanlogin \
+                 WHERE c.oid = $1 AND r.oid <> c.relowner AND r.oid <> 10 \
+                   AND r.rolname <> current_user AND r.rolname !~ '^pg_' \
+                   AND (r.rolsuper OR {superuser} OR {write_all} OR {owner}) \
+                 ORDER BY 1"
+            ),
             &[&table.oid],
         )
         .await?;
