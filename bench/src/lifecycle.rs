@@ -190,11 +190,13 @@ impl Outcome {
         usage.cpu.as_secs_f64() * 1e6 / self.rows as f64
     }
 
-    /// Cores the relay, its walsender and the bench kept busy at the
-    /// confirmed rate.
+    /// Cores the relay, its walsender and the bench kept busy until the
+    /// table had settled (the slot confirmed, for `none`): the CPU each spent
+    /// until then (the relay's until it exited, a stop after the settling),
+    /// over that time.
     fn cores(&self) -> f64 {
         (self.usage.cpu + self.budget.walsender + self.budget.bench).as_secs_f64()
-            / self.usage.wall.as_secs_f64()
+            / self.settled.unwrap_or(self.usage.wall).as_secs_f64()
     }
 
     fn insert_wal_per_row(&self) -> f64 {
@@ -521,7 +523,7 @@ fn print_line(o: &Outcome) {
     let per_event = |d: Duration| d.as_secs_f64() * 1e6 / o.rows as f64;
     println!(
         "  round {}; CPU while it ran: relay {:.2}, walsender {:.2}, bench (endpoint) {:.2} µs/event: \
-         {:.2} of 2 cores busy at its confirmed rate{}",
+         {:.2} of 2 cores busy until settled{}",
         o.round,
         o.cpu_per_row(&o.usage),
         per_event(o.budget.walsender),
@@ -593,7 +595,8 @@ fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
         "(each contender's median round of {}, by its settled ratio; inserts' own WAL: {:.0} B/event, \
          median; x: against pg_recvlogical on the same backlog; walsndr and bench: µs of CPU an event \
          of the walsender streaming to the relay and of the bench's process, the SNS endpoint; cores: \
-         relay, walsender and bench CPU over the time to confirm)",
+         relay, walsender and bench CPU over the time to settle; the relay's SQL \
+         backends, which do mark's updates, are not in it: its WAL column is)",
         outcomes.iter().map(|o| o.round).max().unwrap_or(1),
         median(&|o| o.insert_wal_per_row())
     );
