@@ -9,21 +9,11 @@
 //! not catch up, fewer than 10 faults were injected within 150 s, or the
 //! repeats or the poller's share pass 5 %.
 
-use std::process::Command;
-
 #[test]
 fn every_committed_event_arrives_in_order_through_ten_faults() {
-    let out = Command::new(env!("CARGO_BIN_EXE_chaos"))
-        .args(["--faults", "10", "--seconds", "150", "--every-ms", "100"])
-        .output()
-        .expect("run the chaos binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    eprintln!("{stderr}");
-    assert!(
-        out.status.success() && stdout.contains("result                  PASS"),
-        "the chaos run failed ({}); its summary is above",
-        out.status
+    crate::stress::run_driver(
+        env!("CARGO_BIN_EXE_chaos"),
+        &["--faults", "10", "--seconds", "150", "--every-ms", "100"],
+        "chaos",
     );
 }

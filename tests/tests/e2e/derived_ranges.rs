@@ -89,36 +89,6 @@ async fn vouched(outbox: &Outbox) -> (u64, Vec<u64>) {
     )
 }
 
-/// Each id's state as `<table>_state` (the view `setup` creates) reads it.
-async fn states(outbox: &Outbox, ids: &[String]) -> Vec<String> {
-    outbox
-        .sql
-        .query(
-            "SELECT state FROM outbox_state WHERE id::text = ANY($1) ORDER BY state",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
-/// Each id's explicit `publish_state`.
-async fn explicit(outbox: &Outbox, ids: &[String]) -> Vec<String> {
-    outbox
-        .sql
-        .query(
-            "SELECT publish_state FROM outbox WHERE id::text = ANY($1) ORDER BY publish_state",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 /// `outbox-relay status --json`, run as a user would: its report.
 async fn status(outbox: &Outbox) -> serde_json::Value {
     let config = outbox.config_file(POLLER);
@@ -220,7 +190,7 @@ async fn an_open_transaction_costs_the_readers_its_own_rows_not_every_row_since_
         waiting.len() == 1 && late.contains(&waiting[0]),
         "only the stream's message waits: {waiting:?}"
     );
-    assert_eq!(states(&outbox, &late).await, ["PENDING"; 2]);
+    assert_eq!(outbox.view_states(&late).await, ["PENDING"; 2]);
     let report = status(&outbox).await;
     assert_eq!(report["rows"]["PENDING"], 2, "{report:#}");
     assert!(report["oldest_pending_seconds"].is_number(), "{report:#}");
@@ -229,7 +199,7 @@ async fn an_open_transaction_costs_the_readers_its_own_rows_not_every_row_since_
     wait_until(
         Duration::from_secs(20),
         "the late rows are delivered and derived published",
-        || async { states(&outbox, &late).await == ["PUBLISHED"; 2] },
+        || async { outbox.view_states(&late).await == ["PUBLISHED"; 2] },
     )
     .await;
     let delivered = |ids: &[String]| {
@@ -267,7 +237,7 @@ async fn an_open_transaction_costs_the_readers_its_own_rows_not_every_row_since_
     wait_until(
         Duration::from_secs(20),
         "the poller publishes the rows the stream did not get",
-        || async { explicit(&outbox, &orphans).await == ["PUBLISHED"; 2] },
+        || async { outbox.explicit_states(&orphans).await == ["PUBLISHED"; 2] },
     )
     .await;
     assert_eq!(delivered(&orphans), [1, 1]);

@@ -67,21 +67,6 @@ async fn rows(outbox: &Outbox, n: i32, age: &str, state: &str, attempts: i32) ->
         .collect()
 }
 
-/// Each id's explicit `publish_state`.
-async fn explicit(outbox: &Outbox, ids: &[String]) -> Vec<String> {
-    outbox
-        .sql
-        .query(
-            "SELECT publish_state FROM outbox WHERE id::text = ANY($1) ORDER BY publish_state",
-            &[&ids],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 /// Run the binary with `args` and `config`; its exit success and stdout.
 async fn relay_command(args: &[&str], config: &std::path::Path) -> (bool, String, String) {
     let mut all: Vec<&str> = args.to_vec();
@@ -207,10 +192,10 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
         )),
         "{err}"
     );
-    assert!(explicit(&outbox, &vouched_old).await.is_empty());
-    assert!(explicit(&outbox, &long_published).await.is_empty());
-    assert_eq!(explicit(&outbox, &before).await, ["PENDING"; 3]);
-    assert_eq!(explicit(&outbox, &dead).await, ["DEAD"]);
+    assert!(outbox.explicit_states(&vouched_old).await.is_empty());
+    assert!(outbox.explicit_states(&long_published).await.is_empty());
+    assert_eq!(outbox.explicit_states(&before).await, ["PENDING"; 3]);
+    assert_eq!(outbox.explicit_states(&dead).await, ["DEAD"]);
 
     // The metrics count as `status` does (the monitor's first look).
     let sink = Collect::default();
@@ -249,7 +234,7 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
     let published = set(&[&before, &after, &old, &failed]);
     let published: Vec<String> = published.into_iter().collect();
     wait_until(Duration::from_secs(10), "marked explicitly", || async {
-        explicit(&outbox, &published).await == vec!["PUBLISHED"; published.len()]
+        outbox.explicit_states(&published).await == vec!["PUBLISHED"; published.len()]
     })
     .await;
     // Ten more rounds: still nothing vouched, each row once.
@@ -257,8 +242,8 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
     let ids = sink.ids();
     assert_eq!(ids.len(), expected.len(), "each row once: {ids:?}");
     assert!(ids.iter().all(|id| !vouched.contains(id)));
-    assert_eq!(explicit(&outbox, &vouched_new).await, ["PENDING"; 2]);
-    assert_eq!(explicit(&outbox, &dead).await, ["DEAD"]);
+    assert_eq!(outbox.explicit_states(&vouched_new).await, ["PENDING"; 2]);
+    assert_eq!(outbox.explicit_states(&dead).await, ["DEAD"]);
 
     // A hole opened from M to S: the later vouched transaction is in it now,
     // so its rows are the poller's.
@@ -274,7 +259,7 @@ async fn every_reader_reads_a_row_as_the_vouched_snapshot_and_the_holes_say() {
     .await;
     relay.stop().await;
     assert_eq!(sink.ids().len(), expected.len() + vouched_new.len());
-    assert_eq!(explicit(&outbox, &vouched_new).await, ["PUBLISHED"; 2]);
+    assert_eq!(outbox.explicit_states(&vouched_new).await, ["PUBLISHED"; 2]);
     let (_, out, _) = relay_command(&["status", "--json"], &config).await;
     let report: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(report["rows"]["PENDING"], 0, "{report:#}");
@@ -319,12 +304,12 @@ async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_i
     // derived published, but the stream has not passed them.
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(sink.waiting.lock().unwrap().clone(), held[..1]);
-    assert_eq!(explicit(&outbox, &held).await, ["PENDING"; 2]);
+    assert_eq!(outbox.explicit_states(&held).await, ["PENDING"; 2]);
 
     sink.release();
     // (Until the keeper lands, the stream marks what it publishes.)
     wait_until(Duration::from_secs(15), "both rows published", || async {
-        explicit(&outbox, &held).await == ["PUBLISHED"; 2]
+        outbox.explicit_states(&held).await == ["PUBLISHED"; 2]
     })
     .await;
     let delivered = |id: &String| sink.ids().iter().filter(|d| *d == id).count();
@@ -348,7 +333,8 @@ async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_i
         Duration::from_secs(20),
         "the poller publishes the row the stream passed and marks it",
         || async {
-            delivered(&held[0]) > before.0 && explicit(&outbox, &held[..1]).await == ["PUBLISHED"]
+            delivered(&held[0]) > before.0
+                && outbox.explicit_states(&held[..1]).await == ["PUBLISHED"]
         },
     )
     .await;
@@ -362,7 +348,7 @@ async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_i
         before.1,
         "the row the snapshot vouched for is not published again"
     );
-    assert_eq!(explicit(&outbox, &held[1..]).await, ["PENDING"]);
+    assert_eq!(outbox.explicit_states(&held[1..]).await, ["PENDING"]);
     relay.stop().await;
 }
 
@@ -449,7 +435,7 @@ async fn the_poller_and_retention_read_a_derived_table_through_its_indexes() {
         wait_until(
             Duration::from_secs(30),
             "the poller publishes the rows after the snapshot",
-            || async { explicit(&outbox, &due).await == ["PUBLISHED"; 5] },
+            || async { outbox.explicit_states(&due).await == ["PUBLISHED"; 5] },
         )
         .await;
         relay.stop().await;

@@ -268,6 +268,33 @@ impl Outbox {
         commits
     }
 
+    /// Each of `ids`' explicit `publish_state`, sorted.
+    pub async fn explicit_states(&self, ids: &[String]) -> Vec<String> {
+        self.sorted_column("publish_state", "outbox", ids).await
+    }
+
+    /// Each of `ids`' state as the view `outbox_state` (the one `setup`
+    /// creates) derives it, sorted.
+    pub async fn view_states(&self, ids: &[String]) -> Vec<String> {
+        self.sorted_column("state", "outbox_state", ids).await
+    }
+
+    /// `column` of `relation`'s rows of `ids`, sorted.
+    async fn sorted_column(&self, column: &str, relation: &str, ids: &[String]) -> Vec<String> {
+        self.sql
+            .query(
+                &format!(
+                    "SELECT {column} FROM {relation} WHERE id::text = ANY($1) ORDER BY {column}"
+                ),
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// Drop the relay's slot, once its walsender has let it go: a relay that
     /// stopped has closed its connection, but its walsender exits on its own
     /// time, and `pg_drop_replication_slot` refuses an active slot at once.

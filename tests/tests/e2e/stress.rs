@@ -10,18 +10,36 @@ use std::process::Command;
 
 #[test]
 fn no_row_is_derived_published_before_delivery_under_sixteen_writers_kills_and_a_crash() {
-    let out = Command::new(env!("CARGO_BIN_EXE_stress"))
-        .args(["--seconds", "60", "--writers", "16", "--kills", "2"])
-        .args(["--pg-restart", "--require-derived"])
+    run_driver(
+        env!("CARGO_BIN_EXE_stress"),
+        &[
+            "--seconds",
+            "60",
+            "--writers",
+            "16",
+            "--kills",
+            "2",
+            "--pg-restart",
+            "--require-derived",
+        ],
+        "stress",
+    );
+}
+
+/// Run a driver binary (the stress or the chaos run) with `args`, print its
+/// summary and its log, and fail unless it exits 0 and says PASS.
+pub fn run_driver(program: &str, args: &[&str], name: &str) {
+    let out = Command::new(program)
+        .args(args)
         .output()
-        .expect("run the stress binary");
+        .unwrap_or_else(|e| panic!("run the {name} binary: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
     eprintln!("{stderr}");
     assert!(
         out.status.success() && stdout.contains("result                  PASS"),
-        "the stress run failed ({}); its summary is above",
+        "the {name} run failed ({}); its summary is above",
         out.status
     );
 }
