@@ -59,7 +59,9 @@
 //!   restart or an outage) is another matter: every candidate's W lies past
 //!   its end, so S stays where it was until the stream has worked through
 //!   it. The poller's samples are taken the same way (their W too lies past
-//!   the backlog), so it takes none of those rows meanwhile. A session that
+//!   the backlog), so it takes none of those rows while the stream streams
+//!   (while the slot is inactive, rows past `poller.grace` are the poller's,
+//!   as under every lifecycle). A session that
 //!   ends in the middle of such a catch-up in a way that leaves the slot
 //!   ahead of the kept confirmed position (a fast shutdown on 17+, which
 //!   writes the slot's position, after the relay's last acknowledgement
