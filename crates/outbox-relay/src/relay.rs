@@ -79,7 +79,34 @@ async fn effective(
         tracing::warn!(problem = %problem, "the relay runs, but check this; restart it after the fix");
         effective.lifecycle.on_published = OnPublished::Mark;
     }
+    if let Some(warning) = short_grace(&effective) {
+        tracing::warn!("{warning}");
+    }
     Ok(Some(effective))
+}
+
+/// The least `poller.grace` under which the derived lifecycle's poller
+/// leaves delivered rows alone: the keeper takes a candidate a second and
+/// stores it once the stream passed it, a few seconds under load.
+const DERIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A warning when the poller's grace is shorter than the derived lifecycle
+/// takes to vouch for what the stream delivered: the poller would send such
+/// rows again (at least once, nothing lost; docs/guarantees.md's limits).
+fn short_grace(config: &Config) -> Option<String> {
+    let poller = &config.poller;
+    (config.lifecycle.on_published == OnPublished::Derive
+        && poller.enabled
+        && poller.grace < DERIVE_GRACE)
+        .then(|| {
+            format!(
+                "poller.grace = {:?} is shorter than the derived lifecycle takes to vouch for a \
+                 delivered row (a few seconds): the poller will send some rows the stream delivered \
+                 again; set poller.grace to {}s or more (the default is 5m)",
+                poller.grace,
+                DERIVE_GRACE.as_secs()
+            )
+        })
 }
 
 /// Run every enabled worker until `stop` (graceful) or a fatal stream error.
@@ -139,4 +166,24 @@ pub async fn run<S: Sink>(
         let _ = task.await;
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grace_shorter_than_the_vouching_is_warned_of_under_derive_only() {
+        let mut config = Config::default();
+        config.lifecycle.on_published = OnPublished::Derive;
+        assert_eq!(short_grace(&config), None); // the default, 5m
+        config.poller.grace = std::time::Duration::from_secs(1);
+        let warning = short_grace(&config).expect("a warning");
+        assert!(warning.contains("poller.grace = 1s") && warning.contains("10s or more"));
+        config.lifecycle.on_published = OnPublished::Mark;
+        assert_eq!(short_grace(&config), None);
+        config.lifecycle.on_published = OnPublished::Derive;
+        config.poller.enabled = false;
+        assert_eq!(short_grace(&config), None);
+    }
 }
