@@ -113,20 +113,22 @@ where
     let mut last_err = None;
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(remaining, f()).await {
-            Ok(r) => match r.ready() {
-                Ok(value) => return value,
-                Err(reason) => last_err = reason.or(last_err),
-            },
-            Err(_) => last_err = Some("the last check did not finish in time".to_owned()),
-        }
-        if Instant::now() >= deadline {
+        if remaining.is_zero() {
+            // No check is started only to be cut off at once: the last one
+            // that ran tells why.
             match last_err {
                 Some(e) => {
                     panic!("timed out after {timeout:?} waiting until {what} (last error: {e})")
                 }
                 None => panic!("timed out after {timeout:?} waiting until {what}"),
             }
+        }
+        match tokio::time::timeout(remaining, f()).await {
+            Ok(r) => match r.ready() {
+                Ok(value) => return value,
+                Err(reason) => last_err = reason.or(last_err),
+            },
+            Err(_) => last_err = Some("the last check did not finish in time".to_owned()),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -734,3 +734,144 @@ async fn a_row_set_to_pending_by_hand_is_sent_again() {
     );
     relay.stop().await;
 }
+
+/// A transaction's commit can be decoded, streamed and delivered before it
+/// is visible to other snapshots: under synchronous replication it stays
+/// invisible until the standby answers, and under load a backend can be
+/// descheduled between flushing its commit and leaving the proc array. A
+/// pair taken then does not vouch for it; the keeper takes pairs until one
+/// sees every transaction it delivered, so the rows are derived published
+/// once visible, with no further event to prompt it. Here the standby never
+/// answers until the test lets the commit go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible() {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    // The relay's own writes do not wait for the missing standby.
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "ALTER ROLE \"{}\" SET synchronous_commit = local",
+            outbox.role
+        ))
+        .await
+        .unwrap();
+    let config = format!("{DERIVE}[poller]\nenabled = false\n");
+    let sink = Collect::default();
+    let relay = Running::start(outbox.config(&config), sink.clone());
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_many(1, 2, 1).await;
+    all_derived(&outbox, &before, "the rows before are derived published").await;
+
+    // A synchronous standby that never answers: commits wait, invisible.
+    outbox
+        .sql
+        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
+        .await
+        .unwrap();
+    outbox
+        .sql
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let writer = outbox.db.client().await;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let insert = tokio::spawn(async move {
+        let _ = tx.send(
+            writer
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .unwrap()
+                .get::<_, i32>(0),
+        );
+        // Until the configuration reaches the checkpointer, a commit does
+        // not wait: insert until one does.
+        let mut ids = Vec::new();
+        loop {
+            let started = std::time::Instant::now();
+            let row = writer
+                .query_one(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                     VALUES ('order', 'sync', 'held', '{}') RETURNING id::text",
+                    &[],
+                )
+                .await
+                .unwrap();
+            ids.push(row.get::<_, String>(0));
+            if started.elapsed() > Duration::from_secs(2) {
+                return ids;
+            }
+        }
+    });
+    let pid = rx.await.unwrap();
+    wait_until(
+        Duration::from_secs(30),
+        "a commit waits for the standby",
+        || async {
+            outbox
+                .sql
+                .query_one(
+                    "SELECT coalesce(wait_event = 'SyncRep', false) FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    let waiting = wait_until(
+        Duration::from_secs(30),
+        "the waiting commit is delivered while invisible",
+        || async {
+            let visible: HashSet<String> = outbox
+                .sql
+                .query("SELECT id::text FROM outbox", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let held: Vec<String> = sink
+                .ids()
+                .into_iter()
+                .filter(|id| !visible.contains(id))
+                .collect();
+            (held.len() == 1).then_some(held)
+        },
+    )
+    .await;
+    // Pairs are taken and stored meanwhile; none can see the commit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    outbox
+        .sql
+        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
+        .await
+        .unwrap();
+    outbox
+        .sql
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let ids = tokio::time::timeout(Duration::from_secs(30), insert)
+        .await
+        .expect("the commit is let go")
+        .unwrap();
+    assert_eq!(
+        ids.last(),
+        waiting.first(),
+        "the row delivered while invisible"
+    );
+    all_derived(
+        &outbox,
+        &ids,
+        "a pair vouches for the commit delivered before it was visible",
+    )
+    .await;
+    relay.stop().await;
+}

@@ -192,6 +192,11 @@ impl AckTracker {
         self.open(false)
     }
 
+    /// Whether the open transaction has events so far.
+    pub(crate) fn open_has_events(&self) -> bool {
+        self.open && self.txs.back().is_some_and(|tx| tx.events > 0)
+    }
+
     /// A transaction being prepared begins (Begin Prepare): its events are
     /// parked until it is [resolved](AckTracker::resolve).
     pub(crate) fn begin_prepared(&mut self) -> Result<(), FramingError> {

@@ -569,7 +569,7 @@ impl<'a> Session<'a> {
             sink = sink.name(),
             "streaming"
         );
-        let stream = Stream::new(
+        let mut stream = Stream::new(
             config,
             &conn.dbname,
             admitted.table.oid,
@@ -578,6 +578,9 @@ impl<'a> Session<'a> {
             spawned.marker.clone(),
             summary,
         );
+        if keeper.as_ref().is_some_and(position::Keeper::derives) {
+            stream.unvouched = Some(std::collections::VecDeque::new());
+        }
         Ok(Some(Session {
             config,
             stop_signal: stop,
@@ -868,7 +871,8 @@ impl<'a> Session<'a> {
         self.last_ack = tokio::time::Instant::now();
         if let Some(keeper) = &mut self.keeper {
             let finished = self.stream.summary.delivered + self.stream.summary.rejected;
-            keeper.offer(confirmed, finished);
+            let delivered = self.stream.confirmed_xids(confirmed);
+            keeper.offer(confirmed, finished, &delivered);
         }
         Ok(())
     }
@@ -1142,6 +1146,13 @@ struct Stream<'a> {
     table_oid: u32,
     /// Commit time of the open transaction.
     commit_time: i64,
+    /// The open transaction's id.
+    xid: u32,
+    /// Under the derived lifecycle, the transactions with events received
+    /// and not yet confirmed: (commit end, id), in commit order. Confirmed,
+    /// they go to the keeper, which vouches for each
+    /// ([`position::Keeper::offer`]).
+    unvouched: Option<std::collections::VecDeque<(u64, u32)>>,
     /// Prepared transactions' events, until their COMMIT PREPARED.
     prepared: PreparedTxs,
     to_publisher: mpsc::Sender<Vec<Dispatch>>,
@@ -1172,6 +1183,8 @@ impl<'a> Stream<'a> {
             tracker: AckTracker::new(start),
             relations: HashMap::default(),
             commit_time: 0,
+            xid: 0,
+            unvouched: None,
             prepared: PreparedTxs::default(),
             to_publisher,
             burst: Vec::new(),
@@ -1270,14 +1283,30 @@ impl<'a> Stream<'a> {
     fn handle_begin(&mut self, begin: &Begin) -> Result<(), RelayError> {
         self.tracker.begin()?;
         self.commit_time = begin.commit_time;
+        self.xid = begin.xid;
         Ok(())
     }
 
     /// Commit: the transaction closes at its end position, which the
     /// confirmed position may reach once its events finish.
     fn handle_commit(&mut self, commit: &Commit) -> Result<(), RelayError> {
+        if let Some(unvouched) = &mut self.unvouched {
+            if self.tracker.open_has_events() {
+                unvouched.push_back((commit.end_lsn, self.xid));
+            }
+        }
         self.tracker.commit(commit.end_lsn)?;
         Ok(())
+    }
+
+    /// The ids of the transactions with events confirmed at `confirmed`
+    /// since the last call (none outside the derived lifecycle).
+    fn confirmed_xids(&mut self, confirmed: u64) -> Vec<u32> {
+        let Some(unvouched) = &mut self.unvouched else {
+            return Vec::new();
+        };
+        let upto = unvouched.partition_point(|&(end, _)| end <= confirmed);
+        unvouched.drain(..upto).map(|(_, xid)| xid).collect()
     }
 
     /// Relation: whether the table announced is the outbox, and if so its
@@ -1425,7 +1454,11 @@ impl<'a> Stream<'a> {
     /// committed in between, dated by the commit.
     fn handle_commit_prepared(&mut self, commit: &CommitPrepared) -> Result<(), RelayError> {
         let outcome = "COMMIT PREPARED: its events are published";
-        for event in self.resolve_prepared(commit.xid, outcome) {
+        let events = self.resolve_prepared(commit.xid, outcome);
+        if let (Some(unvouched), false) = (&mut self.unvouched, events.is_empty()) {
+            unvouched.push_back((commit.end_lsn, commit.xid));
+        }
+        for event in events {
             match event {
                 Held::Dispatch(mut dispatch) => {
                     if let Dispatch::Publish(message) = &mut dispatch {

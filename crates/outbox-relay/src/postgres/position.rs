@@ -44,7 +44,8 @@
 //! the writing side:
 //!
 //! * **The pair.** While events finish, the keeper takes a *candidate* once
-//!   a status interval on its SQL connection: S = `pg_current_snapshot()` (the
+//!   a status interval on its SQL connection (and once at each session's
+//!   start): S = `pg_current_snapshot()` (the
 //!   statement's snapshot, taken before it runs), then W =
 //!   `pg_current_wal_insert_lsn()` (read while it runs). PostgreSQL inserts
 //!   a commit record before the transaction leaves the proc array, so every
@@ -70,6 +71,19 @@
 //!   once (docs/chaos.md measured it). An idle
 //!   relay takes none and writes nothing; a graceful stop stores the pair if
 //!   it qualifies.
+//! * **Every delivered transaction is vouched for, with or without events
+//!   after it.** The commit record comes first, so the stream can deliver a
+//!   transaction that no snapshot sees yet: under synchronous replication
+//!   until the standby answers, and under load while its backend waits to
+//!   leave the proc array. A candidate taken then does not see it. The
+//!   keeper holds the ids of the transactions the stream confirmed
+//!   (`pgoutput`'s 32-bit xid, [`Snapshot::visible_xid32`]) until a
+//!   candidate sees them, and takes candidates while any is left, whether
+//!   or not events finish meanwhile: the last transaction before a quiet
+//!   spell is derived published without waiting for the next event (the
+//!   poller would otherwise publish it again after its grace). Each
+//!   session's start owes a candidate too, for what earlier sessions
+//!   delivered after their last one.
 //! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
 //!   off` is visible before its commit record is flushed. If the server then
 //!   stops (crash, immediate shutdown) the commit is lost and its xid is
@@ -303,9 +317,17 @@ pub(crate) const MAX_HOLES: usize = 16;
 /// Most pairs waiting for the stream to pass their W.
 const MAX_CANDIDATES: usize = 256;
 
+/// Most ids of delivered transactions waiting for a candidate that sees
+/// them ([`Cycle::uncovered`]): about a second of transactions at 64k/s.
+const MAX_UNCOVERED: usize = 1 << 16;
+
 /// How often a pair is taken while events finish (and no older one waits
 /// for nothing: an empty queue takes one at once).
 const CANDIDATE_EVERY: Duration = Duration::from_secs(1);
+
+/// The longest spacing of candidates while the stream is quiet and a
+/// delivered transaction stays unseen.
+const CANDIDATE_QUIET_MAX: Duration = Duration::from_secs(60);
 
 /// How often the keeper looks for holes to close.
 const TIDY_EVERY: Duration = Duration::from_secs(60);
@@ -693,8 +715,19 @@ struct Cycle {
     /// so the vouched S trails the stream by about an interval, not by the
     /// backlog ([`MAX_CANDIDATES`]).
     candidates: std::collections::VecDeque<Candidate>,
-    /// Events finished when the last candidate was taken.
-    finished_at_candidate: u64,
+    /// Ids of transactions the stream confirmed that no candidate taken
+    /// since sees yet: a candidate is taken while any is left (oldest
+    /// first, at most [`MAX_UNCOVERED`]).
+    uncovered: std::collections::VecDeque<u32>,
+    /// A candidate is owed whatever `uncovered` holds: at a session's start.
+    owed: bool,
+    /// Events finished when the last candidate was taken, and how many
+    /// candidates in a row were taken with none finished since: while the
+    /// stream is quiet and a transaction stays unseen (a synchronous standby
+    /// that does not answer holds it out of every snapshot), candidates
+    /// come ever less often ([`Cycle::spacing`]), not a write a second.
+    finished_at_take: u64,
+    quiet_takes: u32,
     /// When the last candidate was taken.
     taken: Instant,
     /// The vouched S (for a hole's `from` at the next start, and the log).
@@ -711,6 +744,29 @@ struct Cycle {
 }
 
 impl Cycle {
+    /// Whether the next candidate may be taken: while events finish
+    /// (`finished` moved since the last), at once when none waits, else a
+    /// [`CANDIDATE_EVERY`] after the last; while the stream is quiet, after
+    /// a spacing that doubles with each quiet candidate, up to
+    /// [`CANDIDATE_QUIET_MAX`].
+    fn due(&self, finished: u64) -> bool {
+        let elapsed = self.taken.elapsed();
+        if finished != self.finished_at_take {
+            return self.candidates.is_empty() || elapsed >= CANDIDATE_EVERY;
+        }
+        let spacing = CANDIDATE_EVERY * 2u32.saturating_pow(self.quiet_takes.min(8));
+        elapsed >= spacing.min(CANDIDATE_QUIET_MAX)
+    }
+
+    /// The stream confirmed the transactions `delivered`.
+    fn delivered(&mut self, delivered: &[u32]) {
+        self.uncovered.extend(delivered);
+        // Liveness only: the oldest are the likeliest seen by the next
+        // candidate, and a row left uncovered is the poller's, at least once.
+        let excess = self.uncovered.len().saturating_sub(MAX_UNCOVERED);
+        self.uncovered.drain(..excess);
+    }
+
     /// Take out the newest pair whose W the stream passed (`confirmed`),
     /// and the older ones, which it vouches for.
     fn passed(&mut self, confirmed: u64) -> Option<Candidate> {
@@ -752,7 +808,10 @@ impl Derived {
         Self {
             cycle: Arc::new(Mutex::new(Cycle {
                 candidates: std::collections::VecDeque::new(),
-                finished_at_candidate: u64::MAX,
+                uncovered: std::collections::VecDeque::new(),
+                owed: true,
+                finished_at_take: u64::MAX,
+                quiet_takes: 0,
                 taken: Instant::now(),
                 vouched: vouching.snapshot,
                 vouched_at: vouching.at,
@@ -800,10 +859,6 @@ impl Keeper {
         finished: u64,
         derived: Option<Derived>,
     ) -> Self {
-        if let Some(derived) = &derived {
-            // A candidate only once events finish: an idle relay writes nothing.
-            derived.cycle.lock().expect("cycle").finished_at_candidate = finished;
-        }
         let sql = format!(
             "INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, updated_at) \
              SELECT $1, $2, $3, oid, $4::text::pg_lsn, now() FROM pg_database WHERE datname = current_database() \
@@ -824,20 +879,30 @@ impl Keeper {
         }
     }
 
+    /// Whether it keeps the derived lifecycle's pair.
+    pub(crate) fn derives(&self) -> bool {
+        self.derived.is_some()
+    }
+
     /// The session confirmed `confirmed` with `finished` events finished so
-    /// far (offered with each status update: at most every 200 ms while
-    /// events finish, else once per status interval). In the background,
-    /// when the previous round is done:
+    /// far, and `delivered`, the ids of the transactions with events it
+    /// confirmed since the last offer (offered with each status update: at
+    /// most every 200 ms while events finish, else once per status
+    /// interval). In the background, when the previous round is done:
     /// * the position is written when events were finished since the last
     ///   write;
-    /// * derived: a candidate pair is taken when events finished since the
-    ///   last one; the candidate is stored with the position once
+    /// * derived: a candidate pair is taken while a delivered transaction
+    ///   is seen by no candidate yet (or one is owed), one a
+    ///   [`CANDIDATE_EVERY`]; the candidate is stored with the position once
     ///   `confirmed` passed its W and the server flushed W; holes are looked
     ///   at for closing every [`TIDY_EVERY`] (first [`TIDY_FIRST`] into
     ///   the session).
-    pub(crate) fn offer(&mut self, confirmed: u64, finished: u64) {
+    pub(crate) fn offer(&mut self, confirmed: u64, finished: u64, delivered: &[u32]) {
         if let Some(derived) = &self.derived {
-            lag_gauge(derived.cycle.lock().expect("cycle").vouched_at);
+            let mut cycle = derived.cycle.lock().expect("cycle");
+            lag_gauge(cycle.vouched_at);
+            // Before anything returns: a round in progress sees them too.
+            cycle.delivered(delivered);
         }
         if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
             return;
@@ -860,8 +925,7 @@ impl Keeper {
         let (take, store, tidy) = {
             let mut cycle = derived.cycle.lock().expect("cycle");
             let store = cycle.passed(confirmed);
-            let take = finished != cycle.finished_at_candidate
-                && (cycle.candidates.is_empty() || cycle.taken.elapsed() >= CANDIDATE_EVERY);
+            let take = (cycle.owed || !cycle.uncovered.is_empty()) && cycle.due(finished);
             let tidy = !cycle.holes.0.is_empty() && cycle.tidied.elapsed() >= TIDY_EVERY;
             (take, store, tidy)
         };
@@ -1013,7 +1077,17 @@ where
             match take_candidate(&client).await {
                 Ok(candidate) => {
                     let mut cycle = cycle.lock().expect("cycle");
-                    cycle.finished_at_candidate = finished;
+                    cycle.owed = false;
+                    cycle.quiet_takes = if finished == cycle.finished_at_take {
+                        cycle.quiet_takes.saturating_add(1)
+                    } else {
+                        0
+                    };
+                    cycle.finished_at_take = finished;
+                    // Seen by S: committed before W, vouched for once stored.
+                    cycle
+                        .uncovered
+                        .retain(|&xid| !candidate.snapshot.visible_xid32(xid));
                     cycle.taken = Instant::now();
                     if cycle.candidates.len() >= MAX_CANDIDATES {
                         // Thin out, keeping the oldest and the newest: the

@@ -89,6 +89,21 @@ impl Snapshot {
     pub(crate) fn visible(&self, xid: u64) -> bool {
         xid < self.xmin || (xid < self.xmax && !self.xip.contains(&xid))
     }
+
+    /// [`Snapshot::visible`] for the 32-bit id the replication protocol
+    /// sends, read as PostgreSQL reads short ids: within 2^31 of `xmax`,
+    /// before it or at and after it (begun after the snapshot: not visible).
+    /// The stream's ids are of transactions it just received, well within.
+    pub(crate) fn visible_xid32(&self, xid: u32) -> bool {
+        // Wrapping difference from xmax's low bits, as a signed distance.
+        let distance = xid.wrapping_sub(self.xmax as u32) as i32;
+        if distance >= 0 {
+            return false;
+        }
+        self.xmax
+            .checked_sub(u64::from(distance.unsigned_abs()))
+            .is_some_and(|full| self.visible(full))
+    }
 }
 
 impl std::fmt::Display for Snapshot {
@@ -481,6 +496,31 @@ mod tests {
         for bad in ["", "1", "5:4:", "a:b:", "1:2:x"] {
             assert_eq!(Snapshot::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_32_bit_id_is_widened_below_xmax_across_an_epoch() {
+        let s = Snapshot::parse("100:105:103").unwrap();
+        assert!(s.visible_xid32(104) && s.visible_xid32(99));
+        assert!(!s.visible_xid32(103));
+        // At or after xmax: begun after the snapshot.
+        assert!(!s.visible_xid32(105) && !s.visible_xid32(105 + (1 << 30)));
+        // Before the first id: none such.
+        assert!(!s.visible_xid32(u32::MAX));
+        // Epoch 1, xmax just past the wrap: a low id of this epoch, a high
+        // one of the last.
+        let epoch = 1u64 << 32;
+        let wrapped = Snapshot {
+            xmin: epoch - 10,
+            xmax: epoch + 5,
+            xip: vec![epoch - 3, epoch + 2],
+        };
+        assert!(wrapped.visible_xid32(4));
+        assert!(!wrapped.visible_xid32(2));
+        assert!(!wrapped.visible_xid32(u32::MAX - 2));
+        assert!(wrapped.visible_xid32(u32::MAX - 1));
+        assert!(wrapped.visible_xid32(u32::MAX - 20));
+        assert!(!wrapped.visible_xid32(5));
     }
 
     #[test]
