@@ -898,9 +898,17 @@ pub(crate) async fn inspect(
             (None, None)
         }
         Some(table) => {
-            inspect_table(client, config, table, published.as_deref(), &mut problems).await?;
-            let (lifecycle, unbound) =
-                inspect_lifecycle(client, config, table, server_version_num, &mut problems).await?;
+            let position =
+                inspect_table(client, config, table, published.as_deref(), &mut problems).await?;
+            let (lifecycle, unbound) = inspect_lifecycle(
+                client,
+                config,
+                table,
+                position,
+                server_version_num,
+                &mut problems,
+            )
+            .await?;
             (Some(lifecycle), unbound)
         }
     };
@@ -1022,14 +1030,15 @@ async fn inspect_publication(
 }
 
 /// The table against `[columns]`, as the publication sends it, and against
-/// the lifecycle and recording the configuration needs.
+/// the lifecycle and recording the configuration needs; whether the
+/// position table is there for the relay to write.
 async fn inspect_table(
     client: &tokio_postgres::Client,
     config: &Config,
     table: &Table,
     published: Option<&[String]>,
     problems: &mut Vec<Problem>,
-) -> Result<(), tokio_postgres::Error> {
+) -> Result<bool, tokio_postgres::Error> {
     let name = config.table().to_string();
     let all: Vec<(&str, u32)> = table
         .columns
@@ -1091,17 +1100,19 @@ async fn inspect_table(
         &table_name.schema,
         &crate::postgres::position::table_name(&table_name.name),
     );
-    if !crate::postgres::position::writable(client, &position).await? {
+    let writable = crate::postgres::position::writable(client, &position).await?;
+    if !writable {
         problems.push(Problem::NoPositionTable {
             position: quote_literal(&crate::postgres::position::table_name(&table_name.name)),
         });
     }
-    Ok(())
+    Ok(writable)
 }
 
 /// The lifecycle in force: for `derive`, whether the table and the position
 /// table have what it needs (the column, as `Table::derived` reads it, and a
-/// position table the relay may write with the derived columns), else it
+/// position table the relay may write, `position` as [`inspect_table`]
+/// found it, with the derived columns), else it
 /// runs as `mark`; then what would weaken it (the column's default, its
 /// indexes, who may set it, who else publishes it), and who may always set
 /// it ([`Unbound`]).
@@ -1109,6 +1120,7 @@ async fn inspect_lifecycle(
     client: &tokio_postgres::Client,
     config: &Config,
     table: &Table,
+    position: bool,
     server_version_num: i32,
     problems: &mut Vec<Problem>,
 ) -> Result<(Lifecycle, Option<Unbound>), tokio_postgres::Error> {
@@ -1134,13 +1146,13 @@ async fn inspect_lifecycle(
         });
     }
     let position_name = crate::postgres::position::table_name(&name.name);
-    let position = qualified(&name.schema, &position_name);
-    if !crate::postgres::position::writable(client, &position).await? {
+    if !position {
         missing.push(format!(
             "there is no {} table the relay may write",
             quote_literal(&position_name)
         ));
     } else {
+        let position = qualified(&name.schema, &position_name);
         let lacking = crate::postgres::position::missing_derived_columns(client, &position).await?;
         if !lacking.is_empty() {
             missing.push(format!(

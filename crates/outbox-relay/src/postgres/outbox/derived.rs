@@ -224,19 +224,30 @@ pub(crate) fn join(position: &str, slot: &str, p: &str) -> String {
     format!("LEFT JOIN {position} {p} ON {p}.slot_name = {slot}")
 }
 
+/// SQL boolean: position row `p` holds a pair the rule may trust: its holes
+/// were written (a session prepared the slot), by this PostgreSQL system,
+/// and its snapshot is not ahead of the server's transaction ids (as after a
+/// restore, before a session's start discards it). NULL without a row.
+fn trusted(p: &str) -> String {
+    format!(
+        "{p}.hole_to IS NOT NULL \
+         AND {p}.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
+         AND pg_snapshot_xmax({p}.snapshot) <= pg_snapshot_xmax(pg_current_snapshot())"
+    )
+}
+
 /// SQL boolean: row `r` is derived published under position row `p`. Never
 /// NULL.
 pub(crate) fn published(r: &str, p: &str) -> String {
     let x = format!("{r}.{COLUMN}");
     format!(
         "coalesce({r}.publish_state = 'PENDING' AND {x} IS NOT NULL \
-         AND {p}.hole_to IS NOT NULL \
+         AND {trusted} \
          AND pg_visible_in_snapshot({x}, {p}.snapshot) \
-         AND {p}.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
-         AND pg_snapshot_xmax({p}.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
          AND NOT EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
                          WHERE pg_visible_in_snapshot({x}, h.t) AND NOT pg_visible_in_snapshot({x}, h.f)), \
-         false)"
+         false)",
+        trusted = trusted(p)
     )
 }
 
@@ -410,11 +421,10 @@ impl Reader {
 
     /// The slot's [`Ranges`], read from its row in one statement. A row
     /// that does not parse reads as no vouched snapshot and no holes: every
-    /// id. So does a snapshot the rule would not trust ([`published`]'s
-    /// conditions on the row: no holes kept, another system's, or ahead of
-    /// the server's xmax, as after a restore before a session's start
-    /// discards it): the rule then calls every row with an id pending, and
-    /// the ranges must hold them all.
+    /// id. So does a snapshot the rule does not trust ([`trusted`]: no
+    /// holes kept, another system's, or ahead of the server's xmax, as after
+    /// a restore before a session's start discards it): the rule then calls
+    /// every row with an id pending, and the ranges must hold them all.
     pub(crate) async fn ranges(
         &self,
         client: &impl tokio_postgres::GenericClient,
@@ -422,13 +432,12 @@ impl Reader {
         let row = client
             .query_opt(
                 &format!(
-                    "SELECT CASE WHEN p.hole_to IS NOT NULL \
-                                  AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) \
-                                  AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) \
-                                 THEN p.snapshot::text END, \
+                    "SELECT CASE WHEN {} THEN p.snapshot::text END, \
                             coalesce(p.hole_from::text[], '{{}}'), coalesce(p.hole_to::text[], '{{}}') \
                      FROM {} p WHERE p.slot_name = {}",
-                    self.position, self.slot
+                    trusted("p"),
+                    self.position,
+                    self.slot
                 ),
                 &[],
             )
