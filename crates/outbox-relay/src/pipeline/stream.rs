@@ -15,8 +15,9 @@
 //! [`crate::pipeline::ack`] for why that is safe). The loop sends it in standby status
 //! updates every `min(1 s, wal_sender_timeout / 2)`, on a timer of its own
 //! that runs whether or not it reads, after a burst in which the server
-//! asked for a reply, and, while events finish, when it moved and
-//! `PROMPT_ACK` (200 ms) has passed since the last update.
+//! asked for a reply, and, when it moved, `PROMPT_ACK` (200 ms) after the
+//! last update: while events finish, and when a keepalive moved it past the
+//! W of a pair the derived keeper waits to store.
 //!
 //! A session starts at the slot's `confirmed_flush_lsn` and reports that
 //! position until it confirms more, so a restart never moves the slot.
@@ -873,6 +874,13 @@ impl<'a> Session<'a> {
             let finished = self.stream.summary.delivered + self.stream.summary.rejected;
             let delivered = self.stream.confirmed_xids(confirmed);
             keeper.offer(confirmed, finished, &delivered);
+            if keeper.waits_for(confirmed) {
+                // Its previous round still runs: offered again soon.
+                let at = tokio::time::Instant::now() + PROMPT_ACK;
+                if at < self.status.deadline() {
+                    self.status.as_mut().reset(at);
+                }
+            }
         }
         Ok(())
     }
@@ -897,11 +905,10 @@ impl<'a> Session<'a> {
             return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
         }
         let ask = bounded && quiet >= 2 * self.interval;
-        self.acknowledge(ask).await?;
         self.status
             .as_mut()
             .reset(tokio::time::Instant::now() + self.interval);
-        Ok(())
+        self.acknowledge(ask).await
     }
 
     /// Outcomes from the publisher: finished in the tracker, and the
@@ -915,8 +922,28 @@ impl<'a> Session<'a> {
         let confirmed = self.stream.tracker.confirmed();
         if confirmed > self.acknowledged && self.last_ack.elapsed() >= PROMPT_ACK {
             self.acknowledge(false).await?;
+        } else {
+            self.prompt(true);
         }
         Ok(())
+    }
+
+    /// Bring the status update forward to [`PROMPT_ACK`] after the last one
+    /// when the confirmed position moved and it is worth telling soon: by
+    /// events finished (`events`: what a crash sends again), or past the W
+    /// of a pair the keeper waits to store (a keepalive's advance: the rows
+    /// it vouches for read published an interval sooner).
+    fn prompt(&mut self, events: bool) {
+        let confirmed = self.stream.tracker.confirmed();
+        if confirmed <= self.acknowledged
+            || !(events || self.keeper.as_ref().is_some_and(|k| k.waits_for(confirmed)))
+        {
+            return;
+        }
+        let at = self.last_ack + PROMPT_ACK;
+        if at < self.status.deadline() {
+            self.status.as_mut().reset(at);
+        }
     }
 
     /// Emit a heartbeat message, measured when it comes back through the
@@ -992,6 +1019,7 @@ impl<'a> Session<'a> {
                 .as_mut()
                 .reset(tokio::time::Instant::now() + self.interval);
         }
+        self.prompt(false);
         if caught_up && !draining {
             coalesce(taken, self.config.stream.coalesce);
         }

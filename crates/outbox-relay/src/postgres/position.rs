@@ -879,6 +879,19 @@ impl Keeper {
         }
     }
 
+    /// Whether a pair waits for the confirmed position to reach its W, and
+    /// `confirmed` does.
+    pub(crate) fn waits_for(&self, confirmed: u64) -> bool {
+        self.derived.as_ref().is_some_and(|d| {
+            d.cycle
+                .lock()
+                .expect("cycle")
+                .candidates
+                .front()
+                .is_some_and(|c| confirmed >= c.lsn)
+        })
+    }
+
     /// Whether it keeps the derived lifecycle's pair.
     pub(crate) fn derives(&self) -> bool {
         self.derived.is_some()
