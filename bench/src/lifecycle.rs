@@ -104,12 +104,14 @@ pub(crate) struct Outcome {
 }
 
 /// CPU spent while the relay ran, by the processes that share the machine
-/// with it: the walsender streaming to it, and the bench's own process,
-/// which is the SNS endpoint (answering, parsing every body, counting) and
-/// the settle checks.
+/// with it: the walsender streaming to it, the relay's SQL sessions'
+/// backends (recording, the keeper, the poller, retention, the metrics'
+/// counts), and the bench's own process, which is the SNS endpoint
+/// (answering, parsing every body, counting) and the settle checks.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Budget {
     pub(crate) walsender: Duration,
+    pub(crate) backends: Duration,
     pub(crate) bench: Duration,
 }
 
@@ -140,39 +142,47 @@ fn process_cpu(pid: i32) -> Option<Duration> {
     Some(Duration::from_micros(ticks * 1_000_000 / hz))
 }
 
-/// The CPU of the walsender serving `slot`, sampled every 100 ms until
-/// `done` is set: the last reading of the last walsender (a restarted
-/// stream's earlier ones are added).
-async fn watch_walsender(
+/// The CPU of the walsender serving `slot` and of the relay's other
+/// backends (its sessions of `application_name` in this database), sampled
+/// every 100 ms until `done` is set: the last reading of each process (a
+/// restarted stream's earlier walsenders are added; a backend that ended
+/// between two samples counts up to its last).
+async fn watch_backends(
     sql: &tokio_postgres::Client,
     slot: &str,
+    application_name: &str,
     done: &std::sync::atomic::AtomicBool,
-) -> Duration {
-    let (mut finished, mut current): (Duration, Option<(i32, Duration)>) = (Duration::ZERO, None);
+) -> (Duration, Duration) {
+    let mut last: std::collections::HashMap<i32, (bool, Duration)> = Default::default();
     while !done.load(std::sync::atomic::Ordering::Relaxed) {
-        let pid: Option<i32> = sql
-            .query_opt(
-                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
+        let rows = sql
+            .query(
+                "SELECT a.pid, a.pid IS NOT DISTINCT FROM \
+                        (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1) \
+                 FROM pg_stat_activity a \
+                 WHERE a.datname = current_database() AND a.application_name = $2",
+                &[&slot, &application_name],
             )
             .await
-            .ok()
-            .flatten()
-            .and_then(|row| row.get(0));
-        if let Some(pid) = pid {
+            .unwrap_or_default();
+        for row in rows {
+            let (pid, walsender): (i32, bool) = (row.get(0), row.get(1));
             if let Some(cpu) = process_cpu(pid) {
-                match current {
-                    Some((p, last)) if p != pid => {
-                        finished += last;
-                        current = Some((pid, cpu));
-                    }
-                    _ => current = Some((pid, cpu)),
-                }
+                last.insert(pid, (walsender, cpu));
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    finished + current.map_or(Duration::ZERO, |(_, cpu)| cpu)
+    last.values().fold(
+        (Duration::ZERO, Duration::ZERO),
+        |(w, b), &(walsender, cpu)| {
+            if walsender {
+                (w + cpu, b)
+            } else {
+                (w, b + cpu)
+            }
+        },
+    )
 }
 
 impl Outcome {
@@ -190,12 +200,13 @@ impl Outcome {
         usage.cpu.as_secs_f64() * 1e6 / self.rows as f64
     }
 
-    /// Cores the relay, its walsender and the bench kept busy until the
+    /// Cores the relay, its walsender and backends and the bench kept busy until the
     /// table had settled (the slot confirmed, for `none`): the CPU each spent
     /// until then (the relay's until it exited, a stop after the settling),
     /// over that time.
     fn cores(&self) -> f64 {
-        (self.usage.cpu + self.budget.walsender + self.budget.bench).as_secs_f64()
+        (self.usage.cpu + self.budget.walsender + self.budget.backends + self.budget.bench)
+            .as_secs_f64()
             / self.settled.unwrap_or(self.usage.wall).as_secs_f64()
     }
 
@@ -411,7 +422,7 @@ pub(crate) async fn lifecycle(
             let (before, calls_before, _) = endpoint.counts.snapshot();
             let done = std::sync::atomic::AtomicBool::new(false);
             let bench_before = own_cpu();
-            let (ran, walsender) = tokio::join!(
+            let (ran, (walsender, backends)) = tokio::join!(
                 async {
                     let ran = run_relay_until(
                         relay,
@@ -427,11 +438,12 @@ pub(crate) async fn lifecycle(
                     done.store(true, std::sync::atomic::Ordering::Relaxed);
                     ran
                 },
-                watch_walsender(sql, relay_slot, &done),
+                watch_backends(sql, relay_slot, "outbox-relay", &done),
             );
             let (usage, settled) = ran?;
             let budget = Budget {
                 walsender,
+                backends,
                 bench: own_cpu().saturating_sub(bench_before),
             };
             let (after, calls_after, _) = endpoint.counts.snapshot();
@@ -522,15 +534,17 @@ fn print_line(o: &Outcome) {
     );
     let per_event = |d: Duration| d.as_secs_f64() * 1e6 / o.rows as f64;
     println!(
-        "  round {}; CPU while it ran: relay {:.2}, walsender {:.2}, bench (endpoint) {:.2} µs/event: \
-         {:.2} of 2 cores busy until settled{}",
+        "  round {}; CPU while it ran: relay {:.2}, walsender {:.2}, relay's SQL backends {:.2}, \
+         bench (endpoint) {:.2} µs/event: {:.2} of 2 cores busy until settled{}",
         o.round,
         o.cpu_per_row(&o.usage),
         per_event(o.budget.walsender),
+        per_event(o.budget.backends),
         per_event(o.budget.bench),
         o.cores(),
-        o.repeats
-            .map_or(String::new(), |r| format!("; {r} messages beyond one an event")),
+        o.repeats.map_or(String::new(), |r| format!(
+            "; {r} messages beyond one an event"
+        )),
     );
 }
 
@@ -540,7 +554,7 @@ fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
     }
     let median = |f: &dyn Fn(&Outcome) -> f64| super::median(outcomes.iter().map(f).collect());
     println!(
-        "\n{:<32} {:>11} {:>7} {:>11} {:>7} {:>9} {:>9} {:>11} {:>9} {:>8} {:>8} {:>6}",
+        "\n{:<32} {:>11} {:>7} {:>11} {:>7} {:>9} {:>9} {:>11} {:>9} {:>8} {:>8} {:>8} {:>6}",
         "lifecycle contender",
         "confirmed/s",
         "x",
@@ -551,6 +565,7 @@ fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
         "WAL B/event",
         "% inserts",
         "walsndr",
+        "backends",
         "bench",
         "cores"
     );
@@ -576,7 +591,7 @@ fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
         });
         let per_event = |d: Duration| d.as_secs_f64() * 1e6 / o.rows as f64;
         println!(
-            "{:<32} {:>11.0} {:>7} {:>11} {:>7} {:>9.2} {:>9.1} {:>11.1} {:>8.1}% {:>8.2} {:>8.2} {:>6.2}",
+            "{:<32} {:>11.0} {:>7} {:>11} {:>7} {:>9.2} {:>9.1} {:>11.1} {:>8.1}% {:>8.2} {:>8.2} {:>8.2} {:>6.2}",
             o.name,
             o.rate(o.usage.wall),
             format!("{:.2}x", o.rate(o.usage.wall) / base),
@@ -587,16 +602,17 @@ fn print_table(outcomes: &[Outcome], medians: &[Outcome]) {
             o.wal_per_row(&o.usage),
             o.wal_per_row(&o.usage) / o.insert_wal_per_row() * 100.0,
             per_event(o.budget.walsender),
+            per_event(o.budget.backends),
             per_event(o.budget.bench),
             o.cores(),
         );
     }
     println!(
         "(each contender's median round of {}, by its settled ratio; inserts' own WAL: {:.0} B/event, \
-         median; x: against pg_recvlogical on the same backlog; walsndr and bench: µs of CPU an event \
-         of the walsender streaming to the relay and of the bench's process, the SNS endpoint; cores: \
-         relay, walsender and bench CPU over the time to settle; the relay's SQL \
-         backends, which do mark's updates, are not in it: its WAL column is)",
+         median; x: against pg_recvlogical on the same backlog; walsndr, backends and bench: µs of CPU \
+         an event of the walsender streaming to the relay, of the relay's SQL sessions' backends \
+         (mark's updates, the keeper, the poller, retention) and of the bench's process, the SNS \
+         endpoint; cores: all four over the time to settle)",
         outcomes.iter().map(|o| o.round).max().unwrap_or(1),
         median(&|o| o.insert_wal_per_row())
     );
