@@ -40,6 +40,12 @@ impl StopSignals {
     /// Record SIGTERM and SIGINT instead of dying of them, from now on.
     pub(crate) fn install() -> io::Result<StopSignals> {
         use signal_hook::consts::{SIGINT, SIGTERM};
+        // signal-hook installs its handler before it publishes the action
+        // the handler runs: a signal in between finds none and is lost (a
+        // race signal-hook-registry documents; an orchestrator's SIGTERM
+        // right at start met it). Blocked meanwhile, such a signal waits
+        // and is delivered, to the action, when the mask is restored.
+        let _blocked = Blocked::new(&[SIGTERM, SIGINT]);
         let (term, term_tx) = UnixStream::pair()?;
         let (int, int_tx) = UnixStream::pair()?;
         // The pipes first: the first action registered replaces the default,
@@ -95,6 +101,39 @@ impl StopSignals {
         }
         tracing::warn!("second signal: exiting without the final acknowledgement");
         std::process::exit(EXIT_SECOND_SIGNAL);
+    }
+}
+
+/// `signals` blocked on this thread (at start-up, the only one) until
+/// dropped, when the mask it found is restored and what came meanwhile is
+/// delivered.
+struct Blocked(libc::sigset_t);
+
+impl Blocked {
+    #[allow(unsafe_code)]
+    fn new(signals: &[libc::c_int]) -> Self {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset;
+        // pthread_sigmask only reads `set` and writes `old`.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &signal in signals {
+                libc::sigaddset(&mut set, signal);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            Blocked(old)
+        }
+    }
+}
+
+impl Drop for Blocked {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: restores the mask read in `new`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
     }
 }
 
