@@ -85,11 +85,45 @@ async fn untouched(outbox: &Outbox) -> i64 {
 
 /// Wait until every id of `ids` is derived published.
 async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
-    wait_until(Duration::from_secs(30), what, || async {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
         let published = derived_published(outbox).await;
-        ids.iter().all(|id| published.contains(id))
-    })
-    .await;
+        if ids.iter().all(|id| published.contains(id)) {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "timed out after 30s waiting until {what}; {}",
+                keeper_state(outbox, ids).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What tells why no pair vouches for `ids`: the slot's row, the slot and
+/// its walsender, the server's positions and the rows' ids.
+async fn keeper_state(outbox: &Outbox, ids: &[String]) -> String {
+    outbox
+        .sql
+        .query_one(
+            "SELECT format('row: snapshot %s at %s, confirmed %s, updated %s, holes %s..%s; \
+                    slot: confirmed %s, active %s; walsender: sent %s, flush %s, state %s, reply %s; \
+                    server: insert %s, flush %s, snapshot %s; ids %s', \
+                    p.snapshot, p.snapshot_lsn, p.confirmed_lsn, p.updated_at, p.hole_from, p.hole_to, \
+                    s.confirmed_flush_lsn, s.active_pid, r.sent_lsn, r.flush_lsn, r.state, r.reply_time, \
+                    pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn(), pg_current_snapshot(), \
+                    (SELECT string_agg(o.relay_txid::text || ' ' || o.publish_state, ', ') \
+                     FROM outbox o WHERE o.id::text = ANY($2))) \
+             FROM pg_replication_slots s \
+             LEFT JOIN outbox_position p ON p.slot_name = s.slot_name \
+             LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE s.slot_name = $1",
+            &[&outbox.slot, &ids],
+        )
+        .await
+        .map(|r| r.get::<_, String>(0))
+        .unwrap_or_else(|e| format!("(cannot read the keeper's state: {e})"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,15 +785,6 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
             .unwrap(),
     );
     let outbox = Outbox::on(&cluster).await;
-    // The relay's own writes do not wait for the missing standby.
-    outbox
-        .sql
-        .batch_execute(&format!(
-            "ALTER ROLE \"{}\" SET synchronous_commit = local",
-            outbox.role
-        ))
-        .await
-        .unwrap();
     let config = format!("{DERIVE}[poller]\nenabled = false\n");
     let sink = Collect::default();
     let relay = Running::start(outbox.config(&config), sink.clone());
@@ -780,30 +805,34 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         .unwrap();
     let writer = outbox.db.client().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let insert = tokio::spawn(async move {
-        let _ = tx.send(
-            writer
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .unwrap()
-                .get::<_, i32>(0),
-        );
-        // Until the configuration reaches the checkpointer, a commit does
-        // not wait: insert until one does.
-        let mut ids = Vec::new();
-        loop {
-            let started = std::time::Instant::now();
-            let row = writer
-                .query_one(
-                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+    // Set once a commit was seen waiting: the insert in flight is the last.
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let insert = tokio::spawn({
+        let seen = std::sync::Arc::clone(&seen);
+        async move {
+            let _ = tx.send(
+                writer
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i32>(0),
+            );
+            // Until the configuration reaches the checkpointer, a commit does
+            // not wait: insert until one does.
+            let mut ids = Vec::new();
+            loop {
+                let row = writer
+                    .query_one(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
                      VALUES ('order', 'sync', 'held', '{}') RETURNING id::text",
-                    &[],
-                )
-                .await
-                .unwrap();
-            ids.push(row.get::<_, String>(0));
-            if started.elapsed() > Duration::from_secs(2) {
-                return ids;
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                ids.push(row.get::<_, String>(0));
+                if seen.load(std::sync::atomic::Ordering::SeqCst) {
+                    return ids;
+                }
             }
         }
     });
@@ -824,6 +853,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         },
     )
     .await;
+    seen.store(true, std::sync::atomic::Ordering::SeqCst);
     let waiting = wait_until(
         Duration::from_secs(30),
         "the waiting commit is delivered while invisible",
@@ -845,8 +875,19 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         },
     )
     .await;
-    // Pairs are taken and stored meanwhile; none can see the commit.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Pairs are taken and stored meanwhile (the relay's own writes commit
+    // locally: they do not wait for the standby); none can see the commit.
+    let before_wait = position(&outbox).await.unwrap().snapshot;
+    wait_until(
+        Duration::from_secs(30),
+        "a pair is stored while the commit waits",
+        || async { position(&outbox).await.unwrap().snapshot != before_wait },
+    )
+    .await;
+    assert!(
+        !derived_published(&outbox).await.contains(&waiting[0]),
+        "not derived published while invisible"
+    );
 
     outbox
         .sql

@@ -1012,12 +1012,10 @@ impl<'a> Session<'a> {
             other => other?,
         }
         if self.wal.reply_wanted() {
-            self.wal
-                .send_status(self.stream.tracker.confirmed(), false)
-                .await?;
             self.status
                 .as_mut()
                 .reset(tokio::time::Instant::now() + self.interval);
+            self.acknowledge(false).await?;
         }
         self.prompt(false);
         if caught_up && !draining {

@@ -69,8 +69,9 @@
 //!   but before the row's write) opens a hole from that S at the next start:
 //!   the rows of the catch-up are published again by the poller, at least
 //!   once (docs/chaos.md measured it). An idle
-//!   relay takes none and writes nothing; a graceful stop stores the pair if
-//!   it qualifies.
+//!   relay takes one candidate at a session's start (stored once the stream
+//!   passes it) and none after, and writes nothing; a graceful stop stores
+//!   the pair if it qualifies.
 //! * **Every delivered transaction is vouched for, with or without events
 //!   after it.** The commit record comes first, so the stream can deliver a
 //!   transaction that no snapshot sees yet: under synchronous replication
@@ -83,7 +84,13 @@
 //!   spell is derived published without waiting for the next event (the
 //!   poller would otherwise publish it again after its grace). Each
 //!   session's start owes a candidate too, for what earlier sessions
-//!   delivered after their last one.
+//!   delivered after their last one (a transaction delivered and still
+//!   unseen when a session ends is not known to the next: its rows go to
+//!   the poller after its grace, at least once). A candidate passed but not
+//!   stored (W not flushed, the write failed) owes a fresh one. While the
+//!   stream is quiet and a transaction stays unseen (a synchronous standby
+//!   that does not answer), candidates come ever less often, up to one a
+//!   minute.
 //! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
 //!   off` is visible before its commit record is flushed. If the server then
 //!   stops (crash, immediate shutdown) the commit is lost and its xid is
@@ -96,7 +103,10 @@
 //!   (the older pair stays). Not `on`: waiting for synchronous standbys adds
 //!   nothing (a standby promoted holds the pair only with the WAL before it,
 //!   below) and would stall the session's shared connection, and with it the
-//!   recorder and the stream, while a synchronous standby is away.
+//!   recorder and the stream, while a synchronous standby is away. The
+//!   confirmed position is written the same way, under every lifecycle: a
+//!   row a promoted standby lacks is on another timeline, which the next
+//!   session ignores anyway (above).
 //! * **Identity.** At a session's start ([`prepare`]) a stored S is
 //!   discarded (set NULL, with a warning: the poller publishes its rows again,
 //!   at least once, until a new pair is stored) when the row was written by
@@ -328,6 +338,10 @@ const CANDIDATE_EVERY: Duration = Duration::from_secs(1);
 /// The longest spacing of candidates while the stream is quiet and a
 /// delivered transaction stays unseen.
 const CANDIDATE_QUIET_MAX: Duration = Duration::from_secs(60);
+
+/// Quiet candidates taken a [`CANDIDATE_EVERY`] apart before the spacing
+/// grows.
+const QUIET_STEADY: u32 = 10;
 
 /// How often the keeper looks for holes to close.
 const TIDY_EVERY: Duration = Duration::from_secs(60);
@@ -746,25 +760,43 @@ struct Cycle {
 impl Cycle {
     /// Whether the next candidate may be taken: while events finish
     /// (`finished` moved since the last), at once when none waits, else a
-    /// [`CANDIDATE_EVERY`] after the last; while the stream is quiet, after
-    /// a spacing that doubles with each quiet candidate, up to
-    /// [`CANDIDATE_QUIET_MAX`].
+    /// [`CANDIDATE_EVERY`] after the last; while the stream is quiet, a
+    /// [`CANDIDATE_EVERY`] apart for [`QUIET_STEADY`] candidates (a commit
+    /// that leaves the proc array late under load is seen within seconds),
+    /// then a spacing that doubles with each, up to [`CANDIDATE_QUIET_MAX`].
     fn due(&self, finished: u64) -> bool {
         let elapsed = self.taken.elapsed();
         if finished != self.finished_at_take {
             return self.candidates.is_empty() || elapsed >= CANDIDATE_EVERY;
         }
-        let spacing = CANDIDATE_EVERY * 2u32.saturating_pow(self.quiet_takes.min(8));
-        elapsed >= spacing.min(CANDIDATE_QUIET_MAX)
+        let doublings = self.quiet_takes.saturating_sub(QUIET_STEADY).min(8);
+        elapsed >= (CANDIDATE_EVERY * 2u32.pow(doublings)).min(CANDIDATE_QUIET_MAX)
     }
 
     /// The stream confirmed the transactions `delivered`.
+    /// Those the newest candidate taken (or the vouched S, when none
+    /// waits) sees are covered already: it, or a later one that sees more,
+    /// is stored, else a fresh one is owed ([`Cycle::dropped`]).
     fn delivered(&mut self, delivered: &[u32]) {
-        self.uncovered.extend(delivered);
-        // Liveness only: the oldest are the likeliest seen by the next
-        // candidate, and a row left uncovered is the poller's, at least once.
-        let excess = self.uncovered.len().saturating_sub(MAX_UNCOVERED);
-        self.uncovered.drain(..excess);
+        let newest = self.candidates.back().map(|c| &c.snapshot);
+        let seen = newest.or(self.vouched.as_ref());
+        self.uncovered.extend(
+            delivered
+                .iter()
+                .filter(|&&xid| !seen.is_some_and(|s| s.visible_xid32(xid))),
+        );
+        // Liveness only: the oldest left are the likeliest to stay unseen a
+        // while (held out by a standby); the newest, seen by the next
+        // candidate. A row left uncovered is the poller's, at least once.
+        self.uncovered.truncate(MAX_UNCOVERED);
+    }
+
+    /// A candidate the stream passed was not stored (W not flushed, the
+    /// write failed): what it saw is owed to a fresh one, which sees at
+    /// least as much. (A changed publication opens a hole instead, and no
+    /// pair is stored until the next session.)
+    fn dropped(&mut self) {
+        self.owed = true;
     }
 
     /// Take out the newest pair whose W the stream passed (`confirmed`),
@@ -835,6 +867,7 @@ impl Derived {
 pub(crate) struct Keeper {
     client: Arc<tokio_postgres::Client>,
     table: String,
+    /// The position's write, with `{lsn}` to fill in.
     sql: String,
     slot: String,
     system: System,
@@ -859,12 +892,20 @@ impl Keeper {
         finished: u64,
         derived: Option<Derived>,
     ) -> Self {
+        // `{lsn}` is filled in at each write; the rest are the relay's own
+        // names and the server's identity, as literals: one simple query, so
+        // no statement of another task on this connection falls inside it.
         let sql = format!(
-            "INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, updated_at) \
-             SELECT $1, $2, $3, oid, $4::text::pg_lsn, now() FROM pg_database WHERE datname = current_database() \
+            "BEGIN; SET LOCAL synchronous_commit = local; \
+             INSERT INTO {table} AS p (slot_name, system_identifier, timeline, database_oid, confirmed_lsn, updated_at) \
+             SELECT {slot}, {system}, {timeline}, oid, '{{lsn}}'::pg_lsn, now() FROM pg_database WHERE datname = current_database() \
              ON CONFLICT (slot_name) DO UPDATE SET system_identifier = excluded.system_identifier, \
                  timeline = excluded.timeline, database_oid = excluded.database_oid, \
-                 confirmed_lsn = excluded.confirmed_lsn, updated_at = excluded.updated_at"
+                 confirmed_lsn = excluded.confirmed_lsn, updated_at = excluded.updated_at; \
+             COMMIT",
+            slot = quote_literal(slot),
+            system = quote_literal(&system.id),
+            timeline = i32::try_from(system.timeline).unwrap_or(i32::MAX),
         );
         Self {
             client,
@@ -1016,17 +1057,9 @@ impl Keeper {
         lsn: u64,
     ) -> impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static {
         let client = Arc::clone(&self.client);
-        let sql = self.sql.clone();
-        let slot = self.slot.clone();
-        let system = self.system.id.clone();
-        let timeline = i32::try_from(self.system.timeline).unwrap_or(i32::MAX);
-        let lsn = format_lsn(lsn);
-        async move {
-            client
-                .execute(&sql, &[&slot, &system, &timeline, &lsn])
-                .await
-                .map(drop)
-        }
+        // An LSN prints as hex digits and a slash only.
+        let sql = self.sql.replacen("{lsn}", &format_lsn(lsn), 1);
+        async move { client.batch_execute(&sql).await }
     }
 }
 
@@ -1074,6 +1107,7 @@ where
         let table = self.table.clone();
         let slot = self.slot.clone();
         let cycle = Arc::clone(&self.cycle);
+        let storing = store.is_some();
         let kept = match store {
             Some(candidate) => {
                 self.store_or_write(confirmed, candidate, position_due)
@@ -1083,12 +1117,16 @@ where
             None => Ok(()),
         };
         if let Err(error) = kept {
+            if storing {
+                cycle.lock().expect("cycle").dropped();
+            }
             warn_unkept(&error);
             return;
         }
         if take {
             match take_candidate(&client).await {
                 Ok(candidate) => {
+                    tracing::debug!(snapshot = %candidate.snapshot, lsn = %format_lsn(candidate.lsn), "derived lifecycle: a candidate pair taken");
                     let mut cycle = cycle.lock().expect("cycle");
                     cycle.owed = false;
                     cycle.quiet_takes = if finished == cycle.finished_at_take {
@@ -1163,12 +1201,14 @@ where
             };
         }
         if !flushed {
+            self.cycle.lock().expect("cycle").dropped();
             return if position_due {
                 self.position.await
             } else {
                 Ok(())
             };
         }
+        tracing::debug!(snapshot = %candidate.snapshot, lsn = %format_lsn(candidate.lsn), confirmed = %format_lsn(confirmed), "derived lifecycle: a pair stored");
         store_pair(
             &self.client,
             &self.table,
