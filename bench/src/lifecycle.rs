@@ -142,33 +142,35 @@ fn process_cpu(pid: i32) -> Option<Duration> {
     Some(Duration::from_micros(ticks * 1_000_000 / hz))
 }
 
-/// The CPU of the walsender serving `slot` and of the relay's other
-/// backends (its sessions of `application_name` in this database), sampled
-/// every 100 ms until `done` is set: the last reading of each process (a
-/// restarted stream's earlier walsenders are added; a backend that ended
-/// between two samples counts up to its last).
+/// The CPU of the relay's walsenders and other backends (its sessions of
+/// `application_name` in this database that started after `since`, a
+/// server time in seconds since the epoch), sampled every 100 ms until
+/// `done` is set: the last reading of each process (a restarted stream's
+/// earlier walsenders are added; a backend that ended between two samples
+/// counts up to its last; one that lived less than a sample is missed).
 async fn watch_backends(
     sql: &tokio_postgres::Client,
-    slot: &str,
+    since: f64,
     application_name: &str,
     done: &std::sync::atomic::AtomicBool,
 ) -> (Duration, Duration) {
-    let mut last: std::collections::HashMap<i32, (bool, Duration)> = Default::default();
+    // By process and start: a pid used again is another process.
+    let mut last: std::collections::HashMap<(i32, u64), (bool, Duration)> = Default::default();
     while !done.load(std::sync::atomic::Ordering::Relaxed) {
         let rows = sql
             .query(
-                "SELECT a.pid, a.pid IS NOT DISTINCT FROM \
-                        (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1) \
+                "SELECT a.pid, extract(epoch FROM a.backend_start)::float8, a.backend_type = 'walsender' \
                  FROM pg_stat_activity a \
-                 WHERE a.datname = current_database() AND a.application_name = $2",
-                &[&slot, &application_name],
+                 WHERE a.datname = current_database() AND a.application_name = $2 \
+                   AND a.backend_start >= to_timestamp($1)",
+                &[&since, &application_name],
             )
             .await
             .unwrap_or_default();
         for row in rows {
-            let (pid, walsender): (i32, bool) = (row.get(0), row.get(1));
+            let (pid, start, walsender): (i32, f64, bool) = (row.get(0), row.get(1), row.get(2));
             if let Some(cpu) = process_cpu(pid) {
-                last.insert(pid, (walsender, cpu));
+                last.insert((pid, start.to_bits()), (walsender, cpu));
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -422,6 +424,10 @@ pub(crate) async fn lifecycle(
             let (before, calls_before, _) = endpoint.counts.snapshot();
             let done = std::sync::atomic::AtomicBool::new(false);
             let bench_before = own_cpu();
+            let since: f64 = sql
+                .query_one("SELECT extract(epoch FROM clock_timestamp())::float8", &[])
+                .await?
+                .get(0);
             let (ran, (walsender, backends)) = tokio::join!(
                 async {
                     let ran = run_relay_until(
@@ -438,7 +444,8 @@ pub(crate) async fn lifecycle(
                     done.store(true, std::sync::atomic::Ordering::Relaxed);
                     ran
                 },
-                watch_backends(sql, relay_slot, "outbox-relay", &done),
+                // The application_name the relay's configuration leaves at its default.
+                watch_backends(sql, since, "outbox-relay", &done),
             );
             let (usage, settled) = ran?;
             let budget = Budget {

@@ -21,8 +21,19 @@ pub struct Running {
 }
 
 impl Running {
-    /// Start every enabled worker of `config` with `sink`.
+    /// Start every enabled worker of `config` with `sink`. The relay's
+    /// log goes to the test's output (shown when it fails): information,
+    /// and the position keeper's debug lines.
     pub fn start<S: Sink>(config: Config, sink: S) -> Running {
+        static LOG: std::sync::Once = std::sync::Once::new();
+        LOG.call_once(|| {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(
+                    "outbox_relay=info,outbox_relay::postgres::position=debug",
+                ))
+                .with_test_writer()
+                .try_init();
+        });
         let stop = CancellationToken::new();
         let task = tokio::spawn({
             let stop = stop.clone();
