@@ -29,14 +29,6 @@ async fn delivered(sink: &Collect, ids: &[String]) {
     .await;
 }
 
-/// A relay on `outbox` with `extra` configuration, streaming; what it delivers.
-async fn streaming(outbox: &Outbox, extra: &str) -> (Collect, Running) {
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(extra), sink.clone());
-    outbox.wait_slot_active(true).await;
-    (sink, relay)
-}
-
 /// Wait until the slot is confirmed past the last commit.
 async fn acknowledged(outbox: &Outbox) {
     let last = outbox.commits().await.last().unwrap().end_lsn;
@@ -49,7 +41,7 @@ async fn acknowledged(outbox: &Outbox) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     outbox
         .sql
@@ -72,7 +64,7 @@ async fn columns_added_and_an_optional_one_dropped_mid_stream_change_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
     outbox
@@ -98,7 +90,7 @@ async fn a_required_column_dropped_mid_stream_stops_the_relay_naming_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
     outbox.sql.batch_execute("TRUNCATE outbox").await.unwrap();
@@ -113,7 +105,7 @@ async fn truncate_mid_stream_is_not_an_event_and_the_stream_moves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_renamed_mid_stream_loses_nothing_and_the_old_name_is_refused_at_start() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "[poller]\nenabled = false").await;
+    let (sink, relay) = outbox.streaming("[poller]\nenabled = false").await;
     // An event before the rename, one after it.
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     outbox
@@ -175,7 +167,7 @@ async fn a_table_renamed_mid_stream_loses_nothing_and_the_old_name_is_refused_at
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_while_marking_rows_loses_no_event_and_marking_resumes() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "[poller]\nenabled = false").await;
+    let (sink, relay) = outbox.streaming("[poller]\nenabled = false").await;
     outbox
         .sql
         .batch_execute(&format!("REVOKE UPDATE ON outbox FROM {}", outbox.role))
@@ -282,7 +274,7 @@ async fn a_missing_or_wrong_publication_stops_the_relay_with_the_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing_is_lost() {
     let outbox = Outbox::sql_ascii().await;
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let before = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     wait_until(Duration::from_secs(15), "the first event", || async {
         sink.ids() == before
@@ -336,11 +328,9 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
         .await
         .unwrap();
     outbox.drop_slot().await;
-    let (sink, relay) = streaming(
-        &outbox,
-        "[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"",
-    )
-    .await;
+    let (sink, relay) = outbox
+        .streaming("[lifecycle]\nrecreate_slot = true\n[poller]\ninterval = \"200ms\"")
+        .await;
     let mut expected = vec![bad.clone()];
     expected.extend(after.iter().cloned());
     // The fixed row and the one after it.
@@ -358,7 +348,7 @@ async fn text_that_is_not_utf8_stops_the_relay_with_the_fix_and_after_it_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_dropped_mid_stream_still_delivers_what_was_committed_and_the_next_start_says_so() {
     let outbox = Outbox::new().await;
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let mut ids = outbox.insert_tx(&[("a".into(), "First".into())]).await;
     delivered(&sink, &ids).await;
     // Committed just before the drop: the WAL still holds them, and the
@@ -405,7 +395,7 @@ async fn a_rejected_event_whose_row_is_gone_is_never_acknowledged_unrecorded() {
         )
         .await
         .unwrap();
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     let first = outbox.insert_tx(&[("a".into(), "First".into())]).await;
     delivered(&sink, &first).await;
     let bad: String = {
@@ -454,7 +444,7 @@ async fn a_rejected_event_whose_row_is_gone_is_never_acknowledged_unrecorded() {
     outbox_relay::setup::apply(&outbox.sql, &dead_letter)
         .await
         .unwrap_or_else(|(file, e)| panic!("{file}: {e:?}"));
-    let (sink, relay) = streaming(&outbox, "").await;
+    let (sink, relay) = outbox.streaming("").await;
     delivered(&sink, &after).await;
     acknowledged(&outbox).await;
     relay.stop().await;
@@ -486,7 +476,7 @@ async fn the_outbox_table_created_again_under_a_publication_for_all_tables_loses
         .await
         .unwrap();
     let none = "[lifecycle]\non_published = \"none\"";
-    let (sink, relay) = streaming(&outbox, none).await;
+    let (sink, relay) = outbox.streaming(none).await;
     let mut ids = outbox.insert_tx(&[("a".into(), "Before".into())]).await;
     delivered(&sink, &ids).await;
 
@@ -514,7 +504,7 @@ async fn the_outbox_table_created_again_under_a_publication_for_all_tables_loses
     relay.stop().await;
     assert_eq!(sink.ids(), ids, "every event once, in commit order");
 
-    let (sink, relay) = streaming(&outbox, none).await;
+    let (sink, relay) = outbox.streaming(none).await;
     let after = outbox.insert_tx(&[("c".into(), "Restarted".into())]).await;
     delivered(&sink, &after).await;
     relay.stop().await;

@@ -129,9 +129,7 @@ async fn keeper_state(outbox: &Outbox, ids: &[String]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derive_publishes_every_row_and_writes_none_of_them() {
     let outbox = Outbox::new().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(DERIVE), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(DERIVE).await;
     let ids = outbox.insert_many(20, 50, 7).await;
     wait_until(
         Duration::from_secs(30),
@@ -582,9 +580,7 @@ async fn a_vouched_snapshot_of_doubtful_identity_is_discarded_until_a_new_one() 
 async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
     let outbox = Outbox::new().await;
     let config = format!("{DERIVE}recreate_slot = true\n[poller]\nenabled = false\n");
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(&config), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(&config).await;
     let first = outbox.insert_many(2, 5, 2).await;
     all_derived(&outbox, &first, "the first rows are derived published").await;
     relay.stop().await;
@@ -625,9 +621,7 @@ async fn rows_written_while_the_slot_was_missing_are_never_derived_published() {
 async fn rows_written_while_the_publication_left_the_table_out_are_never_derived_published() {
     let outbox = Outbox::new().await;
     let config = format!("{DERIVE}[poller]\ninterval = \"1s\"\ngrace = \"3s\"\n");
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(&config), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(&config).await;
     let first = outbox.insert_many(2, 5, 2).await;
     all_derived(&outbox, &first, "the first rows are derived published").await;
     let publication = outbox.config("").postgres.publication.clone();
@@ -728,9 +722,7 @@ async fn rows_written_while_the_publication_left_the_table_out_are_never_derived
 async fn a_row_set_to_pending_by_hand_is_sent_again() {
     let outbox = Outbox::new().await;
     let config = format!("{DERIVE}[poller]\ninterval = \"1s\"\ngrace = \"1s\"\n");
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(&config), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(&config).await;
     let ids = outbox.insert_many(1, 2, 1).await;
     all_derived(&outbox, &ids, "the rows are derived published").await;
     outbox
@@ -786,9 +778,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
     );
     let outbox = Outbox::on(&cluster).await;
     let config = format!("{DERIVE}[poller]\nenabled = false\n");
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(&config), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(&config).await;
     let before = outbox.insert_many(1, 2, 1).await;
     all_derived(&outbox, &before, "the rows before are derived published").await;
 
@@ -858,14 +848,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         Duration::from_secs(30),
         "the waiting commit is delivered while invisible",
         || async {
-            let visible: HashSet<String> = outbox
-                .sql
-                .query("SELECT id::text FROM outbox", &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+            let visible = outbox.all_ids().await;
             let held: Vec<String> = sink
                 .ids()
                 .into_iter()

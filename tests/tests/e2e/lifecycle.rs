@@ -451,9 +451,7 @@ async fn a_partitioned_outbox_streams_like_a_plain_one_and_retention_drops_an_ex
          CREATE TABLE outbox_default PARTITION OF outbox DEFAULT;",
     ))
     .await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(MARK), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming(MARK).await;
     outbox
         .sql
         .batch_execute(

@@ -14,17 +14,6 @@ use crate::outbox::{envelope_ids, produce, Collect, Outbox, Running};
 /// Quick reconnects for tests.
 const QUICK_RETRY: &str = "[retry]\ninitial = \"100ms\"\nmax = \"1s\"\n";
 
-async fn all_ids(outbox: &Outbox) -> HashSet<String> {
-    outbox
-        .sql
-        .query("SELECT id::text FROM outbox", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restarts_fast_and_immediate_mid_stream_lose_nothing() {
     let cluster = Arc::new(tokio::task::spawn_blocking(Cluster::start).await.unwrap());
@@ -54,7 +43,7 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_lose_nothing() {
         relay.stderr_text()
     );
 
-    let expected = all_ids(&outbox).await;
+    let expected = outbox.all_ids().await;
     wait_until(
         Duration::from_secs(30),
         "every committed event came out",
@@ -109,7 +98,7 @@ async fn a_standby_takes_over_within_ten_seconds_when_the_active_relay_is_killed
     stop.store(true, Ordering::SeqCst);
     producer.await.unwrap();
 
-    let expected = all_ids(&outbox).await;
+    let expected = outbox.all_ids().await;
     wait_until(
         Duration::from_secs(30),
         "every event came out of one relay or the other",

@@ -105,6 +105,26 @@ impl Outbox {
         Self::build(TestDb::on(cluster).await, None).await
     }
 
+    /// A relay on this database with `extra` configuration, streaming;
+    /// what it delivers.
+    pub async fn streaming(&self, extra: &str) -> (Collect, Running) {
+        let sink = Collect::default();
+        let relay = Running::start(self.config(extra), sink.clone());
+        self.wait_slot_active(true).await;
+        (sink, relay)
+    }
+
+    /// Every id in the outbox table.
+    pub async fn all_ids(&self) -> std::collections::HashSet<String> {
+        self.sql
+            .query("SELECT id::text FROM outbox", &[])
+            .await
+            .expect("read the outbox ids")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     /// A new SQL session for the test (after a Postgres restart).
     pub async fn reconnect(&mut self) {
         self.sql = self.db.client().await;

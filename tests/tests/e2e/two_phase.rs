@@ -111,9 +111,7 @@ fn one(aggregate: &str) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_order() {
     let outbox = two_phase_outbox().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming("").await;
 
     let first = outbox.insert_tx(&one("a-1")).await;
     let gid = gid(&outbox, "order-1");
@@ -171,9 +169,7 @@ async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_orde
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_prepared_transaction_is_never_published() {
     let outbox = two_phase_outbox().await;
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming("").await;
 
     let gid = gid(&outbox, "order-2");
     let (rolled_back, _) = prepare(&outbox.sql, &gid, &["r-1", "r-2"]).await;
@@ -205,9 +201,7 @@ async fn the_slot_is_not_confirmed_past_a_prepared_transaction_until_it_is_resol
         .batch_execute("CREATE TABLE noise (g int)")
         .await
         .unwrap();
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming("").await;
 
     let first = outbox.insert_tx(&one("c-1")).await;
     let first_end = outbox.commits().await[0].end_lsn;
@@ -297,9 +291,7 @@ async fn a_prepare_on_another_table_does_not_stop_the_relay() {
         .batch_execute("CREATE TABLE other (id bigserial PRIMARY KEY, note text)")
         .await
         .unwrap();
-    let sink = Collect::default();
-    let relay = Running::start(outbox.config(""), sink.clone());
-    outbox.wait_slot_active(true).await;
+    let (sink, relay) = outbox.streaming("").await;
 
     let gid = gid(&outbox, "other-1");
     outbox
