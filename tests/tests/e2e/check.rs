@@ -614,13 +614,7 @@ async fn check_names_the_roles_that_bypass_column_privileges() {
     );
     // From 16 a membership may give neither the role's privileges nor SET
     // ROLE to it: such a member can write nothing, and is not named.
-    let version: i32 = outbox
-        .sql
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .unwrap()
-        .get(0);
-    if version >= 160_000 {
+    if harness::server_version_num(&outbox.sql).await >= 160_000 {
         let unchanged = warned(
             "CREATE ROLE audit LOGIN; GRANT pg_write_all_data TO audit WITH INHERIT FALSE, SET FALSE",
         )

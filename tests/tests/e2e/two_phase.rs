@@ -30,11 +30,7 @@ fn gid(outbox: &Outbox, label: &str) -> String {
 
 /// Whether the server decodes prepared transactions at PREPARE (15+).
 async fn decodes_at_prepare(sql: &Client) -> bool {
-    let row = sql
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
-        .await
-        .expect("server version");
-    row.get::<_, i32>(0) >= 150_000
+    harness::server_version_num(sql).await >= 150_000
 }
 
 /// Prepare a transaction `gid` inserting one event for each aggregate
