@@ -89,8 +89,8 @@
 //!   the poller after its grace, at least once). A candidate passed but not
 //!   stored (W not flushed, the write failed) owes a fresh one. While the
 //!   stream is quiet and a transaction stays unseen (a synchronous standby
-//!   that does not answer), candidates come ever less often, up to one a
-//!   minute.
+//!   that does not answer), candidates come a second apart for ten, then
+//!   ever less often, up to one a minute.
 //! * **Why flush ≥ W.** A transaction committed with `synchronous_commit =
 //!   off` is visible before its commit record is flushed. If the server then
 //!   stops (crash, immediate shutdown) the commit is lost and its xid is
@@ -739,7 +739,7 @@ struct Cycle {
     /// candidates in a row were taken with none finished since: while the
     /// stream is quiet and a transaction stays unseen (a synchronous standby
     /// that does not answer holds it out of every snapshot), candidates
-    /// come ever less often ([`Cycle::spacing`]), not a write a second.
+    /// come less often ([`Cycle::due`]), not a write a second.
     finished_at_take: u64,
     quiet_takes: u32,
     /// When the last candidate was taken.
