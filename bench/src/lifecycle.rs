@@ -366,6 +366,17 @@ pub(crate) async fn lifecycle(
         for turn in 0..CONTENDERS.len() {
             let i = (turn + round) % CONTENDERS.len();
             let (on, sink) = CONTENDERS[i];
+            let key = format!(
+                "{}-{}",
+                on.name(),
+                match sink {
+                    Sink::Distant => "sns",
+                    Sink::Stdout => "stdout",
+                }
+            );
+            if !args.lifecycle_contenders.is_empty() && !args.lifecycle_contenders.contains(&key) {
+                continue;
+            }
             let name = format!(
                 "relay, {}, {}",
                 on.name(),

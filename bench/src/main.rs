@@ -132,6 +132,10 @@ struct Args {
     /// `pg_recvlogical`; the table gives each contender's median.
     #[arg(long, default_value_t = 3)]
     lifecycle_rounds: usize,
+    /// Run only these lifecycle contenders: none-sns, mark-sns, derive-sns,
+    /// derive-stdout. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    lifecycle_contenders: Vec<String>,
     /// Skip the lifecycle run.
     #[arg(long)]
     no_lifecycle: bool,
