@@ -134,7 +134,11 @@ struct Args {
     lifecycle_rounds: usize,
     /// Run only these lifecycle contenders: none-sns, mark-sns, derive-sns,
     /// derive-stdout. Default: all.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = ["none-sns", "mark-sns", "derive-sns", "derive-stdout"]
+    )]
     lifecycle_contenders: Vec<String>,
     /// Skip the lifecycle run.
     #[arg(long)]
