@@ -151,20 +151,13 @@ async fn a_prepared_transaction_comes_out_once_at_commit_prepared_in_commit_orde
     // derived lifecycle once a pair stored after their commits vouches for
     // them, which can come after the slot's confirmation (a relay stopped
     // before that leaves them to its next start: docs/guarantees.md).
+    let every_row: Vec<String> = outbox.all_ids().await.into_iter().collect();
     wait_until(
         Duration::from_secs(10),
         "every row reads PUBLISHED",
         || async {
-            let unpublished: i64 = outbox
-                .sql
-                .query_one(
-                    "SELECT count(*) FROM outbox_state WHERE state <> 'PUBLISHED'",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            unpublished == 0
+            let states = outbox.view_states(&every_row).await;
+            states.len() == 6 && states.iter().all(|s| s == "PUBLISHED")
         },
     )
     .await;
