@@ -906,3 +906,66 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
     .await;
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_keeper_cannot_store_a_pair_the_poller_leaves_delivered_rows_alone() {
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&format!(
+        "{DERIVE}{QUICK_RETRY}[poller]\ngrace = \"1s\"\ninterval = \"200ms\"\n"
+    ));
+    let mut relay = run(&config);
+    outbox.wait_slot_active(true).await;
+    let first = outbox.insert_many(2, 10, 2).await;
+    all_derived(&outbox, &first, "the first rows are derived published").await;
+    // The slot's position row held by another session: no pair can be
+    // stored (the keeper's write waits for the lock), as when the position
+    // table cannot be written for a while.
+    let mut locker = outbox.db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM outbox_position WHERE slot_name = $1 FOR UPDATE",
+        &[&outbox.slot],
+    )
+    .await
+    .unwrap();
+    let held = outbox.insert_many(5, 10, 5).await;
+    wait_until(Duration::from_secs(30), "the rows came out", || async {
+        let out = delivered(&[&relay]);
+        held.iter().all(|id| out.contains_key(id))
+    })
+    .await;
+    let last_commit = outbox.commits().await.last().unwrap().end_lsn;
+    wait_until(
+        Duration::from_secs(30),
+        "the slot confirmed past them",
+        || async { outbox.confirmed_flush().await >= last_commit },
+    )
+    .await;
+    // Three graces, fifteen poller rounds: the rows are past their grace and
+    // the stream has passed them, but no pair vouches for them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let states = states(&outbox).await;
+    let vouched: Vec<&String> = held
+        .iter()
+        .filter(|id| states[*id].0 != "PENDING")
+        .collect();
+    assert!(
+        vouched.is_empty(),
+        "no pair could be stored, yet rows read otherwise than PENDING: {vouched:?}"
+    );
+    lock.rollback().await.unwrap();
+    all_derived(
+        &outbox,
+        &held,
+        "the rows are derived published once a pair is stored",
+    )
+    .await;
+    relay.stop_gracefully().await;
+    let out = delivered(&[&relay]);
+    let repeated: Vec<_> = held.iter().filter(|id| out[*id] > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "the poller sent rows the stream delivered: {repeated:?}\n{}",
+        relay.stderr_text()
+    );
+}

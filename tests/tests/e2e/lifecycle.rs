@@ -640,3 +640,52 @@ async fn a_burst_of_rows_ends_with_every_row_published() {
     assert_eq!(sink.ids().len(), 60_000);
     relay.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_while_the_relay_was_stopped_longer_than_the_grace_are_sent_once() {
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&format!("{MARK}{FAST_POLLER}"));
+    let run = || RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &[]);
+    let mut first = run();
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_many(3, 10, 3).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the first rows are marked",
+        || async { count_in_state(&outbox, "PUBLISHED").await == 30 },
+    )
+    .await;
+    first.stop_gracefully().await;
+    // Written while no relay runs, and older than the grace when the next
+    // starts: its stream sends them; its poller, which polls before the
+    // stream is up, must not too.
+    let during = outbox.insert_many(20, 25, 5).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut second = run();
+    wait_until(Duration::from_secs(30), "every row is marked", || async {
+        count_in_state(&outbox, "PUBLISHED").await == 530
+    })
+    .await;
+    // Poller rounds past the grace of every row.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    second.stop_gracefully().await;
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for id in envelope_ids(&first.stdout_lines())
+        .into_iter()
+        .chain(envelope_ids(&second.stdout_lines()))
+    {
+        *counts.entry(id).or_default() += 1;
+    }
+    let repeated: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} rows sent twice: {:?}\n{}",
+        repeated.len(),
+        &repeated[..repeated.len().min(5)],
+        second.stderr_text()
+    );
+    assert!(before
+        .iter()
+        .chain(&during)
+        .all(|id| counts.get(id) == Some(&1)));
+}

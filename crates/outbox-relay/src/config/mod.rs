@@ -416,7 +416,9 @@ pub struct PollerConfig {
     /// Time between rounds.
     #[serde(deserialize_with = "de_duration")]
     pub interval: Duration,
-    /// A PENDING row older than this is taken as missed by the stream.
+    /// A PENDING row older than this is taken as missed by the stream
+    /// (once the active slot passed it, or the slot has been inactive this
+    /// long: `pipeline::poller`).
     #[serde(deserialize_with = "de_duration")]
     pub grace: Duration,
     /// Rows claimed per round.

@@ -7,7 +7,7 @@
 //!
 //! | due rows | |
 //! |---|---|
-//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down); while the slot is active, only once the slot has passed them (see [`Passed`]) |
+//! | `PENDING`, older than `poller.grace` | missed by the stream (a crash between publish and marking, a stream that is down: the slot inactive at every round for `poller.grace`, see [`Down`]); while the slot is active, only once the slot has passed them (see [`Passed`]) |
 //! | `PENDING`, created before a slot was recreated | swept at once by this instance's poller, without waiting for the grace period |
 //! | `FAILED`, `attempts < poller.max_attempts`, `next_attempt_at` passed | retries of rejected events |
 //!
@@ -30,7 +30,10 @@
 //! not derived published, with the age rules of `PENDING` rows and one
 //! more: their id is visible in the snapshot of a passed sample
 //! ([`Passed`]): the transaction had committed when the sample was taken,
-//! so the stream passed it. That snapshot's xmax closes the range above, so
+//! so the stream passed it. While the slot streams under `derive`, the
+//! ranges after the vouched snapshot (not the holes) also wait for a pair
+//! stored since that sample: what the stream passed there it delivered,
+//! and the keeper's next pair vouches for it ([`Poller::claim_range_sql`]). That snapshot's xmax closes the range above, so
 //! a round reads the index only between the vouched snapshot and the
 //! stream, and the rows of transactions open at the vouched snapshot, never
 //! the table's published rows (also not while a long or prepared
@@ -130,11 +133,38 @@ impl Passed {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Missed {
     /// Created before this time (seconds since the epoch); `None` while the
-    /// streaming slot has passed no sample, infinite while it is down.
+    /// streaming slot has passed no sample (or has not been down for
+    /// `poller.grace` yet), infinite once it is down.
     pub before: Option<f64>,
     /// On a derived table, with an id visible in this snapshot (text);
-    /// `None` as `before`, the round's own while the slot is down.
+    /// `None` as `before`, the round's own once the slot is down.
     pub passed: Option<String>,
+    /// The slot streams: on a derived table a row after the vouched
+    /// snapshot is then due only once a pair stored since `before` still
+    /// leaves it unpublished ([`Poller::claim_range_sql`]).
+    pub streaming: bool,
+}
+
+/// Since when the poller has seen the slot inactive at every look
+/// ([`Poller::missed`]). The stream is down, and what it missed the
+/// poller's, only once it has been so for `poller.grace`: a relay that
+/// starts polls before its own stream is up, and rows written while it
+/// was stopped are the stream's to send, not the poller's too.
+#[derive(Debug, Default)]
+struct Down {
+    since: Option<std::time::Instant>,
+}
+
+impl Down {
+    /// Record a look at `now` (`active`: the slot streams); whether the
+    /// slot has been inactive at every look for at least `grace`.
+    fn look(&mut self, active: bool, grace: std::time::Duration, now: std::time::Instant) -> bool {
+        if active {
+            self.since = None;
+            return false;
+        }
+        now.saturating_duration_since(*self.since.get_or_insert(now)) >= grace
+    }
 }
 
 /// `created_at` (Postgres timestamptz text) before which PENDING rows are
@@ -200,6 +230,7 @@ pub(crate) struct Poller<S> {
     sweep: Sweep,
     backoff: Backoff,
     passed: Passed,
+    down: Down,
 }
 
 impl<S: Sink> Poller<S> {
@@ -220,6 +251,7 @@ impl<S: Sink> Poller<S> {
             sink,
             sweep,
             passed: Passed::default(),
+            down: Down::default(),
         })
     }
 
@@ -378,7 +410,8 @@ impl<S: Sink> Poller<S> {
     /// The claim's `$2` (and `$3`): PENDING rows past the grace period and
     /// created before this (with an id visible in this) are missed. While the
     /// slot streams, only those it has passed (see [`Passed`]; `None` while
-    /// it has passed none of the samples); while it is down, all of them.
+    /// it has passed none of the samples); once it has been down for
+    /// `poller.grace` ([`Down`]), all of them; none before.
     async fn missed(&mut self, client: &Client) -> Result<Missed, tokio_postgres::Error> {
         // The snapshot (the statement's) is taken before the LSN is read:
         // every transaction visible in it has its commit record before it.
@@ -399,13 +432,25 @@ impl<S: Sink> Poller<S> {
         // NULL: nothing missed can be told from the backlog yet. (The claim
         // keeps it as a condition of its own: `least(now(), NULL)` is now().)
         Ok(if streaming {
+            self.down
+                .look(true, self.config.poller.grace, std::time::Instant::now());
             let (before, passed) = passed.unzip();
-            Missed { before, passed }
-        } else {
+            Missed {
+                before,
+                passed,
+                streaming,
+            }
+        } else if self
+            .down
+            .look(false, self.config.poller.grace, std::time::Instant::now())
+        {
             Missed {
                 before: Some(f64::INFINITY),
                 passed: Some(snapshot),
+                streaming,
             }
+        } else {
+            Missed::default()
         })
     }
 
@@ -495,11 +540,36 @@ impl<S: Sink> Poller<S> {
     /// index-friendly SQL boolean on `o`): PENDING rows not derived
     /// published, due by the age rules and passed (`$3`), not among the ids
     /// claimed already this round (`$4`), lowest id first.
-    fn claim_range_sql(&self, table: &Table, reader: &Reader, range: &str, limit: usize) -> String {
+    ///
+    /// `vouched_since`: only when the pair the statement reads was stored at
+    /// or after the passed sample's time (`$2`). For the ranges after the
+    /// vouched snapshot while the slot streams: a row there that the stream
+    /// passed was delivered (invariant 1) unless it lies in a hole, and the
+    /// keeper vouches for it with its next pair; a pair stored after the
+    /// sample that still leaves it unpublished is the sign it will not. So a
+    /// poller does not race the keeper for what the stream delivered: after
+    /// a stop of any length, the new session's first pair vouches for the
+    /// rows of the last one's final second before any of them is due.
+    fn claim_range_sql(
+        &self,
+        table: &Table,
+        reader: &Reader,
+        range: &str,
+        limit: usize,
+        vouched_since: bool,
+    ) -> String {
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        let vouched = if vouched_since {
+            format!(
+                " AND {p}.snapshot_at >= to_timestamp($2::float8)",
+                p = reader.p
+            )
+        } else {
+            String::new()
+        };
         format!(
             "SELECT {cols} FROM {t} AS o \
-             WHERE {range} AND {due} AND NOT {published} \
+             WHERE {range} AND {due} AND NOT {published}{vouched} \
                AND NOT (o.{id} = ANY($4::text[]::{id_type}[])) \
              ORDER BY o.{txid} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = self.claim_columns(table),
@@ -531,10 +601,20 @@ impl<S: Sink> Poller<S> {
                 &[sweep, &missed.before],
             )
             .await?;
-        let ranges = reader.ranges(tx).await?.arms("o");
+        let ranges = reader.ranges(tx).await?;
+        let holes = ranges.hole_arms("o").into_iter().map(|arm| (arm, false));
+        // After the vouched snapshot: the keeper's first while the slot
+        // streams under `derive` (under `mark` and `delete` no pair is
+        // stored, and the stream marks what it publishes).
+        let keeper_first = missed.streaming
+            && self.config.lifecycle.on_published == crate::config::OnPublished::Derive;
+        let after = ranges
+            .after_arms("o")
+            .into_iter()
+            .map(|arm| (arm, keeper_first));
         // The table's columns come first ([`Table::text_columns`]).
         let width = table.columns.len();
-        for range in ranges {
+        for (range, vouched_since) in holes.chain(after) {
             if rows.len() >= batch {
                 break;
             }
@@ -542,7 +622,7 @@ impl<S: Sink> Poller<S> {
             let claimed: Vec<String> = rows.iter().map(|r| r.get(width + 3)).collect();
             let more = tx
                 .query(
-                    &self.claim_range_sql(table, reader, &range, batch - rows.len()),
+                    &self.claim_range_sql(table, reader, &range, batch - rows.len(), vouched_since),
                     &[sweep, &missed.before, &missed.passed, &claimed],
                 )
                 .await?;
@@ -680,6 +760,23 @@ impl<S: Sink> Poller<S> {
 #[cfg(test)]
 mod tests {
     use super::Passed;
+
+    #[test]
+    fn the_slot_is_down_once_inactive_at_every_look_for_the_grace() {
+        let grace = std::time::Duration::from_secs(5);
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        let mut down = super::Down::default();
+        // A relay's first look, its stream not up yet: not down.
+        assert!(!down.look(false, grace, at(0)));
+        assert!(!down.look(false, grace, at(4)));
+        assert!(down.look(false, grace, at(5)));
+        // Active once: the clock starts over.
+        assert!(!down.look(true, grace, at(6)));
+        assert!(!down.look(false, grace, at(7)));
+        assert!(!down.look(false, grace, at(11)));
+        assert!(down.look(false, grace, at(12)));
+    }
 
     #[test]
     fn the_newest_sample_the_slot_confirmed_is_the_cutoff() {

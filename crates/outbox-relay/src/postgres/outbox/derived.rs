@@ -327,12 +327,25 @@ impl Ranges {
     /// ANY` of a constant array), the ids after S. A row may be in more
     /// than one.
     pub(crate) fn arms(&self, r: &str) -> Vec<String> {
+        let mut arms = self.hole_arms(r);
+        arms.extend(self.after_arms(r));
+        arms
+    }
+
+    /// [`Ranges::arms`]'s holes alone.
+    pub(crate) fn hole_arms(&self, r: &str) -> Vec<String> {
         let pending = format!("{r}.publish_state = 'PENDING'");
-        let mut arms: Vec<String> = self
-            .holes
+        self.holes
             .iter()
             .map(|(lo, hi)| format!("{pending} AND {}", hole_arm(r, *lo, *hi)))
-            .collect();
+            .collect()
+    }
+
+    /// [`Ranges::arms`] but the holes: the ids in progress at S and those
+    /// after it.
+    pub(crate) fn after_arms(&self, r: &str) -> Vec<String> {
+        let pending = format!("{r}.publish_state = 'PENDING'");
+        let mut arms = Vec::new();
         if !self.in_progress.is_empty() {
             let ids: Vec<String> = self.in_progress.iter().map(u64::to_string).collect();
             arms.push(format!(
