@@ -907,6 +907,119 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
     relay.stop().await;
 }
 
+/// Write transactions of 10 rows on a connection of its own until `stop`;
+/// the ids written.
+async fn write_until(
+    outbox: &Outbox,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    let client = outbox.db.client().await;
+    tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut t = 0;
+        while !stop.is_cancelled() {
+            let rows = client
+                .query(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT 'order', 'w-' || n % 3, 'Stop', jsonb_build_object('t', $1::int, 'n', n) \
+                     FROM generate_series(1, 10) n RETURNING id::text",
+                    &[&t],
+                )
+                .await
+                .unwrap();
+            ids.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+            t += 1;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        ids
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_vouches_for_what_it_delivered_and_a_restart_after_the_grace_sends_each_row_once(
+) {
+    let outbox = Outbox::new().await;
+    // A grace shorter than the stop: every row the first run left PENDING is
+    // past it when the second starts (the default is 5 minutes).
+    let config = outbox.config_file(&format!(
+        "{DERIVE}{QUICK_RETRY}[poller]\ngrace = \"2s\"\ninterval = \"200ms\"\n"
+    ));
+    let mut first = run(&config);
+    outbox.wait_slot_active(true).await;
+    let stop_writing = tokio_util::sync::CancellationToken::new();
+    let writing = write_until(&outbox, stop_writing.clone()).await;
+    wait_until(Duration::from_secs(30), "rows stream out", || async {
+        delivered(&[&first]).len() >= 300
+    })
+    .await;
+    // Stopped while rows are being written and delivered: the session's last
+    // pair must be taken after its last delivered commit.
+    let stopping = std::time::Instant::now();
+    first.sigterm();
+    let status = first.wait_exit_async(Duration::from_secs(30)).await;
+    let stop_took = stopping.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "clean exit: {status:?}\n{}",
+        first.stderr_text()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop_writing.cancel();
+    let written = writing.await.unwrap();
+    let out = delivered(&[&first]);
+    let states = states(&outbox).await;
+    // While the relay is stopped: what it delivered reads PUBLISHED, derived
+    // (no row was written); nothing else does.
+    let unvouched: Vec<&String> = out
+        .keys()
+        .filter(|id| states[*id] != ("PUBLISHED".to_owned(), true))
+        .collect();
+    assert!(
+        unvouched.is_empty(),
+        "{} of {} delivered rows do not read derived PUBLISHED after a graceful stop (stop took {stop_took:?}): {:?}\n{}",
+        unvouched.len(),
+        out.len(),
+        &unvouched[..unvouched.len().min(5)],
+        first.stderr_text()
+    );
+    let undelivered_published: Vec<&String> = written
+        .iter()
+        .filter(|id| !out.contains_key(*id) && states[*id].0 == "PUBLISHED")
+        .collect();
+    assert!(
+        undelivered_published.is_empty(),
+        "read PUBLISHED, never delivered: {undelivered_published:?}"
+    );
+    let left = written.len() - out.len();
+    assert!(left > 0, "rows were written after the stop");
+    eprintln!(
+        "stop took {stop_took:?}; {} rows delivered, all derived published; {left} left for the next run",
+        out.len()
+    );
+
+    // Stopped longer than the grace: the rows it left are the next stream's.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut second = run(&config);
+    wait_until(Duration::from_secs(30), "every row came out", || async {
+        let out = delivered(&[&first, &second]);
+        written.iter().all(|id| out.contains_key(id))
+    })
+    .await;
+    // Several poller rounds past the grace of every row.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    second.stop_gracefully().await;
+    let out = delivered(&[&first, &second]);
+    let repeated: Vec<_> = out.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        repeated.is_empty(),
+        "{} rows sent twice across a stop longer than the grace: {:?}\n{}",
+        repeated.len(),
+        &repeated[..repeated.len().min(5)],
+        second.stderr_text()
+    );
+    all_derived(&outbox, &written, "every row ends derived published").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_the_keeper_cannot_store_a_pair_the_poller_leaves_delivered_rows_alone() {
     let outbox = Outbox::new().await;

@@ -476,8 +476,43 @@ struct Session<'a> {
     beat: tokio::time::Interval,
     /// When draining must end: set by the stop signal.
     deadline: Option<tokio::time::Instant>,
+    /// The derived lifecycle's last pair at a graceful stop.
+    settle: Settle,
     _streaming: Streaming,
 }
+
+/// A graceful stop under the derived lifecycle, once drained: the keeper
+/// takes a last candidate pair after every delivered commit, and the session
+/// reads on until the confirmed position passes its W, so the stop stores a
+/// pair that vouches for everything it delivered. It reads keepalives (asked
+/// for) and the transactions that committed before W (published as usual;
+/// visible in the pair's S but for one committed in the instant between the
+/// snapshot and the WAL read), and stops at the first transaction that
+/// commits at or after W: transactions come in commit order, so everything
+/// before W has come, and W is confirmed once it has finished. That one is
+/// left to the next session, which streams it from W. Without it the rows of
+/// the last second read `PENDING` while the relay is stopped (`status`,
+/// `replay --state`, a standby's poller), until the next session's first
+/// pair. Bounded by [`SETTLE_MAX`]: a stop behind a backlog does not wait
+/// for the stream to work through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settle {
+    /// Not drained yet.
+    Later,
+    /// Reading on until the confirmed position reaches `lsn`, until `until`.
+    Waiting {
+        lsn: u64,
+        until: tokio::time::Instant,
+    },
+    /// Nothing (more) to wait for.
+    Done,
+}
+
+/// The longest a graceful stop reads on for its last pair ([`Settle`]).
+const SETTLE_MAX: Duration = Duration::from_secs(2);
+
+/// How often a settling stop asks the walsender for a keepalive.
+const SETTLE_ASK: Duration = Duration::from_millis(50);
 
 impl<'a> Session<'a> {
     /// Start: inspect, recreate, spawn, position, START_REPLICATION. `None`
@@ -599,6 +634,7 @@ impl<'a> Session<'a> {
             last_ack: tokio::time::Instant::now(),
             beat: heartbeat(config),
             deadline: None,
+            settle: Settle::Later,
             _streaming: streaming,
         }))
     }
@@ -810,7 +846,34 @@ impl<'a> Session<'a> {
             // Parked events wait for a COMMIT PREPARED further on: the position
             // stays before them, and the next session gets them again.
             if draining && !tracker.in_transaction() && tracker.unfinished() == tracker.parked() {
-                break;
+                match self.settle {
+                    Settle::Later => {
+                        self.begin_settle().await?;
+                        continue;
+                    }
+                    Settle::Waiting { lsn, until } => {
+                        if self.stream.settle_cut {
+                            // Every transaction committed before W came and
+                            // finished (the stream is drained): W is passed.
+                            self.stream.tracker.keepalive(lsn);
+                        }
+                        let tracker = &self.stream.tracker;
+                        if tracker.confirmed() >= lsn {
+                            break;
+                        }
+                        if self.stream.settle_cut || tokio::time::Instant::now() >= until {
+                            tracing::info!(
+                                confirmed = %format_lsn(tracker.confirmed()),
+                                lsn = %format_lsn(lsn),
+                                "stopping without the last pair: the stream did not reach it in \
+                                 time; the rows delivered since the last one read PENDING until \
+                                 the next session vouches for them"
+                            );
+                            break;
+                        }
+                    }
+                    Settle::Done => break,
+                }
             }
             let read = self.may_read(draining);
             let wait_for_marking = !read && self.marking_full();
@@ -849,7 +912,7 @@ impl<'a> Session<'a> {
     fn may_read(&self, draining: bool) -> bool {
         let tracker = &self.stream.tracker;
         let stream = &self.config.stream;
-        (!draining || tracker.in_transaction())
+        (!draining || tracker.in_transaction() || self.settling())
             && under_budget(tracker.unfinished(), tracker.parked(), stream.max_in_flight)
             && under_budget(
                 tracker.held_bytes(),
@@ -861,6 +924,51 @@ impl<'a> Session<'a> {
 
     fn marking_full(&self) -> bool {
         self.marking.as_ref().is_some_and(Marker::full)
+    }
+
+    /// Whether a graceful stop reads on for its last pair ([`Settle`]).
+    fn settling(&self) -> bool {
+        matches!(self.settle, Settle::Waiting { .. }) && !self.stream.settle_cut
+    }
+
+    /// Drained: under the derived lifecycle, have the keeper take the last
+    /// candidate and, unless the confirmed position has passed its W
+    /// already, read on for it ([`Settle`]).
+    async fn begin_settle(&mut self) -> Result<(), RelayError> {
+        self.settle = Settle::Done;
+        // Parked events (a prepared transaction waiting for its COMMIT
+        // PREPARED) hold the confirmed position before them: no W after it
+        // can be passed this session.
+        if !self.keeper.as_ref().is_some_and(position::Keeper::derives)
+            || self.stream.tracker.parked() > 0
+        {
+            return Ok(());
+        }
+        // Offers the transactions confirmed since the last status update:
+        // those the last candidate must see.
+        self.acknowledge(false).await?;
+        let finished = self.stream.summary.delivered + self.stream.summary.rejected;
+        let Some(keeper) = &mut self.keeper else {
+            return Ok(());
+        };
+        let Some(lsn) = keeper.final_candidate(finished, SETTLE_MAX).await else {
+            return Ok(());
+        };
+        if self.stream.tracker.confirmed() >= lsn {
+            return Ok(());
+        }
+        let until = tokio::time::Instant::now() + SETTLE_MAX;
+        self.settle = Settle::Waiting {
+            lsn,
+            // Within the shutdown timeout.
+            until: self.deadline.map_or(until, |deadline| deadline.min(until)),
+        };
+        self.stream.settle_at = Some(lsn);
+        self.acknowledge(true).await?;
+        self.status
+            .as_mut()
+            .reset(tokio::time::Instant::now() + SETTLE_ASK);
+        Ok(())
     }
 
     /// Report the confirmed position (asking for a reply if `reply`), and
@@ -904,10 +1012,12 @@ impl<'a> Session<'a> {
         if silent && quiet >= receive_timeout {
             return Err(RelayError::Replication(WireError::Silent(receive_timeout)));
         }
-        let ask = bounded && quiet >= 2 * self.interval;
+        let settling = self.settling();
+        let ask = (bounded && quiet >= 2 * self.interval) || settling;
+        let next = if settling { SETTLE_ASK } else { self.interval };
         self.status
             .as_mut()
-            .reset(tokio::time::Instant::now() + self.interval);
+            .reset(tokio::time::Instant::now() + next);
         self.acknowledge(ask).await
     }
 
@@ -1179,6 +1289,10 @@ struct Stream<'a> {
     /// they go to the keeper, which vouches for each
     /// ([`position::Keeper::offer`]).
     unvouched: Option<std::collections::VecDeque<(u64, u32)>>,
+    /// A settling stop's W ([`Settle`]): a transaction that commits at or
+    /// after it is not begun, and `settle_cut` says one came.
+    settle_at: Option<u64>,
+    settle_cut: bool,
     /// Prepared transactions' events, until their COMMIT PREPARED.
     prepared: PreparedTxs,
     to_publisher: mpsc::Sender<Vec<Dispatch>>,
@@ -1211,6 +1325,8 @@ impl<'a> Stream<'a> {
             commit_time: 0,
             xid: 0,
             unvouched: None,
+            settle_at: None,
+            settle_cut: false,
             prepared: PreparedTxs::default(),
             to_publisher,
             burst: Vec::new(),
@@ -1307,6 +1423,12 @@ impl<'a> Stream<'a> {
     /// Begin: a transaction opens; its commit time dates the events without
     /// `created_at`.
     fn handle_begin(&mut self, begin: &Begin) -> Result<(), RelayError> {
+        if self.settle_at.is_some_and(|w| begin.final_lsn >= w) {
+            // Not begun, so nothing of it is published or confirmed: the
+            // session reads no further ([`Session::settling`]).
+            self.settle_cut = true;
+            return Ok(());
+        }
         self.tracker.begin()?;
         self.commit_time = begin.commit_time;
         self.xid = begin.xid;

@@ -799,6 +799,33 @@ impl Cycle {
         self.owed = true;
     }
 
+    /// A candidate was taken with `finished` events finished: queued for
+    /// the stream to pass its W.
+    fn took(&mut self, candidate: Candidate, finished: u64) {
+        tracing::debug!(snapshot = %candidate.snapshot, lsn = %format_lsn(candidate.lsn), "derived lifecycle: a candidate pair taken");
+        self.owed = false;
+        self.quiet_takes = if finished == self.finished_at_take {
+            self.quiet_takes.saturating_add(1)
+        } else {
+            0
+        };
+        self.finished_at_take = finished;
+        // Seen by S: committed before W, vouched for once stored.
+        self.uncovered
+            .retain(|&xid| !candidate.snapshot.visible_xid32(xid));
+        self.taken = Instant::now();
+        if self.candidates.len() >= MAX_CANDIDATES {
+            // Thin out, keeping the oldest and the newest: the stream still
+            // finds a pair within twice the spacing.
+            let mut keep = false;
+            self.candidates.retain(|_| {
+                keep = !keep;
+                keep
+            });
+        }
+        self.candidates.push_back(candidate);
+    }
+
     /// Take out the newest pair whose W the stream passed (`confirmed`),
     /// and the older ones, which it vouches for.
     fn passed(&mut self, confirmed: u64) -> Option<Candidate> {
@@ -998,6 +1025,41 @@ impl Keeper {
         }));
     }
 
+    /// A graceful stop's last pair, before [`Keeper::finish`]: when a
+    /// transaction the session confirmed is seen by no candidate yet (or
+    /// the session's start owes one), a candidate is taken now, after every
+    /// delivered commit. The W the confirmed position must reach for
+    /// `finish` to store the newest candidate; `None` when none waits (or
+    /// the snapshot could not be taken within `limit`: the rows of the last
+    /// second then read `PENDING` until the next session's first pair).
+    pub(crate) async fn final_candidate(&mut self, finished: u64, limit: Duration) -> Option<u64> {
+        let derived = self.derived.as_ref()?;
+        if let Some(writing) = self.writing.take() {
+            // A round in progress may take or store a candidate itself.
+            let _ = tokio::time::timeout(limit, writing).await;
+        }
+        let owes = {
+            let cycle = derived.cycle.lock().expect("cycle");
+            cycle.owed || !cycle.uncovered.is_empty()
+        };
+        if owes {
+            match tokio::time::timeout(limit, take_candidate(&self.client)).await {
+                Ok(Ok(candidate)) => derived
+                    .cycle
+                    .lock()
+                    .expect("cycle")
+                    .took(candidate, finished),
+                Ok(Err(error)) => {
+                    tracing::warn!(error = %crate::report::Chain(&error), "cannot take the final snapshot to vouch for");
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+        let cycle = derived.cycle.lock().expect("cycle");
+        cycle.candidates.back().map(|c| c.lsn)
+    }
+
     /// Write `confirmed` (with the pair, when it qualifies) and wait for it
     /// (a graceful stop), within `limit`.
     pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration) {
@@ -1125,32 +1187,7 @@ where
         }
         if take {
             match take_candidate(&client).await {
-                Ok(candidate) => {
-                    tracing::debug!(snapshot = %candidate.snapshot, lsn = %format_lsn(candidate.lsn), "derived lifecycle: a candidate pair taken");
-                    let mut cycle = cycle.lock().expect("cycle");
-                    cycle.owed = false;
-                    cycle.quiet_takes = if finished == cycle.finished_at_take {
-                        cycle.quiet_takes.saturating_add(1)
-                    } else {
-                        0
-                    };
-                    cycle.finished_at_take = finished;
-                    // Seen by S: committed before W, vouched for once stored.
-                    cycle
-                        .uncovered
-                        .retain(|&xid| !candidate.snapshot.visible_xid32(xid));
-                    cycle.taken = Instant::now();
-                    if cycle.candidates.len() >= MAX_CANDIDATES {
-                        // Thin out, keeping the oldest and the newest: the
-                        // stream still finds a pair within twice the spacing.
-                        let mut keep = false;
-                        cycle.candidates.retain(|_| {
-                            keep = !keep;
-                            keep
-                        });
-                    }
-                    cycle.candidates.push_back(candidate);
-                }
+                Ok(candidate) => cycle.lock().expect("cycle").took(candidate, finished),
                 Err(error) => {
                     tracing::warn!(error = %crate::report::Chain(&error), "cannot take a snapshot to vouch for");
                 }
