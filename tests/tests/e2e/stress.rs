@@ -1,8 +1,8 @@
 //! The stress test of the derived lifecycle (tests/src/bin/stress.rs,
 //! docs/stress.md), shortened for every test run: 16 writers mixing plain,
 //! asynchronous, savepoint (also more than 64), prepared, rolled-back and long
-//! transactions for 60 s, two kill -9 of the relay and one immediate
-//! PostgreSQL restart. The binary fails when a row the derived state calls
+//! transactions for 60 s, two kill -9 of the relay, a graceful stop longer
+//! than the poller's grace and one immediate PostgreSQL restart. The binary fails when a row the derived state calls
 //! PUBLISHED was never delivered, a delivered row stays PENDING, a committed
 //! row is lost or a rolled-back one delivered, or repeats pass 5 %.
 
@@ -19,6 +19,8 @@ fn no_row_is_derived_published_before_delivery_under_sixteen_writers_kills_and_a
             "16",
             "--kills",
             "2",
+            "--stops",
+            "1",
             "--pg-restart",
             "--require-derived",
         ],
