@@ -587,7 +587,11 @@ async fn main() {
         && durable_missing.is_empty()
         && repeat_share <= MAX_REPEAT_SHARE
         && faults.get("kill -9 relay").copied().unwrap_or(0) == args.kills
-        && faults.get("graceful stop of the relay").copied().unwrap_or(0) == args.stops
+        && faults
+            .get("graceful stop of the relay")
+            .copied()
+            .unwrap_or(0)
+            == args.stops
         && unique > 0
         && (!args.require_derived || matches!(reader, StateReader::View));
     println!(
