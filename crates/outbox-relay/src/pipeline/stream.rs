@@ -837,9 +837,26 @@ impl<'a> Session<'a> {
 
     /// Run: the loop, until drained after the stop signal, or an error. Each
     /// turn takes the first of, in this order: the status timer, completions,
-    /// room in marking, the heartbeat, the stop signal, the stream (only
-    /// while [`Session::may_read`]), the shutdown deadline.
+    /// room in marking, the heartbeat, the stop signal, the shutdown
+    /// deadline, the stream (only while [`Session::may_read`]).
+    ///
+    /// An error once drained for the stop (while it reads on for its last
+    /// pair, [`Settle`]) ends the loop as the stop would: the stop phase
+    /// still reports and keeps what is confirmed.
     async fn run(&mut self) -> Result<(), RelayError> {
+        match self.turns().await {
+            Err(error) if self.settle != Settle::Later => {
+                tracing::warn!(
+                    error = %crate::report::Chain(&error),
+                    "the stream failed while the stop read on for its last pair; stopping with what is confirmed"
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    async fn turns(&mut self) -> Result<(), RelayError> {
         loop {
             let draining = self.deadline.is_some();
             let tracker = &self.stream.tracker;
@@ -888,7 +905,8 @@ impl<'a> Session<'a> {
                 () = room(self.marking.as_ref()), if wait_for_marking => {}
                 _ = self.beat.tick(), if heartbeat && !draining => self.heartbeat(),
                 _ = self.stop_signal.cancelled(), if !draining => self.drain(),
-                first = self.wal.next(), if read => self.burst(first, draining).await?,
+                // Before the stream: a stream that always has more must not
+                // keep the stop past its timeout.
                 _ = tokio::time::sleep_until(self.deadline.unwrap_or_else(tokio::time::Instant::now)), if draining => {
                     tracing::warn!(
                         unfinished = self.stream.tracker.unfinished() - self.stream.tracker.parked(),
@@ -896,6 +914,7 @@ impl<'a> Session<'a> {
                     );
                     break;
                 }
+                first = self.wal.next(), if read => self.burst(first, draining).await?,
             }
             if self.sql_client.is_closed() {
                 // Recording and marking need it: start over on a fresh connection.
@@ -926,9 +945,16 @@ impl<'a> Session<'a> {
         self.marking.as_ref().is_some_and(Marker::full)
     }
 
-    /// Whether a graceful stop reads on for its last pair ([`Settle`]).
+    /// Whether a graceful stop reads on for its last pair ([`Settle`]): not
+    /// past the first transaction at or after W, and not past its time
+    /// (then only to the end of the open transaction, as the drain reads).
     fn settling(&self) -> bool {
-        matches!(self.settle, Settle::Waiting { .. }) && !self.stream.settle_cut
+        match self.settle {
+            Settle::Waiting { until, .. } => {
+                !self.stream.settle_cut && tokio::time::Instant::now() < until
+            }
+            Settle::Later | Settle::Done => false,
+        }
     }
 
     /// Drained: under the derived lifecycle, have the keeper take the last
@@ -948,10 +974,15 @@ impl<'a> Session<'a> {
         // those the last candidate must see.
         self.acknowledge(false).await?;
         let finished = self.stream.summary.delivered + self.stream.summary.rejected;
+        // Within the shutdown timeout, the snapshot and the settling alike.
+        let now = tokio::time::Instant::now();
+        let limit = self.deadline.map_or(SETTLE_MAX, |d| {
+            d.saturating_duration_since(now).min(SETTLE_MAX)
+        });
         let Some(keeper) = &mut self.keeper else {
             return Ok(());
         };
-        let Some(lsn) = keeper.final_candidate(finished, SETTLE_MAX).await else {
+        let Some(lsn) = keeper.final_candidate(finished, limit).await else {
             return Ok(());
         };
         if self.stream.tracker.confirmed() >= lsn {
@@ -1173,19 +1204,21 @@ impl<'a> Session<'a> {
         // Reported before waiting for marking, which does not hold the position
         // back, so the walsender has it even if it times the session out then.
         let reported = report_final(&mut wal, confirmed).await;
-        if let Some(keeper) = keeper {
-            // Kept whether or not the server took it: every event before it is
-            // published or recorded.
-            keeper.finish(confirmed, Duration::from_secs(5)).await;
-        }
         if let Some(task) = marking_task {
-            // Every marker is gone now: the task writes what it holds, then ends.
+            // Every marker is gone now: the task writes what it holds, then
+            // ends. Before the last pair is stored: a filtered-out row it
+            // vouches for reads PUBLISHED until its SKIPPED is written.
             if tokio::time::timeout(Duration::from_secs(5), task)
                 .await
                 .is_err()
             {
                 tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
             }
+        }
+        if let Some(keeper) = keeper {
+            // Kept whether or not the server took it: every event before it is
+            // published or recorded.
+            keeper.finish(confirmed, Duration::from_secs(5)).await;
         }
         if reported {
             confirm_final(&sql_client, &config.postgres.slot, confirmed).await;

@@ -1034,9 +1034,14 @@ impl Keeper {
     /// second then read `PENDING` until the next session's first pair).
     pub(crate) async fn final_candidate(&mut self, finished: u64, limit: Duration) -> Option<u64> {
         let derived = self.derived.as_ref()?;
-        if let Some(writing) = self.writing.take() {
-            // A round in progress may take or store a candidate itself.
-            let _ = tokio::time::timeout(limit, writing).await;
+        if let Some(mut writing) = self.writing.take() {
+            // A round in progress may take or store a candidate itself. One
+            // that does not end in time stays the keeper's (no second round
+            // beside it, whose older pair could land after a newer one).
+            if tokio::time::timeout(limit, &mut writing).await.is_err() {
+                self.writing = Some(writing);
+                return None;
+            }
         }
         let owes = {
             let cycle = derived.cycle.lock().expect("cycle");
