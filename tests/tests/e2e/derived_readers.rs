@@ -355,7 +355,8 @@ async fn the_poller_takes_a_row_after_the_snapshot_only_once_the_stream_passed_i
     // position kept standing back to the boundary, stored again and again):
     // once past its grace, the stream having passed it, the poller publishes
     // it. (While no pair is stored after the poller's sample, the row is
-    // left to the keeper: derived::while_the_keeper_cannot_store_a_pair_the_poller_leaves_delivered_rows_alone.)
+    // left to the keeper for a grace:
+    // derived::rows_the_keeper_cannot_vouch_for_wait_for_it_a_grace_then_the_poller_takes_them.)
     let reset = |id: String| {
         let sql = &outbox.sql;
         async move {

@@ -231,6 +231,9 @@ pub(crate) struct Poller<S> {
     backoff: Backoff,
     passed: Passed,
     down: Down,
+    /// Since when rows the stream passed have waited for the keeper at every
+    /// round ([`Poller::claim_derived`]).
+    withheld: Option<std::time::Instant>,
 }
 
 impl<S: Sink> Poller<S> {
@@ -252,6 +255,7 @@ impl<S: Sink> Poller<S> {
             sweep,
             passed: Passed::default(),
             down: Down::default(),
+            withheld: None,
         })
     }
 
@@ -548,8 +552,9 @@ impl<S: Sink> Poller<S> {
     /// keeper vouches for it with its next pair; a pair stored after the
     /// sample that still leaves it unpublished is the sign it will not. So a
     /// poller does not race the keeper for what the stream delivered: after
-    /// a stop of any length, the new session's first pair vouches for the
-    /// rows of the last one's final second before any of them is due.
+    /// a stop, the new session's first pair vouches for what the last one
+    /// delivered after its last pair before any of it is due. Not for ever:
+    /// rows left waiting for a grace are taken ([`Poller::keeper_first`]).
     fn claim_range_sql(
         &self,
         table: &Table,
@@ -582,12 +587,54 @@ impl<S: Sink> Poller<S> {
         )
     }
 
+    /// Whether rows after the vouched snapshot still wait for the keeper,
+    /// at `now`, when some were `withheld` this round: for `poller.grace`
+    /// from the first round that withheld any, then the poller takes them
+    /// (nothing vouched for them: a keeper that cannot store, or something
+    /// other than a relay's stream holds the slot and confirms).
+    fn keeper_first(&mut self, withheld: bool, now: std::time::Instant) -> bool {
+        if !withheld {
+            self.withheld = None;
+            return true;
+        }
+        let since = *self.withheld.get_or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if waited < self.config.poller.grace {
+            return true;
+        }
+        tracing::warn!(
+            waited_s = waited.as_secs(),
+            "rows the stream passed wait for a pair that vouches for them, and none was stored for \
+             poller.grace: the poller publishes them (at least once); is the position table \
+             writable, and is the slot held by this relay's stream?"
+        );
+        false
+    }
+
+    /// SQL: whether the ranges after the vouched snapshot (`arms`) hold rows
+    /// due but for a pair stored since the passed sample (`$1`–`$3` as
+    /// [`Poller::claim_range_sql`]).
+    fn withheld_sql(&self, table: &Table, reader: &Reader, arms: &[String]) -> String {
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        let arms: Vec<String> = arms.iter().map(|a| format!("({a})")).collect();
+        format!(
+            "SELECT EXISTS (SELECT 1 FROM {t} AS o \
+             WHERE ({arms}) AND {due} AND NOT {published} \
+               AND NOT coalesce({p}.snapshot_at >= to_timestamp($2::float8), false))",
+            t = table.qualified,
+            arms = arms.join(" OR "),
+            due = self.due_pending(created_at, true),
+            published = derived::published("o", &reader.p),
+            p = reader.p,
+        )
+    }
+
     /// Claim a derived table's due rows, at most a batch: explicit work,
     /// then the rows in each hole, then those of the transactions in
     /// progress at the vouched snapshot, then the rows after it (see the
     /// module's documentation); in `created_at` order.
     async fn claim_derived(
-        &self,
+        &mut self,
         tx: &tokio_postgres::Transaction<'_>,
         table: &Table,
         reader: &Reader,
@@ -605,13 +652,23 @@ impl<S: Sink> Poller<S> {
         let holes = ranges.hole_arms("o").into_iter().map(|arm| (arm, false));
         // After the vouched snapshot: the keeper's first while the slot
         // streams under `derive` (under `mark` and `delete` no pair is
-        // stored, and the stream marks what it publishes).
-        let keeper_first = missed.streaming
+        // stored, and the stream marks what it publishes), for a grace.
+        let mut keeper_first = missed.streaming
             && self.config.lifecycle.on_published == crate::config::OnPublished::Derive;
-        let after = ranges
-            .after_arms("o")
-            .into_iter()
-            .map(|arm| (arm, keeper_first));
+        let after_arms = ranges.after_arms("o");
+        if keeper_first {
+            let withheld: bool = tx
+                .query_one(
+                    &self.withheld_sql(table, reader, &after_arms),
+                    &[sweep, &missed.before, &missed.passed],
+                )
+                .await?
+                .get(0);
+            keeper_first = self.keeper_first(withheld, std::time::Instant::now());
+        } else {
+            self.withheld = None;
+        }
+        let after = after_arms.into_iter().map(|arm| (arm, keeper_first));
         // The table's columns come first ([`Table::text_columns`]).
         let width = table.columns.len();
         for (range, vouched_since) in holes.chain(after) {
@@ -760,6 +817,34 @@ impl<S: Sink> Poller<S> {
 #[cfg(test)]
 mod tests {
     use super::Passed;
+
+    #[test]
+    fn rows_wait_for_the_keeper_for_a_grace_from_the_first_round_that_withheld_any() {
+        let config = crate::config::Config::from_parts(
+            "[postgres]\nurl = \"postgres://u@h/db\"\n[poller]\ngrace = \"5s\"\n",
+            std::path::Path::new("t.toml"),
+            std::iter::empty(),
+        )
+        .unwrap();
+        let sweep = tokio::sync::watch::channel(None).1;
+        let mut poller = super::Poller::new(
+            &config,
+            std::sync::Arc::new(crate::sink::stdout::StdoutSink::default()),
+            sweep,
+        )
+        .unwrap();
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        assert!(poller.keeper_first(false, at(0)));
+        assert!(poller.keeper_first(true, at(1)));
+        assert!(poller.keeper_first(true, at(5)));
+        assert!(!poller.keeper_first(true, at(6)));
+        // A pair vouched for them: the next rows wait a grace again.
+        assert!(poller.keeper_first(false, at(7)));
+        assert!(poller.keeper_first(true, at(8)));
+        assert!(poller.keeper_first(true, at(12)));
+        assert!(!poller.keeper_first(true, at(13)));
+    }
 
     #[test]
     fn the_slot_is_down_once_inactive_at_every_look_for_the_grace() {
