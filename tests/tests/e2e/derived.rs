@@ -369,6 +369,29 @@ async fn with_asynchronous_commits_the_vouched_w_was_flushed_when_stored() {
     relay.stop().await;
 }
 
+/// Insert `rows` rows of `event_type` in one transaction, over `aggregates`
+/// aggregates, their payloads naming `t`; their ids.
+async fn insert_rows(
+    client: &tokio_postgres::Client,
+    event_type: &str,
+    t: i32,
+    rows: i32,
+    aggregates: i32,
+) -> Vec<String> {
+    client
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', $2 || '-' || n % $4, $2, jsonb_build_object('t', $1::int, 'n', n) \
+             FROM generate_series(1, $3) n RETURNING id::text",
+            &[&t, &event_type, &rows, &aggregates],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 /// The relay binary with `config`.
 fn run(config: &std::path::Path) -> RelayProcess {
     RelayProcess::spawn(&["run", "--config", config.to_str().unwrap()], &[])
@@ -398,16 +421,7 @@ async fn a_relay_killed_mid_stream_derives_nothing_it_did_not_deliver() {
         tokio::spawn(async move {
             let mut ids = Vec::new();
             for t in 0..60 {
-                let rows = client
-                    .query(
-                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-                         SELECT 'order', 'k-' || n % 5, 'Kill', jsonb_build_object('t', $1::int, 'n', n) \
-                         FROM generate_series(1, 50) n RETURNING id::text",
-                        &[&t],
-                    )
-                    .await
-                    .unwrap();
-                ids.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+                ids.extend(insert_rows(&client, "Kill", t, 50, 5).await);
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             ids
@@ -918,16 +932,7 @@ async fn write_until(
         let mut ids = Vec::new();
         let mut t = 0;
         while !stop.is_cancelled() {
-            let rows = client
-                .query(
-                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-                     SELECT 'order', 'w-' || n % 3, 'Stop', jsonb_build_object('t', $1::int, 'n', n) \
-                     FROM generate_series(1, 10) n RETURNING id::text",
-                    &[&t],
-                )
-                .await
-                .unwrap();
-            ids.extend(rows.iter().map(|r| r.get::<_, String>(0)));
+            ids.extend(insert_rows(&client, "Stop", t, 10, 3).await);
             t += 1;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

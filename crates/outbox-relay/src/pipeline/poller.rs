@@ -222,6 +222,35 @@ impl Claimed {
     }
 }
 
+/// Since when rows after the vouched snapshot, passed by the stream, have
+/// waited at every round for a pair to vouch for them
+/// ([`Poller::claim_derived`]). They wait for `poller.grace` from the first
+/// round that left any to the keeper; then the poller takes them: nothing
+/// vouched for them (a keeper that cannot store, or something other than a
+/// relay's stream holds the slot and confirms).
+#[derive(Debug, Default)]
+struct Withheld {
+    since: Option<std::time::Instant>,
+}
+
+impl Withheld {
+    /// Record a round at `now` that left rows to the keeper (`withheld`) or
+    /// none; how long they have waited, once that is `grace` or more.
+    fn look(
+        &mut self,
+        withheld: bool,
+        grace: std::time::Duration,
+        now: std::time::Instant,
+    ) -> Option<std::time::Duration> {
+        if !withheld {
+            self.since = None;
+            return None;
+        }
+        let waited = now.saturating_duration_since(*self.since.get_or_insert(now));
+        (waited >= grace).then_some(waited)
+    }
+}
+
 /// The poller of one relay.
 pub(crate) struct Poller<S> {
     config: Config,
@@ -231,9 +260,7 @@ pub(crate) struct Poller<S> {
     backoff: Backoff,
     passed: Passed,
     down: Down,
-    /// Since when rows the stream passed have waited for the keeper at every
-    /// round ([`Poller::claim_derived`]).
-    withheld: Option<std::time::Instant>,
+    withheld: Withheld,
 }
 
 impl<S: Sink> Poller<S> {
@@ -255,7 +282,7 @@ impl<S: Sink> Poller<S> {
             sweep,
             passed: Passed::default(),
             down: Down::default(),
-            withheld: None,
+            withheld: Withheld::default(),
         })
     }
 
@@ -587,21 +614,12 @@ impl<S: Sink> Poller<S> {
         )
     }
 
-    /// Whether rows after the vouched snapshot still wait for the keeper,
-    /// at `now`, when some were `withheld` this round: for `poller.grace`
-    /// from the first round that withheld any, then the poller takes them
-    /// (nothing vouched for them: a keeper that cannot store, or something
-    /// other than a relay's stream holds the slot and confirms).
+    /// Whether rows after the vouched snapshot still wait for the keeper
+    /// ([`Withheld`]); says so when they no longer do.
     fn keeper_first(&mut self, withheld: bool, now: std::time::Instant) -> bool {
-        if !withheld {
-            self.withheld = None;
+        let Some(waited) = self.withheld.look(withheld, self.config.poller.grace, now) else {
             return true;
-        }
-        let since = *self.withheld.get_or_insert(now);
-        let waited = now.saturating_duration_since(since);
-        if waited < self.config.poller.grace {
-            return true;
-        }
+        };
         tracing::warn!(
             waited_s = waited.as_secs(),
             "rows the stream passed wait for a pair that vouches for them, and none was stored for \
@@ -666,7 +684,7 @@ impl<S: Sink> Poller<S> {
                 .get(0);
             keeper_first = self.keeper_first(withheld, std::time::Instant::now());
         } else {
-            self.withheld = None;
+            self.withheld = Withheld::default();
         }
         let after = after_arms.into_iter().map(|arm| (arm, keeper_first));
         // The table's columns come first ([`Table::text_columns`]).
@@ -820,30 +838,19 @@ mod tests {
 
     #[test]
     fn rows_wait_for_the_keeper_for_a_grace_from_the_first_round_that_withheld_any() {
-        let config = crate::config::Config::from_parts(
-            "[postgres]\nurl = \"postgres://u@h/db\"\n[poller]\ngrace = \"5s\"\n",
-            std::path::Path::new("t.toml"),
-            std::iter::empty(),
-        )
-        .unwrap();
-        let sweep = tokio::sync::watch::channel(None).1;
-        let mut poller = super::Poller::new(
-            &config,
-            std::sync::Arc::new(crate::sink::stdout::StdoutSink::default()),
-            sweep,
-        )
-        .unwrap();
+        let grace = std::time::Duration::from_secs(5);
         let t0 = std::time::Instant::now();
         let at = |s: u64| t0 + std::time::Duration::from_secs(s);
-        assert!(poller.keeper_first(false, at(0)));
-        assert!(poller.keeper_first(true, at(1)));
-        assert!(poller.keeper_first(true, at(5)));
-        assert!(!poller.keeper_first(true, at(6)));
+        let mut withheld = super::Withheld::default();
+        assert_eq!(withheld.look(false, grace, at(0)), None);
+        assert_eq!(withheld.look(true, grace, at(1)), None);
+        assert_eq!(withheld.look(true, grace, at(5)), None);
+        assert_eq!(withheld.look(true, grace, at(6)), Some(grace));
         // A pair vouched for them: the next rows wait a grace again.
-        assert!(poller.keeper_first(false, at(7)));
-        assert!(poller.keeper_first(true, at(8)));
-        assert!(poller.keeper_first(true, at(12)));
-        assert!(!poller.keeper_first(true, at(13)));
+        assert_eq!(withheld.look(false, grace, at(7)), None);
+        assert_eq!(withheld.look(true, grace, at(8)), None);
+        assert_eq!(withheld.look(true, grace, at(12)), None);
+        assert!(withheld.look(true, grace, at(13)).is_some());
     }
 
     #[test]
