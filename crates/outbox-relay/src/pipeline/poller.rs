@@ -231,23 +231,31 @@ impl Claimed {
 #[derive(Debug, Default)]
 struct Withheld {
     since: Option<std::time::Instant>,
+    /// The wait is over, and was said to be.
+    over: bool,
 }
 
 impl Withheld {
     /// Record a round at `now` that left rows to the keeper (`withheld`) or
-    /// none; how long they have waited, once that is `grace` or more.
+    /// none; once they have waited `grace` or more, how long, and whether
+    /// this is the first round to find so.
     fn look(
         &mut self,
         withheld: bool,
         grace: std::time::Duration,
         now: std::time::Instant,
-    ) -> Option<std::time::Duration> {
+    ) -> Option<(std::time::Duration, bool)> {
         if !withheld {
-            self.since = None;
+            *self = Self::default();
             return None;
         }
         let waited = now.saturating_duration_since(*self.since.get_or_insert(now));
-        (waited >= grace).then_some(waited)
+        if waited < grace {
+            return None;
+        }
+        let first = !self.over;
+        self.over = true;
+        Some((waited, first))
     }
 }
 
@@ -617,9 +625,13 @@ impl<S: Sink> Poller<S> {
     /// Whether rows after the vouched snapshot still wait for the keeper
     /// ([`Withheld`]); says so when they no longer do.
     fn keeper_first(&mut self, withheld: bool, now: std::time::Instant) -> bool {
-        let Some(waited) = self.withheld.look(withheld, self.config.poller.grace, now) else {
+        let Some((waited, first)) = self.withheld.look(withheld, self.config.poller.grace, now)
+        else {
             return true;
         };
+        if !first {
+            return false;
+        }
         tracing::warn!(
             waited_s = waited.as_secs(),
             "rows the stream passed wait for a pair that vouches for them, and none was stored for \
@@ -629,20 +641,22 @@ impl<S: Sink> Poller<S> {
         false
     }
 
-    /// SQL: whether the ranges after the vouched snapshot (`arms`) hold rows
-    /// due but for a pair stored since the passed sample (`$1`–`$3` as
-    /// [`Poller::claim_range_sql`]).
-    fn withheld_sql(&self, table: &Table, reader: &Reader, arms: &[String]) -> String {
+    /// SQL: a row of one range after the vouched snapshot (`range`), not in
+    /// a hole (those are the poller's anyway), due but for a pair stored
+    /// since the passed sample (`$1`–`$3` as [`Poller::claim_range_sql`]);
+    /// read along `{table}_txid_idx`, so the first one found ends it.
+    fn withheld_sql(&self, table: &Table, reader: &Reader, range: &str) -> String {
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
-        let arms: Vec<String> = arms.iter().map(|a| format!("({a})")).collect();
         format!(
-            "SELECT EXISTS (SELECT 1 FROM {t} AS o \
-             WHERE ({arms}) AND {due} AND NOT {published} \
-               AND NOT coalesce({p}.snapshot_at >= to_timestamp($2::float8), false))",
+            "SELECT 1 FROM {t} AS o \
+             WHERE {range} AND {due} AND NOT {published} AND NOT {in_hole} \
+               AND NOT coalesce({p}.snapshot_at >= to_timestamp($2::float8), false) \
+             ORDER BY o.{txid} LIMIT 1",
             t = table.qualified,
-            arms = arms.join(" OR "),
+            txid = derived::COLUMN,
             due = self.due_pending(created_at, true),
             published = derived::published("o", &reader.p),
+            in_hole = derived::in_hole("o", &reader.p),
             p = reader.p,
         )
     }
@@ -675,13 +689,20 @@ impl<S: Sink> Poller<S> {
             && self.config.lifecycle.on_published == crate::config::OnPublished::Derive;
         let after_arms = ranges.after_arms("o");
         if keeper_first {
-            let withheld: bool = tx
-                .query_one(
-                    &self.withheld_sql(table, reader, &after_arms),
-                    &[sweep, &missed.before, &missed.passed],
-                )
-                .await?
-                .get(0);
+            let mut withheld = false;
+            // One range at a time, in id order: the first row found ends it.
+            for arm in &after_arms {
+                withheld = tx
+                    .query_opt(
+                        &self.withheld_sql(table, reader, arm),
+                        &[sweep, &missed.before, &missed.passed],
+                    )
+                    .await?
+                    .is_some();
+                if withheld {
+                    break;
+                }
+            }
             keeper_first = self.keeper_first(withheld, std::time::Instant::now());
         } else {
             self.withheld = Withheld::default();
@@ -845,12 +866,17 @@ mod tests {
         assert_eq!(withheld.look(false, grace, at(0)), None);
         assert_eq!(withheld.look(true, grace, at(1)), None);
         assert_eq!(withheld.look(true, grace, at(5)), None);
-        assert_eq!(withheld.look(true, grace, at(6)), Some(grace));
+        assert_eq!(withheld.look(true, grace, at(6)), Some((grace, true)));
+        // Said once; taken every round after.
+        assert_eq!(
+            withheld.look(true, grace, at(7)),
+            Some((grace + std::time::Duration::from_secs(1), false))
+        );
         // A pair vouched for them: the next rows wait a grace again.
-        assert_eq!(withheld.look(false, grace, at(7)), None);
-        assert_eq!(withheld.look(true, grace, at(8)), None);
-        assert_eq!(withheld.look(true, grace, at(12)), None);
-        assert!(withheld.look(true, grace, at(13)).is_some());
+        assert_eq!(withheld.look(false, grace, at(8)), None);
+        assert_eq!(withheld.look(true, grace, at(9)), None);
+        assert_eq!(withheld.look(true, grace, at(13)), None);
+        assert_eq!(withheld.look(true, grace, at(14)), Some((grace, true)));
     }
 
     #[test]

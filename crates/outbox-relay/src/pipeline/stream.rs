@@ -398,9 +398,14 @@ async fn session<S: Sink>(
     let Some(mut session) = Session::start(config, conn, sink, stop, summary, sweep).await? else {
         return Ok(()); // stopped before the stream opened
     };
-    session.run().await?;
+    let ran = session.run().await;
+    if ran.is_err() && !session.stopping() {
+        return ran;
+    }
+    // Drained for the stop: an error while it read on for its last pair
+    // ([`Settle`]) still reports and keeps what is confirmed, then counts.
     summary.confirmed_lsn = session.stop().await;
-    Ok(())
+    ran
 }
 
 /// What inspection admitted: the outbox table and where and how to stream it.
@@ -840,23 +845,7 @@ impl<'a> Session<'a> {
     /// room in marking, the heartbeat, the stop signal, the shutdown
     /// deadline, the stream (only while [`Session::may_read`]).
     ///
-    /// An error once drained for the stop (while it reads on for its last
-    /// pair, [`Settle`]) ends the loop as the stop would: the stop phase
-    /// still reports and keeps what is confirmed.
     async fn run(&mut self) -> Result<(), RelayError> {
-        match self.turns().await {
-            Err(error) if self.settle != Settle::Later => {
-                tracing::warn!(
-                    error = %crate::report::Chain(&error),
-                    "the stream failed while the stop read on for its last pair; stopping with what is confirmed"
-                );
-                Ok(())
-            }
-            other => other,
-        }
-    }
-
-    async fn turns(&mut self) -> Result<(), RelayError> {
         loop {
             let draining = self.deadline.is_some();
             let tracker = &self.stream.tracker;
@@ -945,6 +934,12 @@ impl<'a> Session<'a> {
         self.marking.as_ref().is_some_and(Marker::full)
     }
 
+    /// Whether the stop has drained the session (it reads on for its last
+    /// pair, or has done so).
+    fn stopping(&self) -> bool {
+        self.settle != Settle::Later
+    }
+
     /// Whether a graceful stop reads on for its last pair ([`Settle`]): not
     /// past the first transaction at or after W, and not past its time
     /// (then only to the end of the open transaction, as the drain reads).
@@ -974,26 +969,20 @@ impl<'a> Session<'a> {
         // those the last candidate must see.
         self.acknowledge(false).await?;
         let finished = self.stream.summary.delivered + self.stream.summary.rejected;
-        // Within the shutdown timeout, the snapshot and the settling alike.
-        let now = tokio::time::Instant::now();
-        let limit = self.deadline.map_or(SETTLE_MAX, |d| {
-            d.saturating_duration_since(now).min(SETTLE_MAX)
-        });
+        // One bound for the snapshot and the reading on, within the
+        // shutdown timeout.
+        let until = tokio::time::Instant::now() + SETTLE_MAX;
+        let until = self.deadline.map_or(until, |deadline| deadline.min(until));
         let Some(keeper) = &mut self.keeper else {
             return Ok(());
         };
-        let Some(lsn) = keeper.final_candidate(finished, limit).await else {
+        let Some(lsn) = keeper.final_candidate(finished, until).await else {
             return Ok(());
         };
         if self.stream.tracker.confirmed() >= lsn {
             return Ok(());
         }
-        let until = tokio::time::Instant::now() + SETTLE_MAX;
-        self.settle = Settle::Waiting {
-            lsn,
-            // Within the shutdown timeout.
-            until: self.deadline.map_or(until, |deadline| deadline.min(until)),
-        };
+        self.settle = Settle::Waiting { lsn, until };
         self.stream.settle_at = Some(lsn);
         self.acknowledge(true).await?;
         self.status
@@ -1204,6 +1193,7 @@ impl<'a> Session<'a> {
         // Reported before waiting for marking, which does not hold the position
         // back, so the walsender has it even if it times the session out then.
         let reported = report_final(&mut wal, confirmed).await;
+        let mut marked = true;
         if let Some(task) = marking_task {
             // Every marker is gone now: the task writes what it holds, then
             // ends. Before the last pair is stored: a filtered-out row it
@@ -1213,12 +1203,15 @@ impl<'a> Session<'a> {
                 .is_err()
             {
                 tracing::warn!("marking did not finish in time; unmarked rows stay PENDING");
+                marked = false;
             }
         }
         if let Some(keeper) = keeper {
             // Kept whether or not the server took it: every event before it is
-            // published or recorded.
-            keeper.finish(confirmed, Duration::from_secs(5)).await;
+            // published or recorded. A pair only once every mark is written.
+            keeper
+                .finish(confirmed, Duration::from_secs(5), marked)
+                .await;
         }
         if reported {
             confirm_final(&sql_client, &config.postgres.slot, confirmed).await;

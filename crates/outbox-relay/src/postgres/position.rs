@@ -1030,15 +1030,19 @@ impl Keeper {
     /// the session's start owes one), a candidate is taken now, after every
     /// delivered commit. The W the confirmed position must reach for
     /// `finish` to store the newest candidate; `None` when none waits (or
-    /// the snapshot could not be taken within `limit`: the rows of the last
+    /// the snapshot could not be taken by `until`: the rows of the last
     /// second then read `PENDING` until the next session's first pair).
-    pub(crate) async fn final_candidate(&mut self, finished: u64, limit: Duration) -> Option<u64> {
+    pub(crate) async fn final_candidate(
+        &mut self,
+        finished: u64,
+        until: tokio::time::Instant,
+    ) -> Option<u64> {
         let derived = self.derived.as_ref()?;
         if let Some(mut writing) = self.writing.take() {
             // A round in progress may take or store a candidate itself. One
             // that does not end in time stays the keeper's (no second round
             // beside it, whose older pair could land after a newer one).
-            if tokio::time::timeout(limit, &mut writing).await.is_err() {
+            if tokio::time::timeout_at(until, &mut writing).await.is_err() {
                 self.writing = Some(writing);
                 return None;
             }
@@ -1048,7 +1052,7 @@ impl Keeper {
             cycle.owed || !cycle.uncovered.is_empty()
         };
         if owes {
-            match tokio::time::timeout(limit, take_candidate(&self.client)).await {
+            match tokio::time::timeout_at(until, take_candidate(&self.client)).await {
                 Ok(Ok(candidate)) => derived
                     .cycle
                     .lock()
@@ -1065,15 +1069,23 @@ impl Keeper {
         cycle.candidates.back().map(|c| c.lsn)
     }
 
-    /// Write `confirmed` (with the pair, when it qualifies) and wait for it
-    /// (a graceful stop), within `limit`.
-    pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration) {
-        if let Some(writing) = self.writing.take() {
-            let _ = tokio::time::timeout(limit, writing).await;
+    /// Write `confirmed` (with the pair, when it qualifies and `vouch`) and
+    /// wait for it (a graceful stop), within `limit`. Nothing when a round
+    /// in progress does not end in time: a write beside it could land
+    /// before its older one.
+    pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration, vouch: bool) {
+        if let Some(mut writing) = self.writing.take() {
+            if tokio::time::timeout(limit, &mut writing).await.is_err() {
+                tracing::warn!(
+                    "the keeper's last round did not end in time: the final position is not kept"
+                );
+                return;
+            }
         }
         let store = self
             .derived
             .as_ref()
+            .filter(|_| vouch)
             .and_then(|d| d.cycle.lock().expect("cycle").passed(confirmed));
         if confirmed <= self.written && store.is_none() {
             return;

@@ -244,10 +244,19 @@ pub(crate) fn published(r: &str, p: &str) -> String {
         "coalesce({r}.publish_state = 'PENDING' AND {x} IS NOT NULL \
          AND {trusted} \
          AND pg_visible_in_snapshot({x}, {p}.snapshot) \
-         AND NOT EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
-                         WHERE pg_visible_in_snapshot({x}, h.t) AND NOT pg_visible_in_snapshot({x}, h.f)), \
+         AND NOT {in_hole}, \
          false)",
-        trusted = trusted(p)
+        trusted = trusted(p),
+        in_hole = in_hole(r, p),
+    )
+}
+
+/// SQL boolean: row `r`'s id lies in one of position row `p`'s holes.
+pub(crate) fn in_hole(r: &str, p: &str) -> String {
+    let x = format!("{r}.{COLUMN}");
+    format!(
+        "EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
+                 WHERE pg_visible_in_snapshot({x}, h.t) AND NOT pg_visible_in_snapshot({x}, h.f))"
     )
 }
 
