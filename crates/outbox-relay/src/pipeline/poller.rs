@@ -30,15 +30,16 @@
 //! not derived published, with the age rules of `PENDING` rows and one
 //! more: their id is visible in the snapshot of a passed sample
 //! ([`Passed`]): the transaction had committed when the sample was taken,
-//! so the stream passed it. While the slot streams under `derive`, the
-//! ranges after the vouched snapshot (not the holes) also wait for a pair
-//! stored since that sample: what the stream passed there it delivered,
-//! and the keeper's next pair vouches for it ([`Poller::claim_range_sql`]). That snapshot's xmax closes the range above, so
+//! so the stream passed it. That snapshot's xmax closes the range above, so
 //! a round reads the index only between the vouched snapshot and the
 //! stream, and the rows of transactions open at the vouched snapshot, never
 //! the table's published rows (also not while a long or prepared
-//! transaction keeps the snapshot's xmin back). The claimed rows are then
-//! published oldest `created_at` first, and every outcome is written
+//! transaction keeps the snapshot's xmin back). While the slot streams
+//! under `derive`, the ranges after the vouched snapshot (not the holes)
+//! also wait for a pair stored since that sample, for a grace at most: what
+//! the stream passed there it delivered, and the keeper's next pair vouches
+//! for it ([`Poller::claim_range_sql`], [`Withheld`]). The claimed rows are
+//! then published oldest `created_at` first, and every outcome is written
 //! explicitly, as above.
 //!
 //! | outcome | row becomes |

@@ -844,7 +844,6 @@ impl<'a> Session<'a> {
     /// turn takes the first of, in this order: the status timer, completions,
     /// room in marking, the heartbeat, the stop signal, the shutdown
     /// deadline, the stream (only while [`Session::may_read`]).
-    ///
     async fn run(&mut self) -> Result<(), RelayError> {
         loop {
             let draining = self.deadline.is_some();
