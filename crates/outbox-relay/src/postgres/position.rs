@@ -1037,16 +1037,12 @@ impl Keeper {
         finished: u64,
         until: tokio::time::Instant,
     ) -> Option<u64> {
-        let derived = self.derived.as_ref()?;
-        if let Some(mut writing) = self.writing.take() {
-            // A round in progress may take or store a candidate itself. One
-            // that does not end in time stays the keeper's (no second round
-            // beside it, whose older pair could land after a newer one).
-            if tokio::time::timeout_at(until, &mut writing).await.is_err() {
-                self.writing = Some(writing);
-                return None;
-            }
+        self.derived.as_ref()?;
+        // A round in progress may take or store a candidate itself.
+        if !self.round_ended(until).await {
+            return None;
         }
+        let derived = self.derived.as_ref()?;
         let owes = {
             let cycle = derived.cycle.lock().expect("cycle");
             cycle.owed || !cycle.uncovered.is_empty()
@@ -1069,18 +1065,30 @@ impl Keeper {
         cycle.candidates.back().map(|c| c.lsn)
     }
 
+    /// Whether no background round runs, once the one in progress (if any)
+    /// ended by `until`. One that does not stays the keeper's: no write may
+    /// go beside it, whose older pair could land after a newer one.
+    async fn round_ended(&mut self, until: tokio::time::Instant) -> bool {
+        let Some(mut writing) = self.writing.take() else {
+            return true;
+        };
+        if tokio::time::timeout_at(until, &mut writing).await.is_ok() {
+            return true;
+        }
+        self.writing = Some(writing);
+        false
+    }
+
     /// Write `confirmed` (with the pair, when it qualifies and `vouch`) and
     /// wait for it (a graceful stop), within `limit`. Nothing when a round
     /// in progress does not end in time: a write beside it could land
     /// before its older one.
     pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration, vouch: bool) {
-        if let Some(mut writing) = self.writing.take() {
-            if tokio::time::timeout(limit, &mut writing).await.is_err() {
-                tracing::warn!(
-                    "the keeper's last round did not end in time: the final position is not kept"
-                );
-                return;
-            }
+        if !self.round_ended(tokio::time::Instant::now() + limit).await {
+            tracing::warn!(
+                "the keeper's last round did not end in time: the final position is not kept"
+            );
+            return;
         }
         let store = self
             .derived
