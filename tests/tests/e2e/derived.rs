@@ -1106,3 +1106,88 @@ async fn rows_the_keeper_cannot_vouch_for_wait_for_it_a_grace_then_the_poller_ta
     relay.stop_gracefully().await;
     eprintln!("the poller took the rows {taken_at:?} after they were written");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_a_foreign_consumer_of_the_slot_swallows_are_published_by_the_poller_once() {
+    let outbox = Outbox::new().await;
+    let config = outbox.config_file(&format!(
+        "{DERIVE}{QUICK_RETRY}[poller]\ngrace = \"2s\"\ninterval = \"200ms\"\n"
+    ));
+    let mut first = run(&config);
+    outbox.wait_slot_active(true).await;
+    let before = outbox.insert_many(2, 10, 2).await;
+    all_derived(&outbox, &before, "the first rows are derived published").await;
+    first.stop_gracefully().await;
+    // An operator debugging with the relay's slot: pg_recvlogical holds it
+    // and confirms what it reads; the relay stands by.
+    let mut foreign = std::process::Command::new(harness::pg_bin().join("pg_recvlogical"))
+        .args([
+            "-d",
+            outbox.db.url(),
+            "-S",
+            &outbox.slot,
+            "--start",
+            "-f",
+            "/dev/null",
+        ])
+        .args([
+            "-o",
+            "proto_version=1",
+            "-o",
+            "publication_names=outbox_relay",
+            "-F",
+            "1",
+            "-s",
+            "1",
+        ])
+        .spawn()
+        .expect("pg_recvlogical");
+    outbox.wait_slot_active(true).await;
+    let mut second = run(&config);
+    let swallowed = outbox.insert_many(5, 10, 5).await;
+    // No pair is stored meanwhile: after the rows' grace and one more, the
+    // poller takes them.
+    wait_until(
+        Duration::from_secs(30),
+        "the poller publishes what the foreign consumer swallowed",
+        || async {
+            let out = delivered(&[&second]);
+            swallowed.iter().all(|id| out.contains_key(id))
+        },
+    )
+    .await;
+    assert!(
+        second
+            .stderr_text()
+            .contains("none was stored for poller.grace"),
+        "{}",
+        second.stderr_text()
+    );
+    foreign.kill().unwrap();
+    let _ = foreign.wait();
+    // The relay takes its slot back (a hole from its vouched snapshot: the
+    // slot is ahead of its kept position); nothing comes twice.
+    let after = outbox.insert_many(1, 10, 2).await;
+    wait_until(Duration::from_secs(30), "the stream is back", || async {
+        let out = delivered(&[&second]);
+        after.iter().all(|id| out.contains_key(id))
+    })
+    .await;
+    // Poller rounds past every row's grace.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    second.stop_gracefully().await;
+    let out = delivered(&[&second]);
+    let repeated: Vec<&String> = swallowed
+        .iter()
+        .chain(&after)
+        .filter(|id| out[*id] > 1)
+        .collect();
+    assert!(repeated.is_empty(), "sent twice: {repeated:?}");
+    let states = states(&outbox).await;
+    let unpublished: Vec<&String> = swallowed
+        .iter()
+        .chain(&after)
+        .filter(|id| states[*id].0 != "PUBLISHED")
+        .collect();
+    assert!(unpublished.is_empty(), "not published: {unpublished:?}");
+}
