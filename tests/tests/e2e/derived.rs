@@ -1191,3 +1191,177 @@ async fn rows_a_foreign_consumer_of_the_slot_swallows_are_published_by_the_polle
         .collect();
     assert!(unpublished.is_empty(), "not published: {unpublished:?}");
 }
+
+/// The server's WAL insert position, in bytes.
+async fn insert_lsn(sql: &tokio_postgres::Client) -> u64 {
+    let lsn: i64 = sql
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    lsn as u64
+}
+
+/// What moving the insert position by the one-row transaction of
+/// [`PAGE_ROW`] takes, in bytes, measured twice alike (another writer in
+/// between shows as a difference).
+async fn row_transaction_size(sql: &tokio_postgres::Client) -> u64 {
+    let mut sizes = Vec::new();
+    loop {
+        let before = insert_lsn(sql).await;
+        sql.batch_execute(PAGE_ROW).await.unwrap();
+        // A page header in between shows as a difference too.
+        sizes.push(insert_lsn(sql).await - before);
+        if let [.., a, b] = sizes[..] {
+            if a == b {
+                return a;
+            }
+        }
+        assert!(sizes.len() < 20, "no two alike: {sizes:?}");
+    }
+}
+
+/// One row in its own transaction, its payload's size fixed: each such
+/// transaction writes the same WAL (`full_page_writes` is off in the tests).
+const PAGE_ROW: &str = "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+     VALUES ('order', 'page-1', 'Page', '{\"n\": 1}')";
+
+/// When the WAL's last record ends exactly at a page's end,
+/// `pg_current_wal_insert_lsn()` points past the next page's header, which
+/// a walsender on an idle server never reaches: it reports the page
+/// boundary. A pair taken then is stored with the boundary as its W, and
+/// vouches for the rows delivered before it. (Before, its W was past the
+/// header, and the pair waited for anything else to write WAL: on an idle
+/// server, the background writer's next snapshot of running transactions,
+/// up to 15 s; at a graceful stop, longer than the stop waits, so the last
+/// pair was lost.)
+///
+/// The keeper's candidate follows its own write of the position, so that
+/// write is what must end at the boundary: a row is placed (after a logical
+/// message of the size that leaves the room) to end where the keeper's
+/// write, as long as the one before, then ends at the page's end. The
+/// cluster is the test's own; when the keeper's write came out another
+/// size (a HOT update or not), or the background writer wrote in between,
+/// the pair's W is elsewhere, and the placement is tried again with the
+/// size seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_server() {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    let (_sink, relay) = outbox
+        .streaming(&format!("{DERIVE}[poller]\nenabled = false\n"))
+        .await;
+    let sql = &outbox.sql;
+    let block: i64 = sql
+        .query_one("SELECT current_setting('wal_block_size')::int8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let block = block as u64;
+    let row_size = row_transaction_size(sql).await;
+    // A logical message's record: its text and a fixed overhead, aligned to
+    // 8 bytes. `overhead` is at most 7 above the true one, so a message of
+    // `size - overhead` makes a record of exactly `size` (a multiple of 8).
+    let overhead = loop {
+        let before = insert_lsn(sql).await;
+        sql.batch_execute("SELECT pg_logical_emit_message(false, 'pad', repeat('x', 1000))")
+            .await
+            .unwrap();
+        let after = insert_lsn(sql).await;
+        // Measured within one page (a page header in between is no part of
+        // the record).
+        if before / block == after / block {
+            break after - before - 1000;
+        }
+    };
+    let pad = |size: u64| {
+        format!(
+            "SELECT pg_logical_emit_message(false, 'pad', repeat('x', {}))",
+            size - overhead
+        )
+    };
+    let lsn_text = |lsn: u64| format!("{:X}/{:X}", lsn >> 32, lsn as u32);
+    // What the keeper writes before it takes a candidate; learnt.
+    let mut keeper_write = None;
+    let mut tried = Vec::new();
+    while tried.len() < 8 {
+        let ids = outbox.all_ids().await.into_iter().collect::<Vec<_>>();
+        all_derived(&outbox, &ids, "the rows so far are derived published").await;
+        // The keeper stored its pair: nothing of the relay's writes now.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let now = insert_lsn(sql).await;
+        let boundary = (now / block + 1) * block;
+        let row_end = boundary - keeper_write.unwrap_or(0);
+        if row_end < now + row_size + 400 {
+            // Too close to the page's end for a pad of a known size: onto
+            // the next page first.
+            sql.batch_execute(&pad(boundary - now + 400)).await.unwrap();
+            continue;
+        }
+        sql.batch_execute(&pad(row_end - row_size - now))
+            .await
+            .unwrap();
+        sql.batch_execute(PAGE_ROW).await.unwrap();
+        let after = insert_lsn(sql).await;
+        let placed = if keeper_write.is_some() {
+            row_end
+        } else {
+            // The row itself ends at the page's end: the header follows.
+            after.max(row_end)
+        };
+        if after != placed || (keeper_write.is_none() && after - row_end > 40) {
+            tried.push(format!("the row ended at {after:X}, not {row_end:X}"));
+            continue;
+        }
+        // The keeper writes the position, then takes its candidate; the
+        // pair is stored once the slot confirmed its W.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut stored = None;
+        while std::time::Instant::now() < deadline {
+            stored = position(&outbox)
+                .await
+                .and_then(|p| p.lsn)
+                .filter(|w| *w != lsn_text(0));
+            let newer = stored
+                .as_deref()
+                .and_then(|w| {
+                    let (high, low) = w.split_once('/')?;
+                    Some(
+                        u64::from_str_radix(high, 16).ok()? << 32
+                            | u64::from_str_radix(low, 16).ok()?,
+                    )
+                })
+                .filter(|w| *w >= after);
+            if let Some(w) = newer {
+                if w == boundary && keeper_write.is_some() {
+                    eprintln!(
+                        "the keeper's write ended at the page boundary {}: the pair was stored \
+                         with W = {} (placements: {})",
+                        lsn_text(boundary),
+                        lsn_text(w),
+                        tried.len() + 1
+                    );
+                    relay.stop().await;
+                    return;
+                }
+                // Past the boundary: the keeper's write came out another
+                // size (or the placement was the first, to learn it).
+                keeper_write = Some(w - after);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tried.push(format!(
+            "row ended at {after:X}, the page at {boundary:X}; stored W {stored:?}; {}",
+            keeper_state(&outbox, &[]).await
+        ));
+    }
+    panic!(
+        "no pair was stored at the page boundary the keeper's write ended at:\n{}",
+        tried.join("\n")
+    );
+}

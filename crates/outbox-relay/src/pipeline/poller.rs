@@ -65,6 +65,7 @@ use crate::config::{Config, RetryConfig};
 use crate::pipeline::ack::Ticket;
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
+use crate::postgres::lsn::{last_record_end, WAL_LAYOUT_SQL};
 use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
@@ -454,21 +455,27 @@ impl<S: Sink> Poller<S> {
     /// `poller.grace` ([`Down`]), all of them; none before.
     async fn missed(&mut self, client: &Client) -> Result<Missed, tokio_postgres::Error> {
         // The snapshot (the statement's) is taken before the LSN is read:
-        // every transaction visible in it has its commit record before it.
+        // every transaction visible in it has its commit record before it,
+        // which is at most the last record's end (what a walsender reports
+        // on an idle server).
         let row = client
             .query_one(
-                "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
-                        coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint), \
-                        pg_current_snapshot()::text \
-                 FROM pg_replication_slots WHERE slot_name = $1",
+                &format!(
+                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
+                            coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint), \
+                            pg_current_snapshot()::text, {WAL_LAYOUT_SQL} \
+                     FROM pg_replication_slots WHERE slot_name = $1"
+                ),
                 &[&self.config.postgres.slot],
             )
             .await?;
         let snapshot: String = row.get(4);
         let streaming: bool = row.get(2);
+        let (insert, block, segment): (i64, i64, i64) = (row.get(1), row.get(5), row.get(6));
+        let end = last_record_end(insert as u64, block as u64, segment as u64) as i64;
         let passed = self
             .passed
-            .update((row.get(0), row.get(1), snapshot.clone()), row.get(3));
+            .update((row.get(0), end, snapshot.clone()), row.get(3));
         // NULL: nothing missed can be told from the backlog yet. (The claim
         // keeps it as a condition of its own: `least(now(), NULL)` is now().)
         Ok(if streaming {

@@ -47,7 +47,8 @@
 //!   a status interval on its SQL connection (and once at each session's
 //!   start): S = `pg_current_snapshot()` (the
 //!   statement's snapshot, taken before it runs), then W =
-//!   `pg_current_wal_insert_lsn()` (read while it runs). PostgreSQL inserts
+//!   `pg_current_wal_insert_lsn()` (read while it runs, as the end of the
+//!   last record: [`last_record_end`]). PostgreSQL inserts
 //!   a commit record before the transaction leaves the proc array, so every
 //!   transaction visible in S has its commit record before W. Once the
 //!   confirmed position passes W (every transaction committed before it was
@@ -141,7 +142,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::postgres::lsn::{format_lsn, parse_lsn};
+use crate::postgres::lsn::{format_lsn, last_record_end, parse_lsn, WAL_LAYOUT_SQL};
 use crate::postgres::outbox::derived::{self, Hole, Holes, Snapshot, BEGINNING};
 use crate::postgres::sql::quote_literal;
 
@@ -1340,19 +1341,25 @@ async fn open_hole(
 }
 
 /// A candidate pair: S = the statement's own snapshot (taken before it
-/// runs), then W = the WAL's insert position, read while it runs. Every
-/// transaction visible in S has its commit record before W.
+/// runs), then W = the WAL's insert position, read while it runs, as the end
+/// of the last record ([`last_record_end`]: a walsender reports no further
+/// on an idle server). Every transaction visible in S has its commit record
+/// before W.
 async fn take_candidate(
     client: &tokio_postgres::Client,
 ) -> Result<Candidate, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text",
+            &format!(
+                "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, {WAL_LAYOUT_SQL}"
+            ),
             &[],
         )
         .await?;
     let snapshot = Snapshot::parse(row.get(0)).expect("pg_current_snapshot() prints a snapshot");
-    let lsn = parse_lsn(row.get(1)).expect("pg_current_wal_insert_lsn() prints an LSN");
+    let insert = parse_lsn(row.get(1)).expect("pg_current_wal_insert_lsn() prints an LSN");
+    let (block, segment): (i64, i64) = (row.get(2), row.get(3));
+    let lsn = last_record_end(insert, block as u64, segment as u64);
     Ok(Candidate { snapshot, lsn })
 }
 
