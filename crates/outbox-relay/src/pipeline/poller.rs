@@ -153,19 +153,30 @@ pub(crate) struct Missed {
 /// starts polls before its own stream is up, and rows written while it
 /// was stopped are the stream's to send, not the poller's too.
 #[derive(Debug, Default)]
-struct Down {
-    since: Option<std::time::Instant>,
-}
+struct Down(Since);
 
 impl Down {
     /// Record a look at `now` (`active`: the slot streams); whether the
     /// slot has been inactive at every look for at least `grace`.
     fn look(&mut self, active: bool, grace: std::time::Duration, now: std::time::Instant) -> bool {
-        if active {
-            self.since = None;
-            return false;
+        self.0.look(!active, now).is_some_and(|held| held >= grace)
+    }
+}
+
+/// How long a condition has held at every look, from the first look that
+/// found it: the clock of [`Down`] and [`Withheld`].
+#[derive(Debug, Default)]
+struct Since(Option<std::time::Instant>);
+
+impl Since {
+    /// Record a look at `now` that found the condition holding (`holds`) or
+    /// not; how long it has held, `None` when it does not now.
+    fn look(&mut self, holds: bool, now: std::time::Instant) -> Option<std::time::Duration> {
+        if !holds {
+            self.0 = None;
+            return None;
         }
-        now.saturating_duration_since(*self.since.get_or_insert(now)) >= grace
+        Some(now.saturating_duration_since(*self.0.get_or_insert(now)))
     }
 }
 
@@ -232,7 +243,7 @@ impl Claimed {
 /// relay's stream holds the slot and confirms).
 #[derive(Debug, Default)]
 struct Withheld {
-    since: Option<std::time::Instant>,
+    since: Since,
     /// The wait is over, and was said to be.
     over: bool,
 }
@@ -247,11 +258,10 @@ impl Withheld {
         grace: std::time::Duration,
         now: std::time::Instant,
     ) -> Option<(std::time::Duration, bool)> {
-        if !withheld {
-            *self = Self::default();
+        let Some(waited) = self.since.look(withheld, now) else {
+            self.over = false;
             return None;
-        }
-        let waited = now.saturating_duration_since(*self.since.get_or_insert(now));
+        };
         if waited < grace {
             return None;
         }
@@ -606,7 +616,6 @@ impl<S: Sink> Poller<S> {
         limit: usize,
         vouched_since: bool,
     ) -> String {
-        let created_at = table.created_at.as_deref().unwrap_or("created_at");
         let vouched = if vouched_since {
             format!(
                 " AND {p}.snapshot_at >= to_timestamp($2::float8)",
@@ -617,7 +626,7 @@ impl<S: Sink> Poller<S> {
         };
         format!(
             "SELECT {cols} FROM {t} AS o \
-             WHERE {range} AND {due} AND NOT {published}{vouched} \
+             WHERE {unpublished}{vouched} \
                AND NOT (o.{id} = ANY($4::text[]::{id_type}[])) \
              ORDER BY o.{txid} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = self.claim_columns(table),
@@ -625,6 +634,17 @@ impl<S: Sink> Poller<S> {
             id = table.id,
             id_type = table.id_type,
             txid = derived::COLUMN,
+            unpublished = self.due_unpublished(table, reader, range),
+        )
+    }
+
+    /// SQL on `o`: a row of `range` (one of `{table}_txid_idx`'s), due by
+    /// the age rules and passed (`$1`–`$3` as [`Poller::claim_sql`]), not
+    /// derived published.
+    fn due_unpublished(&self, table: &Table, reader: &Reader, range: &str) -> String {
+        let created_at = table.created_at.as_deref().unwrap_or("created_at");
+        format!(
+            "{range} AND {due} AND NOT {published}",
             due = self.due_pending(created_at, true),
             published = derived::published("o", &reader.p),
         )
@@ -654,16 +674,14 @@ impl<S: Sink> Poller<S> {
     /// since the passed sample (`$1`–`$3` as [`Poller::claim_range_sql`]);
     /// read along `{table}_txid_idx`, so the first one found ends it.
     fn withheld_sql(&self, table: &Table, reader: &Reader, range: &str) -> String {
-        let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(
             "SELECT 1 FROM {t} AS o \
-             WHERE {range} AND {due} AND NOT {published} AND NOT {in_hole} \
+             WHERE {unpublished} AND NOT {in_hole} \
                AND NOT coalesce({p}.snapshot_at >= to_timestamp($2::float8), false) \
              ORDER BY o.{txid} LIMIT 1",
             t = table.qualified,
             txid = derived::COLUMN,
-            due = self.due_pending(created_at, true),
-            published = derived::published("o", &reader.p),
+            unpublished = self.due_unpublished(table, reader, range),
             in_hole = derived::in_hole("o", &reader.p),
             p = reader.p,
         )
