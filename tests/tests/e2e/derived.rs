@@ -1288,7 +1288,7 @@ async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_
     // What the keeper writes before it takes a candidate; learnt.
     let mut keeper_write = None;
     let mut tried = Vec::new();
-    while tried.len() < 8 {
+    while tried.len() < 12 {
         let ids = outbox.all_ids().await.into_iter().collect::<Vec<_>>();
         all_derived(&outbox, &ids, "the rows so far are derived published").await;
         // The keeper stored its pair: nothing of the relay's writes now.
@@ -1300,6 +1300,9 @@ async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_
             // Too close to the page's end for a pad of a known size: onto
             // the next page first.
             sql.batch_execute(&pad(boundary - now + 400)).await.unwrap();
+            tried.push(format!(
+                "at {now:X}, too close to the page's end at {boundary:X}"
+            ));
             continue;
         }
         sql.batch_execute(&pad(row_end - row_size - now))
@@ -1338,6 +1341,15 @@ async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_
                 .filter(|w| *w >= after);
             if let Some(w) = newer {
                 if w == boundary && keeper_write.is_some() {
+                    // It vouches for every row so far, the one placed too.
+                    let ids = outbox.all_ids().await.into_iter().collect::<Vec<_>>();
+                    let published = derived_published(&outbox).await;
+                    let unvouched: Vec<&String> =
+                        ids.iter().filter(|id| !published.contains(*id)).collect();
+                    assert!(
+                        unvouched.is_empty(),
+                        "the pair stored at the boundary leaves rows unpublished: {unvouched:?}"
+                    );
                     eprintln!(
                         "the keeper's write ended at the page boundary {}: the pair was stored \
                          with W = {} (placements: {})",

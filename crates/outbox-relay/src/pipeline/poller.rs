@@ -65,7 +65,7 @@ use crate::config::{Config, RetryConfig};
 use crate::pipeline::ack::Ticket;
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
-use crate::postgres::lsn::{last_record_end, WAL_LAYOUT_SQL};
+use crate::postgres::lsn::{WalLayout, WAL_LAYOUT_SQL};
 use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
@@ -80,7 +80,8 @@ const PASSED_SAMPLES: usize = 600;
 /// past it (published but not marked: a crash in between, a marking failure).
 /// One the stream has not reached yet is still its to publish; claiming it
 /// would publish a backlog twice. Rows carry no LSN, so each round samples
-/// the server's clock with `pg_current_wal_insert_lsn()`: every transaction that
+/// the server's clock with `pg_current_wal_insert_lsn()` (as the end of the
+/// last record: [`WalLayout::last_record_end`]): every transaction that
 /// committed before the sample's time lies before its LSN. Once the slot's
 /// `confirmed_flush_lsn` reaches a sample, the stream has passed every row
 /// committed before that time. The poller then claims PENDING rows created
@@ -481,8 +482,9 @@ impl<S: Sink> Poller<S> {
             .await?;
         let snapshot: String = row.get(4);
         let streaming: bool = row.get(2);
-        let (insert, block, segment): (i64, i64, i64) = (row.get(1), row.get(5), row.get(6));
-        let end = last_record_end(insert as u64, block as u64, segment as u64) as i64;
+        let insert: i64 = row.get(1);
+        let end = WalLayout::new(row.get(5), row.get(6), row.get(7)).last_record_end(insert as u64)
+            as i64;
         let passed = self
             .passed
             .update((row.get(0), end, snapshot.clone()), row.get(3));
@@ -639,8 +641,8 @@ impl<S: Sink> Poller<S> {
     }
 
     /// SQL on `o`: a row of `range` (one of `{table}_txid_idx`'s), due by
-    /// the age rules and passed (`$1`–`$3` as [`Poller::claim_sql`]), not
-    /// derived published.
+    /// the age rules and passed (`$1`–`$3` as [`Poller::claim_range_sql`]),
+    /// not derived published.
     fn due_unpublished(&self, table: &Table, reader: &Reader, range: &str) -> String {
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(

@@ -21,38 +21,74 @@ pub(crate) fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn as u32)
 }
 
-/// What a WAL page's header takes: `XLogPageHeaderData`, and at a
-/// segment's start `XLogLongPageHeaderData`, each MAXALIGNed (8 bytes on
-/// the 64-bit servers the relay supports).
-const SHORT_PAGE_HEADER: u64 = 24;
-const LONG_PAGE_HEADER: u64 = 40;
+/// `sizeof(XLogPageHeaderData)` before its padding: the magic, the info
+/// bits, the timeline, the page's address and the continuation's length.
+const PAGE_HEADER_FIELDS: u64 = 20;
+/// What `XLogLongPageHeaderData`, a segment's first page's header, adds: the
+/// system identifier, the segment size and the page size.
+const LONG_HEADER_FIELDS: u64 = 16;
 
-/// The columns [`last_record_end`] needs beside an insert position: the
-/// server's WAL page and segment sizes, in bytes.
+/// The columns [`WalLayout::new`] takes, in its order, beside an insert
+/// position: the server's WAL page and segment sizes, in bytes, and its
+/// MAXALIGN (`pg_control_init()`, readable by anyone unless revoked, like
+/// the `pg_control_system()` the derived lifecycle already reads).
 pub(crate) const WAL_LAYOUT_SQL: &str =
-    "current_setting('wal_block_size')::int8, pg_size_bytes(current_setting('wal_segment_size'))::int8";
+    "current_setting('wal_block_size')::int8, pg_size_bytes(current_setting('wal_segment_size'))::int8, \
+     (SELECT max_data_alignment FROM pg_control_init())::int8";
 
-/// The end of the WAL's last record, from `insert`, the position
-/// `pg_current_wal_insert_lsn()` gave on a server whose WAL pages are `block`
-/// bytes and segments `segment` bytes.
-///
-/// When the last record ended exactly at a page's end, the insert position
-/// points past the next page's header, where no record is yet; a walsender
-/// reports the record's end, the page boundary, and goes no further until
-/// more WAL is written. Every record ended at or before the position this
-/// returns, so a wait for a confirmed position to reach it also ends on an
-/// idle server (about one insert position in a thousand is such a one).
-pub(crate) fn last_record_end(insert: u64, block: u64, segment: u64) -> u64 {
-    let sane = |size: u64| size.is_power_of_two() && size > LONG_PAGE_HEADER;
-    if !sane(block) || !sane(segment) || segment < block {
-        return insert;
+/// How a server lays out its WAL: page and segment sizes, and the alignment
+/// of what it writes (MAXALIGN: 8 on 64-bit servers, 4 on some 32-bit ones).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WalLayout {
+    block: u64,
+    segment: u64,
+    align: u64,
+}
+
+impl WalLayout {
+    /// From the values of [`WAL_LAYOUT_SQL`]'s columns.
+    pub(crate) fn new(block: i64, segment: i64, align: i64) -> Self {
+        let size = |v: i64| u64::try_from(v).unwrap_or(0);
+        Self {
+            block: size(block),
+            segment: size(segment),
+            align: size(align),
+        }
     }
-    if insert % segment == LONG_PAGE_HEADER {
-        insert - LONG_PAGE_HEADER
-    } else if insert % block == SHORT_PAGE_HEADER && insert % segment != SHORT_PAGE_HEADER {
-        insert - SHORT_PAGE_HEADER
-    } else {
-        insert
+
+    /// The end of the WAL's last record, from `insert`, the position
+    /// `pg_current_wal_insert_lsn()` gave.
+    ///
+    /// When the last record ended exactly at a page's end, the insert
+    /// position points past the next page's header (MAXALIGNed: 24 bytes on
+    /// a 64-bit server, 40 at a segment's start), where no record is yet; a
+    /// walsender reports the record's end, the page boundary, and goes no
+    /// further until more WAL is written. Every record ended at or before
+    /// the position this returns (a record continued onto a page ends at
+    /// least one alignment past its header), so a wait for a confirmed
+    /// position to reach it also ends on an idle server (about one insert
+    /// position in a thousand is such a one). A layout that makes no sense
+    /// leaves the position as it is.
+    pub(crate) fn last_record_end(self, insert: u64) -> u64 {
+        let Self {
+            block,
+            segment,
+            align,
+        } = self;
+        let aligned = |n: u64| n.div_ceil(align) * align;
+        let sane = |size: u64| size.is_power_of_two() && size >= 1024;
+        if !sane(block) || !sane(segment) || segment < block || !matches!(align, 4 | 8) {
+            return insert;
+        }
+        let short = aligned(PAGE_HEADER_FIELDS);
+        let long = aligned(short + LONG_HEADER_FIELDS);
+        if insert % segment == long {
+            insert - long
+        } else if insert % block == short && insert % segment != short {
+            insert - short
+        } else {
+            insert
+        }
     }
 }
 
@@ -62,14 +98,15 @@ mod tests {
 
     #[test]
     fn an_insert_position_past_a_page_header_ends_at_the_page_boundary() {
-        let (block, segment) = (8192, 16 << 20);
-        let end = |insert| last_record_end(insert, block, segment);
+        let usual = WalLayout::new(8192, 16 << 20, 8);
+        let end = |insert| usual.last_record_end(insert);
         // Past a page's short header, and past a segment's long one.
         assert_eq!(end(0x1_0300_2018), 0x1_0300_2000);
         assert_eq!(end(0x1_0300_0028), 0x1_0300_0000);
         // Anywhere else, the position as it is: within a page, a page's
         // start (a record ended there and the next one is being written),
-        // and 24 bytes into a segment, which is inside its long header.
+        // 24 bytes into a segment (inside its long header), and 40 into a
+        // page that starts no segment (a record's start).
         for insert in [
             0x1_0300_2020,
             0x1_0300_2010,
@@ -81,13 +118,28 @@ mod tests {
         }
         // Other page and segment sizes (`initdb --wal-segsize`, a server
         // built with another block size).
-        assert_eq!(last_record_end(0x8018, 32768, 1 << 20), 0x8000);
-        assert_eq!(last_record_end(0x4_0000_0028, 8192, 1 << 30), 0x4_0000_0000);
-        // 40 bytes into a page that starts no segment: a record's start.
-        assert_eq!(last_record_end(0x4010_0028, 8192, 1 << 30), 0x4010_0028);
-        // Sizes that make no sense leave the position alone.
-        assert_eq!(last_record_end(0x2018, 0, segment), 0x2018);
-        assert_eq!(last_record_end(0x2018, 8000, segment), 0x2018);
+        let other = WalLayout::new(32768, 1 << 20, 8);
+        assert_eq!(other.last_record_end(0x8018), 0x8000);
+        let large = WalLayout::new(8192, 1 << 30, 8);
+        assert_eq!(large.last_record_end(0x4_0000_0028), 0x4_0000_0000);
+        assert_eq!(large.last_record_end(0x4010_0028), 0x4010_0028);
+        // A server aligning to 4 bytes: its headers are 20 and 36 bytes, and
+        // 24 bytes past a page is the end of a record continued onto it.
+        let narrow = WalLayout::new(8192, 16 << 20, 4);
+        assert_eq!(narrow.last_record_end(0x2014), 0x2000);
+        assert_eq!(narrow.last_record_end(0x100_0024), 0x100_0000);
+        assert_eq!(narrow.last_record_end(0x2018), 0x2018);
+        // Layouts that make no sense leave the position alone.
+        for layout in [
+            WalLayout::new(0, 16 << 20, 8),
+            WalLayout::new(8000, 16 << 20, 8),
+            WalLayout::new(8192, 4096, 8),
+            WalLayout::new(8192, 16 << 20, 0),
+            WalLayout::new(8192, 16 << 20, -8),
+            WalLayout::new(8192, 16 << 20, 16),
+        ] {
+            assert_eq!(layout.last_record_end(0x2018), 0x2018, "{layout:?}");
+        }
     }
 
     #[test]

@@ -48,7 +48,7 @@
 //!   start): S = `pg_current_snapshot()` (the
 //!   statement's snapshot, taken before it runs), then W =
 //!   `pg_current_wal_insert_lsn()` (read while it runs, as the end of the
-//!   last record: [`last_record_end`]). PostgreSQL inserts
+//!   last record: [`WalLayout::last_record_end`]). PostgreSQL inserts
 //!   a commit record before the transaction leaves the proc array, so every
 //!   transaction visible in S has its commit record before W. Once the
 //!   confirmed position passes W (every transaction committed before it was
@@ -142,7 +142,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::postgres::lsn::{format_lsn, last_record_end, parse_lsn, WAL_LAYOUT_SQL};
+use crate::postgres::lsn::{format_lsn, parse_lsn, WalLayout, WAL_LAYOUT_SQL};
 use crate::postgres::outbox::derived::{self, Hole, Holes, Snapshot, BEGINNING};
 use crate::postgres::sql::quote_literal;
 
@@ -1342,7 +1342,7 @@ async fn open_hole(
 
 /// A candidate pair: S = the statement's own snapshot (taken before it
 /// runs), then W = the WAL's insert position, read while it runs, as the end
-/// of the last record ([`last_record_end`]: a walsender reports no further
+/// of the last record ([`WalLayout::last_record_end`]: a walsender reports no further
 /// on an idle server). Every transaction visible in S has its commit record
 /// before W.
 async fn take_candidate(
@@ -1358,8 +1358,7 @@ async fn take_candidate(
         .await?;
     let snapshot = Snapshot::parse(row.get(0)).expect("pg_current_snapshot() prints a snapshot");
     let insert = parse_lsn(row.get(1)).expect("pg_current_wal_insert_lsn() prints an LSN");
-    let (block, segment): (i64, i64) = (row.get(2), row.get(3));
-    let lsn = last_record_end(insert, block as u64, segment as u64);
+    let lsn = WalLayout::new(row.get(2), row.get(3), row.get(4)).last_record_end(insert);
     Ok(Candidate { snapshot, lsn })
 }
 

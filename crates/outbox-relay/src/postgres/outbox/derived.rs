@@ -7,7 +7,9 @@
 //! [`COLUMN`] (`xid8 DEFAULT pg_current_xact_id()`: the top-level id also
 //! inside savepoints, unlike the `xmin` system column). The relay takes, on
 //! an ordinary connection, a snapshot S (`pg_current_snapshot()`) and *then*
-//! W = `pg_current_wal_insert_lsn()`. PostgreSQL inserts a transaction's
+//! W = `pg_current_wal_insert_lsn()` (as the end of the last record, which
+//! is where a walsender stops on an idle server:
+//! `crate::postgres::lsn::WalLayout::last_record_end`). PostgreSQL inserts a transaction's
 //! commit record before the transaction leaves the proc array (also for
 //! `COMMIT PREPARED` and `synchronous_commit = off`), so every transaction
 //! visible in S has its commit record before W. Once the relay's confirmed
