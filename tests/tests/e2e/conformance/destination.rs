@@ -461,6 +461,49 @@ impl Destination {
     }
 
     /// Where the front keeps its own record (for a failing test's message).
+    /// Every call the destination saw, one a line: the ids it carried (their
+    /// last characters), the fault applied and what became of it; for a
+    /// failure's message.
+    pub(crate) fn describe_calls(&self) -> String {
+        let short = |id: &String| id[id.len().saturating_sub(6)..].to_owned();
+        match &self.front {
+            Front::Receiver(receiver) => receiver
+                .requests()
+                .iter()
+                .enumerate()
+                .map(|(n, r)| {
+                    format!(
+                        "#{n} [{}] fault {:?}, status {}, processed {}",
+                        r.events
+                            .iter()
+                            .map(|(id, _)| short(id))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        r.fault,
+                        r.status,
+                        r.processed
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Front::Proxy(_) => self
+                .calls()
+                .iter()
+                .enumerate()
+                .map(|(n, c)| {
+                    format!(
+                        "#{n} [{}] faulted {}, refused {}, forwarded {}",
+                        c.ids.iter().map(short).collect::<Vec<_>>().join(" "),
+                        c.faulted,
+                        c.refused,
+                        c.forwarded
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     pub(crate) fn describe_front(&self) -> String {
         match &self.front {
             Front::Proxy(proxy) => format!("{proxy:?}"),
