@@ -1377,3 +1377,34 @@ async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_
         tried.join("\n")
     );
 }
+
+/// An operator (or a managed service) that revoked `pg_control_init()`,
+/// which sizes the WAL's page headers for the candidates' W: the relay reads
+/// the layout once a session, says it cannot, and vouches as before (only a
+/// W just past a page's header then waits for the next write to the WAL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_pg_control_init_leaves_the_derived_lifecycle_vouching() {
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute("REVOKE EXECUTE ON FUNCTION pg_control_init() FROM PUBLIC")
+        .await
+        .unwrap();
+    let as_relay = outbox.db.client().await;
+    as_relay
+        .batch_execute(&format!("SET ROLE \"{}\"", outbox.role))
+        .await
+        .unwrap();
+    let refused = as_relay
+        .query_one("SELECT max_data_alignment FROM pg_control_init()", &[])
+        .await;
+    assert!(refused.is_err(), "the relay's role cannot call it now");
+    let (_sink, relay) = outbox
+        .streaming(&format!("{DERIVE}[poller]\nenabled = false\n"))
+        .await;
+    let ids = outbox.insert_many(3, 10, 2).await;
+    all_derived(&outbox, &ids, "the rows are derived published").await;
+    let more = outbox.insert_many(2, 10, 2).await;
+    all_derived(&outbox, &more, "later rows too").await;
+    relay.stop().await;
+}

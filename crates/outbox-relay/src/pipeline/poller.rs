@@ -65,7 +65,7 @@ use crate::config::{Config, RetryConfig};
 use crate::pipeline::ack::Ticket;
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
-use crate::postgres::lsn::{WalLayout, WAL_LAYOUT_SQL};
+use crate::postgres::lsn::WalLayout;
 use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
@@ -282,6 +282,7 @@ pub(crate) struct Poller<S> {
     passed: Passed,
     down: Down,
     withheld: Withheld,
+    wal: Option<WalLayout>,
 }
 
 impl<S: Sink> Poller<S> {
@@ -304,6 +305,7 @@ impl<S: Sink> Poller<S> {
             passed: Passed::default(),
             down: Down::default(),
             withheld: Withheld::default(),
+            wal: None,
         })
     }
 
@@ -471,20 +473,17 @@ impl<S: Sink> Poller<S> {
         // on an idle server).
         let row = client
             .query_one(
-                &format!(
-                    "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
-                            coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint), \
-                            pg_current_snapshot()::text, {WAL_LAYOUT_SQL} \
-                     FROM pg_replication_slots WHERE slot_name = $1"
-                ),
+                "SELECT extract(epoch FROM now())::float8, (pg_current_wal_insert_lsn() - '0/0')::bigint, \
+                        coalesce(bool_or(active), false), max((confirmed_flush_lsn - '0/0')::bigint), \
+                        pg_current_snapshot()::text \
+                 FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.config.postgres.slot],
             )
             .await?;
         let snapshot: String = row.get(4);
         let streaming: bool = row.get(2);
         let insert: i64 = row.get(1);
-        let end = WalLayout::new(row.get(5), row.get(6), row.get(7)).last_record_end(insert as u64)
-            as i64;
+        let end = self.wal(client).await.last_record_end(insert as u64) as i64;
         let passed = self
             .passed
             .update((row.get(0), end, snapshot.clone()), row.get(3));
@@ -511,6 +510,21 @@ impl<S: Sink> Poller<S> {
         } else {
             Missed::default()
         })
+    }
+
+    /// The server's WAL layout, read once ([`WalLayout::read`]); unknown
+    /// (positions as they are) while it cannot be read.
+    async fn wal(&mut self, client: &Client) -> WalLayout {
+        if let Some(wal) = self.wal {
+            return wal;
+        }
+        match WalLayout::read(client).await {
+            Ok(wal) => *self.wal.insert(wal),
+            Err(error) => {
+                tracing::debug!(error = %crate::report::Chain(&error), "poller cannot read the WAL's layout");
+                WalLayout::default()
+            }
+        }
     }
 
     /// The claim: due rows, oldest first, locked and skipping rows another

@@ -28,17 +28,10 @@ const PAGE_HEADER_FIELDS: u64 = 20;
 /// system identifier, the segment size and the page size.
 const LONG_HEADER_FIELDS: u64 = 16;
 
-/// The columns [`WalLayout::new`] takes, in its order, beside an insert
-/// position: the server's WAL page and segment sizes, in bytes, and its
-/// MAXALIGN (`pg_control_init()`, readable by anyone unless revoked, like
-/// the `pg_control_system()` the derived lifecycle already reads).
-pub(crate) const WAL_LAYOUT_SQL: &str =
-    "current_setting('wal_block_size')::int8, pg_size_bytes(current_setting('wal_segment_size'))::int8, \
-     (SELECT max_data_alignment FROM pg_control_init())::int8";
-
 /// How a server lays out its WAL: page and segment sizes, and the alignment
 /// of what it writes (MAXALIGN: 8 on 64-bit servers, 4 on some 32-bit ones).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The default is an unknown layout, which leaves every position as it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct WalLayout {
     block: u64,
     segment: u64,
@@ -46,7 +39,26 @@ pub(crate) struct WalLayout {
 }
 
 impl WalLayout {
-    /// From the values of [`WAL_LAYOUT_SQL`]'s columns.
+    /// The server's layout: `wal_block_size`, `wal_segment_size` and
+    /// MAXALIGN (`pg_control_init()`, executable by anyone unless revoked,
+    /// like the `pg_control_system()` the derived lifecycle reads). It
+    /// cannot change while the server runs, nor differ on its standbys, so
+    /// it is read once a connection.
+    pub(crate) async fn read(
+        client: &tokio_postgres::Client,
+    ) -> Result<Self, tokio_postgres::Error> {
+        let row = client
+            .query_one(
+                "SELECT current_setting('wal_block_size')::int8, \
+                        pg_size_bytes(current_setting('wal_segment_size'))::int8, \
+                        (SELECT max_data_alignment FROM pg_control_init())::int8",
+                &[],
+            )
+            .await?;
+        Ok(Self::new(row.get(0), row.get(1), row.get(2)))
+    }
+
+    /// From the page size, the segment size and the alignment, in bytes.
     pub(crate) fn new(block: i64, segment: i64, align: i64) -> Self {
         let size = |v: i64| u64::try_from(v).unwrap_or(0);
         Self {
@@ -137,6 +149,7 @@ mod tests {
             WalLayout::new(8192, 16 << 20, 0),
             WalLayout::new(8192, 16 << 20, -8),
             WalLayout::new(8192, 16 << 20, 16),
+            WalLayout::default(),
         ] {
             assert_eq!(layout.last_record_end(0x2018), 0x2018, "{layout:?}");
         }

@@ -142,7 +142,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::postgres::lsn::{format_lsn, parse_lsn, WalLayout, WAL_LAYOUT_SQL};
+use crate::postgres::lsn::{format_lsn, parse_lsn, WalLayout};
 use crate::postgres::outbox::derived::{self, Hole, Holes, Snapshot, BEGINNING};
 use crate::postgres::sql::quote_literal;
 
@@ -320,6 +320,10 @@ pub(crate) struct Vouching {
     /// What the publication sends of the table, as this session found it:
     /// a pair is stored only while it is the same.
     pub publication: Option<String>,
+    /// The server's WAL layout, for the candidates' W (unknown when it
+    /// cannot be read: then a W just past a page's header waits for the
+    /// next write to the WAL).
+    pub wal: WalLayout,
 }
 
 /// Most holes kept: beyond, the two oldest are merged ([`merge`]).
@@ -601,11 +605,20 @@ pub(crate) async fn prepare(
              publishes them, the stream marks those it publishes)"
         );
     }
+    let wal = WalLayout::read(client).await.unwrap_or_else(|error| {
+        tracing::warn!(
+            error = %crate::report::Chain(&error),
+            "cannot read the WAL's layout (pg_control_init()): a pair taken when the WAL ends at a \
+             page's end waits for the next write to the WAL"
+        );
+        WalLayout::default()
+    });
     Ok(Vouching {
         snapshot,
         at,
         holes,
         publication: identity,
+        wal,
     })
 }
 
@@ -849,6 +862,8 @@ pub(crate) struct Derived {
     /// The outbox table, schema-qualified and quoted (holes are closed by
     /// its `relay_txid` index).
     outbox: String,
+    /// The server's WAL layout ([`Vouching::wal`]).
+    wal: WalLayout,
 }
 
 impl Derived {
@@ -861,6 +876,7 @@ impl Derived {
         published: watch::Sender<Option<Arc<Holes>>>,
     ) -> Self {
         let publication_id = vouching.publication;
+        let wal = vouching.wal;
         let holes = Arc::new(vouching.holes);
         published.send_replace(Some(Arc::clone(&holes)));
         let metrics = crate::metrics::get();
@@ -886,6 +902,7 @@ impl Derived {
             publication: publication.to_owned(),
             publication_id,
             outbox: outbox.to_owned(),
+            wal,
         }
     }
 }
@@ -1049,7 +1066,7 @@ impl Keeper {
             cycle.owed || !cycle.uncovered.is_empty()
         };
         if owes {
-            match tokio::time::timeout_at(until, take_candidate(&self.client)).await {
+            match tokio::time::timeout_at(until, take_candidate(&self.client, derived.wal)).await {
                 Ok(Ok(candidate)) => derived
                     .cycle
                     .lock()
@@ -1135,6 +1152,7 @@ impl Keeper {
             outbox: derived.outbox.clone(),
             publication: derived.publication.clone(),
             publication_id: derived.publication_id.clone(),
+            wal: derived.wal,
             cycle: Arc::clone(&derived.cycle),
             position: self.write(confirmed),
         }
@@ -1172,6 +1190,7 @@ struct Round<F> {
     outbox: String,
     publication: String,
     publication_id: Option<String>,
+    wal: WalLayout,
     cycle: Arc<Mutex<Cycle>>,
     /// Writes the confirmed position alone.
     position: F,
@@ -1195,6 +1214,7 @@ where
         let table = self.table.clone();
         let slot = self.slot.clone();
         let cycle = Arc::clone(&self.cycle);
+        let wal = self.wal;
         let storing = store.is_some();
         let kept = match store {
             Some(candidate) => {
@@ -1212,7 +1232,7 @@ where
             return;
         }
         if take {
-            match take_candidate(&client).await {
+            match take_candidate(&client, wal).await {
                 Ok(candidate) => cycle.lock().expect("cycle").took(candidate, finished),
                 Err(error) => {
                     tracing::warn!(error = %crate::report::Chain(&error), "cannot take a snapshot to vouch for");
@@ -1342,24 +1362,26 @@ async fn open_hole(
 
 /// A candidate pair: S = the statement's own snapshot (taken before it
 /// runs), then W = the WAL's insert position, read while it runs, as the end
-/// of the last record ([`WalLayout::last_record_end`]: a walsender reports no further
-/// on an idle server). Every transaction visible in S has its commit record
+/// of the last record on a server laid out as `wal`
+/// ([`WalLayout::last_record_end`]: a walsender reports no further on an
+/// idle server). Every transaction visible in S has its commit record
 /// before W.
 async fn take_candidate(
     client: &tokio_postgres::Client,
+    wal: WalLayout,
 ) -> Result<Candidate, tokio_postgres::Error> {
     let row = client
         .query_one(
-            &format!(
-                "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text, {WAL_LAYOUT_SQL}"
-            ),
+            "SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text",
             &[],
         )
         .await?;
     let snapshot = Snapshot::parse(row.get(0)).expect("pg_current_snapshot() prints a snapshot");
     let insert = parse_lsn(row.get(1)).expect("pg_current_wal_insert_lsn() prints an LSN");
-    let lsn = WalLayout::new(row.get(2), row.get(3), row.get(4)).last_record_end(insert);
-    Ok(Candidate { snapshot, lsn })
+    Ok(Candidate {
+        snapshot,
+        lsn: wal.last_record_end(insert),
+    })
 }
 
 /// Store the pair with the confirmed position, in one transaction with a
