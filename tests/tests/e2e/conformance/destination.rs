@@ -466,42 +466,42 @@ impl Destination {
     /// failure's message.
     pub(crate) fn describe_calls(&self) -> String {
         let short = |id: &String| id[id.len().saturating_sub(6)..].to_owned();
-        match &self.front {
+        let ids =
+            |ids: &mut dyn Iterator<Item = &String>| ids.map(short).collect::<Vec<_>>().join(" ");
+        let calls: Vec<String> = match &self.front {
             Front::Receiver(receiver) => receiver
                 .requests()
                 .iter()
-                .enumerate()
-                .map(|(n, r)| {
+                .map(|r| {
                     format!(
-                        "#{n} [{}] fault {:?}, status {}, processed {}",
-                        r.events
-                            .iter()
-                            .map(|(id, _)| short(id))
-                            .collect::<Vec<_>>()
-                            .join(" "),
+                        "[{}] fault {:?}, status {}, processed {}",
+                        ids(&mut r.events.iter().map(|(id, _)| id)),
                         r.fault,
                         r.status,
                         r.processed
                     )
                 })
-                .collect::<Vec<_>>()
-                .join("\n"),
+                .collect(),
             Front::Proxy(_) => self
                 .calls()
                 .iter()
-                .enumerate()
-                .map(|(n, c)| {
+                .map(|c| {
                     format!(
-                        "#{n} [{}] faulted {}, refused {}, forwarded {}",
-                        c.ids.iter().map(short).collect::<Vec<_>>().join(" "),
+                        "[{}] faulted {}, refused {}, forwarded {}",
+                        ids(&mut c.ids.iter()),
                         c.faulted,
                         c.refused,
                         c.forwarded
                     )
                 })
-                .collect::<Vec<_>>()
-                .join("\n"),
-        }
+                .collect(),
+        };
+        calls
+            .iter()
+            .enumerate()
+            .map(|(n, call)| format!("#{n} {call}"))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     pub(crate) fn describe_front(&self) -> String {
