@@ -221,6 +221,47 @@ pub(crate) struct Drain {
     pub(crate) jvm_flags: String,
 }
 
+/// One round of the Debezium section: the same backlog drained by each.
+struct Round {
+    baseline: Usage,
+    ours: Usage,
+    theirs: Drain,
+    /// The inserts' own WAL, bytes a row.
+    insert_wal: f64,
+    rows: u64,
+}
+
+impl Round {
+    fn per_row(&self, u: &Usage) -> f64 {
+        u.cpu.as_secs_f64() * 1e6 / self.rows as f64
+    }
+
+    fn base_rate(&self) -> f64 {
+        self.rows as f64 / self.baseline.wall.as_secs_f64()
+    }
+
+    fn ours_rate(&self) -> f64 {
+        self.rows as f64 / self.ours.wall.as_secs_f64()
+    }
+
+    /// Debezium's rate to its last record (its process lives on a little).
+    fn theirs_rate(&self) -> f64 {
+        self.rows as f64 / self.theirs.all
+    }
+
+    fn cpu_ratio(&self) -> f64 {
+        self.per_row(&self.ours) / self.per_row(&self.theirs.usage)
+    }
+
+    fn rss_ratio(&self) -> f64 {
+        mib(&self.ours) / mib(&self.theirs.usage)
+    }
+}
+
+fn mib(u: &Usage) -> f64 {
+    u.max_rss_kib as f64 / 1024.0
+}
+
 /// Runs the engine on `source` until it has seen `records` records.
 pub(crate) async fn drain(
     engine: &Engine,
@@ -354,11 +395,12 @@ fn tail(path: &Path, lines: usize) -> Option<String> {
     Some(all[all.len().saturating_sub(lines)..].join("\n"))
 }
 
-/// The Debezium section: a fresh backlog of `--debezium-rows` rows drained
-/// by `pg_recvlogical`, the relay (stdout, `none`: the same work as the
-/// engine's, without a destination) and the engine, each on its copy of one
-/// slot; then the relay's ratios to the engine, here and in each lifecycle
-/// contender of `lifecycles`.
+/// The Debezium section: `--debezium-rounds` rounds, each a fresh backlog of
+/// `--debezium-rows` rows drained by `pg_recvlogical`, the relay (stdout,
+/// `none`: the same work as the engine's, without a destination) and the
+/// engine, each on its copy of one slot; then the relay's ratios to the
+/// engine (the median of the rounds'), here and in each lifecycle contender
+/// of `lifecycles` (against the engine's median).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn section(
     args: &super::Args,
@@ -374,7 +416,9 @@ pub(crate) async fn section(
     let explicit = args.debezium;
     let cache = args.debezium_cache.clone().unwrap_or_else(default_cache);
     println!(
-        "\n== Debezium 3.6's embedded engine, beside pg_recvlogical and the relay, {rows} rows"
+        "\n== Debezium 3.6's embedded engine, beside pg_recvlogical and the relay, {rows} rows, \
+         {} rounds",
+        args.debezium_rounds.max(1)
     );
     if let Some(why) = missing() {
         if explicit {
@@ -396,62 +440,98 @@ pub(crate) async fn section(
         .split_whitespace()
         .map(str::to_owned)
         .collect();
-    sql.batch_execute("TRUNCATE outbox").await?;
-    measuring_wal(sql, true).await?;
+    let source_for = |slot| Source {
+        port,
+        user: harness::SUPERUSER,
+        password: harness::PASSWORD,
+        dbname: "bench",
+        slot,
+        publication: "outbox_relay",
+        event_router: args.debezium_event_router,
+    };
     let names = [
         "bench_dbz_recvlogical".to_owned(),
         "bench_dbz_relay".to_owned(),
         "bench_dbz_debezium".to_owned(),
     ];
-    super::slots(sql, &names).await?;
-    let relay_config = super::relay_config(
-        url,
-        &names[1],
-        "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
-    );
-    warm_start(relay, sql, &relay_config, &[], &names[1]).await?;
-    let start_lsn = wal_lsn(sql).await?;
-    let end_lsn = super::backlog(
-        sql,
-        url,
-        rows,
-        args.per_tx,
-        &start_lsn,
-        "Debezium's backlog",
-    )
-    .await?;
-    let insert_wal = wal_between(sql, &start_lsn, &end_lsn).await? / rows as f64;
-    let baseline = super::recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
-    let ours = super::run_relay(relay, sql, &relay_config, &[], &names[1], &end_lsn).await?;
-    let source = Source {
-        port,
-        user: harness::SUPERUSER,
-        password: harness::PASSWORD,
-        dbname: "bench",
-        slot: &names[2],
-        publication: "outbox_relay",
-        event_router: args.debezium_event_router,
-    };
-    // The bench's wal_sender_timeout (400 ms, so that the relay reports every
-    // 200 ms) ends Debezium's stream: it answers the walsender's keepalives
-    // late (status updates every 10 s, pauses in its JIT and collector) and
-    // restarts its connector every few seconds. It runs with PostgreSQL's
-    // default, 60 s.
-    set_wal_sender_timeout(sql, Some("60s")).await?;
-    let theirs = drain(&engine, sql, &source, rows, &jvm_options).await;
-    set_wal_sender_timeout(sql, None).await?;
-    let theirs = theirs?;
-    measuring_wal(sql, false).await?;
-    for slot in &names {
-        sql.execute("SELECT pg_drop_replication_slot($1)", &[slot])
-            .await?;
+    let mut rounds = Vec::new();
+    for round in 1..=args.debezium_rounds.max(1) {
+        sql.batch_execute("TRUNCATE outbox").await?;
+        measuring_wal(sql, true).await?;
+        super::slots(sql, &names).await?;
+        let relay_config = super::relay_config(
+            url,
+            &names[1],
+            "[sink]\nkind = \"stdout\"\n[http]\nlisten = \"\"\n",
+        );
+        warm_start(relay, sql, &relay_config, &[], &names[1]).await?;
+        let start_lsn = wal_lsn(sql).await?;
+        let end_lsn = super::backlog(
+            sql,
+            url,
+            rows,
+            args.per_tx,
+            &start_lsn,
+            &format!("Debezium's backlog, round {round}"),
+        )
+        .await?;
+        let insert_wal = wal_between(sql, &start_lsn, &end_lsn).await? / rows as f64;
+        let baseline = super::recvlogical(pg_bin, url, sql, &names[0], &end_lsn).await?;
+        let ours = super::run_relay(relay, sql, &relay_config, &[], &names[1], &end_lsn).await?;
+        // The bench's wal_sender_timeout (400 ms, so that the relay reports
+        // every 200 ms) ends Debezium's stream: it answers the walsender's
+        // keepalives late (status updates every 10 s, pauses in its JIT and
+        // collector) and restarts its connector every few seconds. It runs
+        // with PostgreSQL's default, 60 s.
+        set_wal_sender_timeout(sql, Some("60s")).await?;
+        let theirs = drain(&engine, sql, &source_for(&names[2]), rows, &jvm_options).await;
+        set_wal_sender_timeout(sql, None).await?;
+        let theirs = theirs?;
+        measuring_wal(sql, false).await?;
+        for slot in &names {
+            sql.execute("SELECT pg_drop_replication_slot($1)", &[slot])
+                .await?;
+        }
+        let round = Round {
+            baseline,
+            ours,
+            theirs,
+            insert_wal,
+            rows,
+        };
+        println!(
+            "round {}: rows/s pg_recvlogical {:.0}, relay {:.0}, Debezium {:.0}; µs CPU/event relay {:.2}, \
+             Debezium {:.2}: relay / Debezium {:.3}x CPU per event, {:.3}x peak RSS",
+            rounds.len() + 1,
+            round.base_rate(),
+            round.ours_rate(),
+            round.theirs_rate(),
+            round.per_row(&round.ours),
+            round.per_row(&round.theirs.usage),
+            round.cpu_ratio(),
+            round.rss_ratio()
+        );
+        rounds.push(round);
     }
-
-    let per_row = |u: &Usage| u.cpu.as_secs_f64() * 1e6 / rows as f64;
-    let mib = |u: &Usage| u.max_rss_kib as f64 / 1024.0;
-    let base_rate = rows as f64 / baseline.wall.as_secs_f64();
-    let ours_rate = rows as f64 / ours.wall.as_secs_f64();
-    let theirs_rate = rows as f64 / theirs.all;
+    // The round whose CPU ratio is the median is printed in full; the ratios
+    // are each the median of the rounds'.
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let cpu_ratio = median(rounds.iter().map(Round::cpu_ratio).collect());
+    let rss_ratio = median(rounds.iter().map(Round::rss_ratio).collect());
+    let rate_ratio = median(
+        rounds
+            .iter()
+            .map(|r| r.ours_rate() / r.theirs_rate())
+            .collect(),
+    );
+    let r = rounds
+        .iter()
+        .find(|r| r.cpu_ratio() == cpu_ratio)
+        .expect("the median is one of the rounds");
+    let theirs = &r.theirs;
     let second_half = (rows - rows / 2) as f64 / (theirs.all - theirs.half);
     println!(
         "engine: {}, {}, JSON values without schemas ({:.0} bytes a record on average); JVM options \
@@ -468,54 +548,62 @@ pub(crate) async fn section(
         theirs.jvm_flags
     );
     println!(
+        "the round of the median CPU ratio ({} rounds):",
+        rounds.len()
+    );
+    println!(
         "{:<34} {:>10} {:>7} {:>10} {:>9} {:>11}",
         "contender", "rows/s", "x", "µs CPU/ev", "peak MiB", "WAL B/event"
     );
     let line = |name: &str, rate: f64, u: &Usage| {
         println!(
             "{name:<34} {rate:>10.0} {:>7} {:>10.2} {:>9.1} {:>11.1}",
-            format!("{:.2}x", rate / base_rate),
-            per_row(u),
+            format!("{:.2}x", rate / r.base_rate()),
+            r.per_row(u),
             mib(u),
             u.wal_bytes / rows as f64
         )
     };
-    line("pg_recvlogical (baseline)", base_rate, &baseline);
-    line("relay, stdout, none", ours_rate, &ours);
+    line("pg_recvlogical (baseline)", r.base_rate(), &r.baseline);
+    line("relay, stdout, none", r.ours_rate(), &r.ours);
     line(
         "Debezium embedded, to its Nth record",
-        theirs_rate,
+        r.theirs_rate(),
         &theirs.usage,
     );
     println!(
         "Debezium: first record {:.1} s after the JVM started, half of them at {:.1} s, all at {:.1} s \
          (the process ended at {:.1} s, wal_sender_timeout 60 s for it); second half {second_half:.0} rows/s ({:.2}x pg_recvlogical's \
-         average rate); inserts' own WAL {insert_wal:.0} B/event",
+         average rate); inserts' own WAL {:.0} B/event",
         theirs.first,
         theirs.half,
         theirs.all,
         theirs.usage.wall.as_secs_f64(),
-        second_half / base_rate
+        second_half / r.base_rate(),
+        r.insert_wal
     );
     println!(
-        "ratio relay / Debezium (same backlog): {:.2}x rows/s, {:.3}x CPU per event (target <= 0.033), \
-         {:.3}x peak RSS (target <= 0.05)",
-        ours_rate / theirs_rate,
-        per_row(&ours) / per_row(&theirs.usage),
-        mib(&ours) / mib(&theirs.usage)
+        "ratio relay / Debezium (same backlog, median of {} rounds): {rate_ratio:.2}x rows/s, \
+         {cpu_ratio:.3}x CPU per event (target <= 0.033), {rss_ratio:.3}x peak RSS (target <= 0.05)",
+        rounds.len()
     );
+    // Debezium's median CPU a row, for the lifecycle contenders measured on
+    // backlogs of their own.
+    let theirs_cpu = median(rounds.iter().map(|r| r.per_row(&r.theirs.usage)).collect());
+    let theirs_mib = median(rounds.iter().map(|r| mib(&r.theirs.usage)).collect());
     if !lifecycles.is_empty() {
         println!(
             "the lifecycle contenders against Debezium here (they publish through their sink, \
-             Debezium to no destination; CPU per event and peak RSS, each from its own backlog):"
+             Debezium to no destination; CPU per event and peak RSS, each from its own backlog, \
+             against Debezium's medians, {theirs_cpu:.2} µs and {theirs_mib:.1} MiB):"
         );
     }
     for o in lifecycles {
         println!(
             "ratio {} / Debezium: {:.3}x CPU per event, {:.3}x peak RSS",
             o.name,
-            o.cpu_per_row(&o.usage) / per_row(&theirs.usage),
-            o.usage.max_rss_kib as f64 / 1024.0 / mib(&theirs.usage)
+            o.cpu_per_row(&o.usage) / theirs_cpu,
+            o.usage.max_rss_kib as f64 / 1024.0 / theirs_mib
         );
     }
     Ok(())

@@ -155,6 +155,12 @@ struct Args {
     /// it): long enough to show its rate once its JIT has warmed up.
     #[arg(long, default_value_t = 400_000)]
     debezium_rows: u64,
+    /// Rounds of the Debezium run: each writes a fresh backlog and drains it
+    /// with pg_recvlogical, the relay and Debezium; the ratios printed are
+    /// the medians of each round's (one JVM's run moves by a fifth from one
+    /// round to the next).
+    #[arg(long, default_value_t = 3)]
+    debezium_rounds: usize,
     /// The JVM's options for Debezium (heap, collector), split on spaces.
     #[arg(
         long,
