@@ -25,7 +25,7 @@ BEGIN
        AND to_regclass('public.outbox_position') IS NOT NULL
     THEN
         CREATE VIEW public.outbox_state AS
-            SELECT o.*, CASE WHEN coalesce(o.publish_state = 'PENDING' AND o.relay_txid IS NOT NULL AND p.hole_to IS NOT NULL AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) AND pg_visible_in_snapshot(o.relay_txid, p.snapshot) AND NOT EXISTS (SELECT 1 FROM unnest(p.hole_from, p.hole_to) AS h(f, t) WHERE pg_visible_in_snapshot(o.relay_txid, h.t) AND NOT pg_visible_in_snapshot(o.relay_txid, h.f)), false) THEN 'PUBLISHED' ELSE o.publish_state END AS state
+            SELECT o.*, CASE WHEN coalesce(o.publish_state = 'PENDING' AND o.relay_txid IS NOT NULL AND p.hole_to IS NOT NULL AND p.system_identifier = (SELECT system_identifier::text FROM pg_control_system()) AND pg_snapshot_xmax(p.snapshot) <= pg_snapshot_xmax(pg_current_snapshot()) AND pg_visible_in_snapshot(o.relay_txid, p.snapshot) AND NOT EXISTS (SELECT 1 FROM unnest(p.hole_from, p.hole_to) AS h(f, t) WHERE o.relay_txid < pg_snapshot_xmax(h.t) AND NOT pg_visible_in_snapshot(o.relay_txid, h.f)), false) THEN 'PUBLISHED' ELSE o.publish_state END AS state
               FROM public.outbox o
               LEFT JOIN public.outbox_position p ON p.slot_name = 'outbox_relay';
         GRANT SELECT ON public.outbox_state TO outbox_relay;

@@ -921,6 +921,208 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
     relay.stop().await;
 }
 
+/// Commit `client`'s open transaction with a local synchronous commit (a
+/// ghost standby holds every other commit).
+async fn commit_locally(client: &tokio_postgres::Client) {
+    client
+        .batch_execute("SET LOCAL synchronous_commit = local; COMMIT")
+        .await
+        .expect("commit locally");
+}
+
+/// `ALTER SYSTEM <change>`, then reload the configuration.
+async fn standby(outbox: &Outbox, change: &str) {
+    for sql in [
+        format!("ALTER SYSTEM {change}"),
+        "SELECT pg_reload_conf()".into(),
+    ] {
+        outbox.sql.batch_execute(&sql).await.unwrap();
+    }
+}
+
+/// Log a running-transactions record now (a checkpoint does), so that a
+/// slot being created moves on to its next phase without waiting for the
+/// background writer's.
+async fn log_running_xacts(outbox: &Outbox) {
+    outbox.sql.batch_execute("CHECKPOINT").await.unwrap();
+}
+
+/// A transaction writes its commit record, then waits for a synchronous
+/// standby, in progress, invisible. A slot created meanwhile can reach its
+/// consistent point after that record (the transaction began after the
+/// slot's first phases, so the slot does not wait for it): the slot never
+/// streams it, and the snapshot the relay's boundary hole is taken to does
+/// not see it. Once visible, a later vouched snapshot would see it: the
+/// boundary hole holds every transaction begun before its snapshot, not only
+/// the visible ones, so the row is the poller's, never derived published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_written_before_the_slot_was_consistent_and_visible_only_after_is_the_pollers() {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    outbox.drop_slot().await;
+    standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
+
+    // The slot's phases (snapbuild.c): its first record of running
+    // transactions lists O1, so it waits for O1; the next lists O2 (begun
+    // after the first), so it has a full snapshot and waits for O2; the
+    // next lists only T (begun after the second): consistent there, after
+    // T's commit record, while T waits for the standby.
+    let o1 = outbox.db.client().await;
+    o1.batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    let creator = outbox.db.client().await;
+    let slot = outbox.slot.clone();
+    let create = tokio::spawn(async move {
+        creator
+            .query_one(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            )
+            .await
+            .map(|r| r.get::<_, String>(0))
+    });
+    // The slot's first record of running transactions is written at its
+    // restart position, right after the slot has one (the same function
+    // sets one and writes the other): O2 begins once the WAL is past it.
+    wait_until(
+        Duration::from_secs(30),
+        "the slot writes its first record of running transactions",
+        || async {
+            outbox
+                .sql
+                .query_one(
+                    "SELECT count(*) FROM pg_replication_slots \
+                     WHERE slot_name = $1 AND restart_lsn < pg_current_wal_insert_lsn()",
+                    &[&outbox.slot],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let o2 = outbox.db.client().await;
+    o2.batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    commit_locally(&o1).await;
+    log_running_xacts(&outbox).await;
+
+    let t = outbox.db.client().await;
+    let pid: i32 = t
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    t.batch_execute("BEGIN").await.unwrap();
+    let row = t
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'early', 'held', '{}') RETURNING id::text, relay_txid::text",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (held, xid): (String, String) = (row.get(0), row.get(1));
+    let committing = tokio::spawn(async move { t.batch_execute("COMMIT").await });
+    wait_until(
+        Duration::from_secs(30),
+        "T's commit waits for the standby",
+        || async {
+            outbox
+                .sql
+                .query_one(
+                    "SELECT coalesce(wait_event = 'SyncRep', false) FROM pg_stat_activity WHERE pid = $1",
+                    &[&pid],
+                )
+                .await
+                .map(|r| r.get::<_, bool>(0))
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    commit_locally(&o2).await;
+    log_running_xacts(&outbox).await;
+    let consistent = tokio::time::timeout(Duration::from_secs(30), create)
+        .await
+        .expect("the slot is consistent while T waits")
+        .unwrap()
+        .unwrap();
+    let t_waited = !committing.is_finished();
+
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"2s\"\n"
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    let boundary = wait_until(
+        Duration::from_secs(30),
+        "the boundary hole is written",
+        || async {
+            position(&outbox)
+                .await
+                .and_then(|p| p.holes)
+                .filter(|h| !h.is_empty())
+        },
+    )
+    .await;
+    // Nothing may fail while the standby holds commits (a cluster with a
+    // commit waiting does not stop): checks come after.
+    standby(&outbox, "RESET synchronous_standby_names").await;
+    // The precondition: T was in progress when the boundary was taken.
+    let to = &boundary[0].1;
+    let visible: bool = outbox
+        .sql
+        .query_one(
+            "SELECT pg_visible_in_snapshot($1::text::xid8, $2::text::pg_snapshot)",
+            &[&xid, to],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        !visible,
+        "T ({xid}) in progress at the boundary's snapshot {to} (slot consistent at {consistent})"
+    );
+    assert!(
+        t_waited,
+        "T still waited for the standby when the slot was consistent"
+    );
+    tokio::time::timeout(Duration::from_secs(30), committing)
+        .await
+        .expect("T's commit is let go")
+        .unwrap()
+        .unwrap();
+    let after = outbox.insert_many(1, 2, 1).await;
+    all_derived(&outbox, &after, "a pair vouches for the rows after").await;
+    assert!(
+        !derived_published(&outbox).await.contains(&held),
+        "T's row, never streamed, is not derived published"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "the poller publishes T's row and marks it",
+        || async { states(&outbox).await[&held] == ("PUBLISHED".to_owned(), false) },
+    )
+    .await;
+    assert_eq!(
+        sink.ids().iter().filter(|id| **id == held).count(),
+        1,
+        "T's row reaches the sink once"
+    );
+    relay.stop().await;
+}
+
 /// Write transactions of 10 rows on a connection of its own until `stop`;
 /// the ids written.
 async fn write_until(

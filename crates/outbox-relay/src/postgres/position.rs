@@ -472,6 +472,36 @@ pub(crate) fn merge(holes: &mut Holes) -> usize {
     merged
 }
 
+/// The snapshot a hole opened now is taken to: `pg_current_snapshot()`,
+/// widened ([`Snapshot::widened`]) to an id taken after it, so that the hole
+/// holds every transaction begun before it, also one in progress above the
+/// snapshot's xmax (a commit record written, synchronous replication
+/// waiting: [`Hole`]). The id is taken in a transaction rolled back, sent as
+/// one simple query so that no other statement on the connection runs in it.
+async fn hole_snapshot(client: &tokio_postgres::Client) -> Result<Snapshot, tokio_postgres::Error> {
+    let messages = client
+        .simple_query(
+            "BEGIN; SELECT pg_current_snapshot()::text, pg_current_xact_id()::text; ROLLBACK",
+        )
+        .await?;
+    let row = messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .expect("the query returns a row");
+    let snapshot = row
+        .get(0)
+        .and_then(Snapshot::parse)
+        .expect("pg_current_snapshot() prints a snapshot");
+    let upper: u64 = row
+        .get(1)
+        .and_then(|x| x.parse().ok())
+        .expect("pg_current_xact_id() prints an id");
+    Ok(snapshot.widened(upper))
+}
+
 /// Prepare the derived lifecycle for a session of `slot`, before
 /// START_REPLICATION (the slot exists): read the row, discard a pair whose
 /// identity fails, open the holes the session needs and write them with a
@@ -521,11 +551,7 @@ pub(crate) async fn prepare(
              snapshot is vouched for"
         );
     }
-    let now: String = client
-        .query_one("SELECT pg_current_snapshot()::text", &[])
-        .await?
-        .get(0);
-    let now = Snapshot::parse(&now).expect("pg_current_snapshot() prints a snapshot");
+    let now = hole_snapshot(client).await?;
     let beginning = Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot");
     // NULL arrays: never prepared (empty ones: every hole closed).
     let kept_holes = holes.filter(|_| !foreign);
@@ -1436,10 +1462,15 @@ async fn close_holes(
         Arc::clone(&cycle.holes)
     };
     let x = derived::COLUMN;
+    // Open while a transaction begun before `to` is in progress (it may have
+    // written its commit record before the slot's consistent point, and its
+    // rows are not visible yet: [`derived::Hole`]), or while a PENDING row
+    // of one is left. One statement, one snapshot: once the first holds no
+    // more, every such transaction's rows are visible to the second.
     let sql = format!(
-        "SELECT EXISTS (SELECT 1 FROM {outbox} o WHERE o.publish_state = 'PENDING' \
+        "SELECT pg_snapshot_xmin(pg_current_snapshot()) < pg_snapshot_xmax($2::text::pg_snapshot) \
+             OR EXISTS (SELECT 1 FROM {outbox} o WHERE o.publish_state = 'PENDING' \
              AND o.{x} >= pg_snapshot_xmin($1::text::pg_snapshot) AND o.{x} < pg_snapshot_xmax($2::text::pg_snapshot) \
-             AND pg_visible_in_snapshot(o.{x}, $2::text::pg_snapshot) \
              AND NOT pg_visible_in_snapshot(o.{x}, $1::text::pg_snapshot))"
     );
     let mut open = Holes::default();
@@ -1456,7 +1487,7 @@ async fn close_holes(
         if pending {
             open.0.push(hole.clone());
         } else {
-            tracing::info!(slot = %slot, from = %from, to = %to, "derived lifecycle: a hole closed (no PENDING row left in it)");
+            tracing::info!(slot = %slot, from = %from, to = %to, "derived lifecycle: a hole closed (no transaction of it in progress, no PENDING row left in it)");
         }
     }
     merge(&mut open);

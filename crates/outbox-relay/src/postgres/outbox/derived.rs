@@ -27,19 +27,22 @@
 //!
 //! # Holes
 //!
-//! A hole is a span of transactions the stream may not have sent: visible in
-//! its `to` snapshot and not in its `from` snapshot. The first hole is the
-//! slot's boundary: `from` is [`BEGINNING`] (nothing visible), `to` a
-//! snapshot taken after the slot existed (every transaction the slot will
-//! not stream committed before its consistent point, so it is visible
-//! there). Another is opened, from the vouched S to a fresh snapshot, when
+//! A hole is a span of transactions the stream may not have sent: begun
+//! before its `to` snapshot was taken, and not visible in its `from`
+//! snapshot ([`Hole`]). The first hole is the slot's boundary: `from` is
+//! [`BEGINNING`] (nothing visible), `to` a snapshot taken after the slot
+//! existed (every transaction the slot will not stream wrote its commit
+//! record before the consistent point, so it began before that snapshot,
+//! visible there or, waiting for a synchronous standby, not yet). Another
+//! is opened, from the vouched S to a fresh snapshot, when
 //! the relay cannot vouch for what happened in between: the slot was
 //! (re)created, or it is ahead of the kept position at start (moved by
 //! something else, or a crash before the position was kept). Rows in a hole
 //! are never derived published: the poller publishes them (after its grace,
 //! once the stream has passed them) and the stream marks those it publishes
 //! itself ([`Holes::needs_mark`]); so they end with explicit states, and a
-//! hole with no `PENDING` row left is closed.
+//! hole with no transaction of it in progress and no `PENDING` row left is
+//! closed.
 //!
 //! Every reader (the poller, retention, `status`, `replay --state`, the
 //! metrics and the `<table>_state` view that `setup` creates) uses the SQL
@@ -92,6 +95,19 @@ impl Snapshot {
         xid < self.xmin || (xid < self.xmax && !self.xip.contains(&xid))
     }
 
+    /// This snapshot with its xmax raised to `upper`, every id from its xmax
+    /// to `upper` in progress: what it sees is unchanged. A snapshot's xmax
+    /// is one past the last *completed* id, so a transaction begun before it
+    /// and still in progress may be at or above it; an id taken after the
+    /// snapshot (`upper`) bounds every transaction begun before it.
+    pub(crate) fn widened(mut self, upper: u64) -> Self {
+        if upper > self.xmax {
+            self.xip.extend(self.xmax..upper);
+            self.xmax = upper;
+        }
+        self
+    }
+
     /// [`Snapshot::visible`] for the 32-bit id the replication protocol
     /// sends, read as PostgreSQL reads short ids: within 2^31 of `xmax`,
     /// before it or at and after it (begun after the snapshot: not visible).
@@ -121,7 +137,19 @@ impl std::fmt::Display for Snapshot {
     }
 }
 
-/// A span the stream may not have sent: visible in `to`, not in `from`.
+/// A span the stream may not have sent: the transactions begun before `to`
+/// was taken (below its xmax, which [`Snapshot::widened`] raised to an id
+/// taken after it) that `from` does not see.
+///
+/// Begun before `to`, not only visible in it: a transaction may write its
+/// commit record and stay in progress for as long as synchronous replication
+/// waits for a standby. Committed before the slot's consistent point, it is
+/// never streamed, yet it was not visible when `to` was taken; bounded by
+/// visibility, a later snapshot would vouch for it once it is. Bounded by
+/// xmax, it is in the hole whether it committed before `to` or after, and a
+/// hole is not closed while any transaction begun before `to` is in
+/// progress ([`crate::postgres::position`]'s tidying). A transaction in
+/// progress at `to` that commits later is streamed and costs one mark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Hole {
     /// What was vouched for before it ([`BEGINNING`] for the boundary).
@@ -133,7 +161,7 @@ pub(crate) struct Hole {
 impl Hole {
     /// Whether transaction `xid` lies in the hole.
     pub(crate) fn holds(&self, xid: u64) -> bool {
-        self.to.visible(xid) && !self.from.visible(xid)
+        xid < self.to.xmax && !self.from.visible(xid)
     }
 }
 
@@ -258,7 +286,7 @@ pub(crate) fn in_hole(r: &str, p: &str) -> String {
     let x = format!("{r}.{COLUMN}");
     format!(
         "EXISTS (SELECT 1 FROM unnest({p}.hole_from, {p}.hole_to) AS h(f, t) \
-                 WHERE pg_visible_in_snapshot({x}, h.t) AND NOT pg_visible_in_snapshot({x}, h.f))"
+                 WHERE {x} < pg_snapshot_xmax(h.t) AND NOT pg_visible_in_snapshot({x}, h.f))"
     )
 }
 
@@ -557,6 +585,21 @@ mod tests {
     }
 
     #[test]
+    fn a_widened_snapshot_sees_the_same_and_bounds_every_id_taken_before_the_upper_one() {
+        let s = Snapshot::parse("100:105:100,103").unwrap();
+        let w = s.clone().widened(108);
+        assert_eq!(w.to_string(), "100:108:100,103,105,106,107");
+        assert!((90..120).all(|x| w.visible(x) == s.visible(x)));
+        assert_eq!(s.clone().widened(105), s);
+        assert_eq!(s.clone().widened(50), s);
+        let hole = Hole {
+            from: Snapshot::parse(BEGINNING).unwrap(),
+            to: w,
+        };
+        assert!(hole.holds(107) && !hole.holds(108));
+    }
+
+    #[test]
     fn the_stream_marks_rows_without_an_id_or_in_a_hole_and_no_others() {
         let holes = Holes::parse(
             &[BEGINNING.into(), "200:200:".into()],
@@ -565,11 +608,17 @@ mod tests {
         .unwrap();
         assert!(holes.needs_mark(None));
         assert!(holes.needs_mark(Some(49))); // before the boundary
-        assert!(!holes.needs_mark(Some(50))); // in progress at the boundary: streamed
+                                             // In progress at the boundary: its commit record may precede the
+                                             // slot's consistent point (synchronous replication kept it in
+                                             // progress), so it is the hole's.
+        assert!(holes.needs_mark(Some(50)));
         assert!(holes.needs_mark(Some(51)));
+        assert!(!holes.needs_mark(Some(52))); // begun after the boundary
         assert!(!holes.needs_mark(Some(150))); // between the holes
+        assert!(!holes.needs_mark(Some(199))); // visible in the second's `from`
         assert!(holes.needs_mark(Some(205)));
-        assert!(!holes.needs_mark(Some(211)));
+        assert!(holes.needs_mark(Some(211))); // in progress at the second's `to`
+        assert!(!holes.needs_mark(Some(212)));
         assert!(!holes.needs_mark(Some(300)));
         assert_eq!(Holes::parse(&[BEGINNING.into()], &[]), None);
     }
