@@ -239,6 +239,68 @@ async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again
     relay.stop().await;
 }
 
+/// A session's round of closing holes writes the arrays it read, minus the
+/// holes it closed; a round outlives its session, and a later session (of
+/// this relay, or of one that took the slot over) may have opened a hole
+/// meanwhile. The round writes only over the holes it read: here a hole
+/// written into the row behind the running session's back survives the
+/// session's closing of the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_holes_never_erases_a_hole_another_session_wrote() {
+    let outbox = Outbox::new().await;
+    let early = outbox.insert_many(1, 3, 3).await;
+    let sink = Collect::default();
+    let started = std::time::Instant::now();
+    let relay = Running::start(outbox.config(DERIVE), sink.clone());
+    let boundary = wait_until(
+        Duration::from_secs(30),
+        "the boundary hole is written",
+        || async {
+            position(&outbox)
+                .await
+                .and_then(|p| p.holes)
+                .filter(|h| !h.is_empty())
+        },
+    )
+    .await;
+    // The first look at the holes is 5 s into the session.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the boundary was written {:?} into the session, too late for this test",
+        started.elapsed()
+    );
+    let other: String = outbox
+        .sql
+        .query_one(
+            "UPDATE outbox_position SET hole_from = hole_from || pg_current_snapshot(), \
+                    hole_to = hole_to || pg_current_snapshot() \
+              WHERE slot_name = $1 RETURNING pg_current_snapshot()::text",
+            &[&outbox.slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    wait_until(
+        Duration::from_secs(30),
+        "the stream marks the boundary's rows",
+        || async {
+            let states = states(&outbox).await;
+            early
+                .iter()
+                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
+        },
+    )
+    .await;
+    // Past the first look, with nothing left in the boundary.
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(started.elapsed())).await;
+    let holes = position(&outbox).await.and_then(|p| p.holes).unwrap();
+    assert!(
+        holes.contains(&(other.clone(), other.clone())),
+        "the hole another session wrote is kept: {holes:?} (the boundary was {boundary:?})"
+    );
+    relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_without_an_id_is_marked_explicitly() {
     let outbox = Outbox::new().await;

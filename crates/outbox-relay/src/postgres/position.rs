@@ -795,6 +795,9 @@ struct Cycle {
     tidied: Instant,
     /// An open hole was written: the publication stopped carrying the table.
     opened: bool,
+    /// The row's holes were written by another session since this one read
+    /// them: this one closes none ([`close_holes`]).
+    holes_taken: bool,
 }
 
 impl Cycle {
@@ -924,6 +927,7 @@ impl Derived {
                     .checked_sub(TIDY_EVERY - TIDY_FIRST)
                     .unwrap_or_else(Instant::now),
                 opened: false,
+                holes_taken: false,
             })),
             publication: publication.to_owned(),
             publication_id,
@@ -1051,7 +1055,9 @@ impl Keeper {
             let mut cycle = derived.cycle.lock().expect("cycle");
             let store = cycle.passed(confirmed);
             let take = (cycle.owed || !cycle.uncovered.is_empty()) && cycle.due(finished);
-            let tidy = !cycle.holes.0.is_empty() && cycle.tidied.elapsed() >= TIDY_EVERY;
+            let tidy = !cycle.holes.0.is_empty()
+                && !cycle.holes_taken
+                && cycle.tidied.elapsed() >= TIDY_EVERY;
             (take, store, tidy)
         };
         if !(take || store.is_some() || position_due || tidy) {
@@ -1496,12 +1502,34 @@ async fn close_holes(
     }
     let from = snapshot_array(open.0.iter().map(|h| h.from.to_string()));
     let to = snapshot_array(open.0.iter().map(|h| h.to.to_string()));
-    client
+    // Only over the holes this round read: a round outlives its session
+    // (its statements run on), and a later session, of this relay or of one
+    // that took the slot over, may have opened a hole meanwhile; writing the
+    // arrays read before it would erase that hole. Compared as text, which
+    // PostgreSQL prints as the relay parses and prints it.
+    let (was_from, was_to): (Vec<String>, Vec<String>) = holes
+        .0
+        .iter()
+        .map(|h| (h.from.to_string(), h.to.to_string()))
+        .unzip();
+    let written = client
         .execute(
-            &format!("UPDATE {table} SET hole_from = {from}, hole_to = {to} WHERE slot_name = $1"),
-            &[&slot],
+            &format!(
+                "UPDATE {table} SET hole_from = {from}, hole_to = {to} \
+                 WHERE slot_name = $1 AND hole_from::text[] = $2::text[] AND hole_to::text[] = $3::text[]"
+            ),
+            &[&slot, &was_from, &was_to],
         )
         .await?;
+    if written == 0 {
+        tracing::warn!(
+            slot = %slot,
+            "derived lifecycle: the position row's holes changed since this session read them (another \
+             session of the slot wrote them); they are left as they are, and this session closes none"
+        );
+        cycle.lock().expect("cycle").holes_taken = true;
+        return Ok(());
+    }
     let open = Arc::new(open);
     crate::metrics::get().derived_holes.set(open.0.len() as i64);
     let mut cycle = cycle.lock().expect("cycle");
