@@ -15,7 +15,7 @@ use outbox_relay::ErrorClass;
 use crate::outbox::{Collect, Outbox, Running};
 
 /// What `check` finds with `config`, connected as the relay connects.
-async fn check(config: &Config) -> Vec<Finding> {
+pub(crate) async fn check(config: &Config) -> Vec<Finding> {
     let conn = outbox_relay::ConnInfo::new(&config.postgres).expect("connection settings");
     let client = conn.connect().await.expect("connect as the relay");
     outbox_relay::check::run(config, &client)
@@ -72,7 +72,7 @@ async fn both_accept(what: &str, outbox: &Outbox, config: Config) -> Vec<Finding
 }
 
 /// The shipped partitioned table file, for `public.outbox`.
-fn partitioned_table() -> String {
+pub(crate) fn partitioned_table() -> String {
     let config = Config::from_parts(
         "[postgres]\nurl = \"postgres://u@h/db\"\n",
         Path::new("test.toml"),
@@ -337,7 +337,7 @@ fn lifecycle_line(findings: &[Finding]) -> &Finding {
 }
 
 /// The warnings.
-fn warnings(findings: &[Finding]) -> Vec<String> {
+pub(crate) fn warnings(findings: &[Finding]) -> Vec<String> {
     said(findings, Severity::Warning)
 }
 
@@ -520,6 +520,25 @@ async fn check_warns_of_what_weakens_the_derived_lifecycle_and_names_the_fix() {
         .batch_execute("UPDATE outbox SET topic = 't'")
         .await
         .expect("its own columns it may update");
+
+    // The application may write the position row (as default privileges
+    // that grant every new table to it do).
+    let said = warned(format!("GRANT SELECT, UPDATE ON outbox_position TO {app}")).await;
+    assert!(
+        said.len() == 1
+            && said[0].contains(&format!(
+                "role {app} may write table public.outbox_position, whose row says what the relay delivered"
+            ))
+            && said[0].contains(&format!(
+                "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON public.outbox_position FROM {app}"
+            )),
+        "{said:#?}"
+    );
+    let said = warned(format!(
+        "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON outbox_position FROM {app}"
+    ))
+    .await;
+    assert_eq!(said, Vec::<String>::new());
 
     // Another publication sending the column (column lists: 15+).
     if server_version_num(&outbox.sql).await >= 150_000 {

@@ -301,6 +301,78 @@ async fn closing_holes_never_erases_a_hole_another_session_wrote() {
     relay.stop().await;
 }
 
+/// Rows of an `UNLOGGED` partition write no WAL: never streamed, yet every
+/// later snapshot sees their ids. While the outbox has such a partition the
+/// relay vouches for nothing new: the stream marks what it publishes, the
+/// poller publishes the partition's rows, and `check` says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_an_unlogged_partition_are_never_derived_published() {
+    let outbox = Outbox::with_schema(Some(&crate::check::partitioned_table())).await;
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE UNLOGGED TABLE outbox_2019 PARTITION OF outbox \
+             FOR VALUES FROM ('2019-01-01') TO ('2020-01-01')",
+        )
+        .await
+        .unwrap();
+    let warned = crate::check::warnings(&crate::check::check(&outbox.config("")).await);
+    assert!(
+        warned.len() == 1
+            && warned[0].contains("outbox_2019 (unlogged) of table public.outbox writes no WAL")
+            && warned[0].contains("SET LOGGED"),
+        "{warned:#?}"
+    );
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"2s\"\n"
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    let unlogged: Vec<String> = outbox
+        .sql
+        .query(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+             SELECT 'order', 'u-' || g, 'E', '{}', timestamptz '2019-06-01' + g * interval '1 s' \
+               FROM generate_series(1, 3) g RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let logged = outbox.insert_many(2, 2, 1).await;
+    wait_until(
+        Duration::from_secs(30),
+        "every row reads PUBLISHED",
+        || async {
+            let states = states(&outbox).await;
+            unlogged
+                .iter()
+                .chain(&logged)
+                .all(|id| states[id].0 == "PUBLISHED")
+        },
+    )
+    .await;
+    let derived = derived_published(&outbox).await;
+    let got = sink.ids();
+    for id in &unlogged {
+        assert!(
+            !derived.contains(id),
+            "{id}: never streamed, not derived published"
+        );
+        assert_eq!(
+            got.iter().filter(|g| *g == id).count(),
+            1,
+            "{id} reaches the sink once, by the poller"
+        );
+    }
+    relay.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_without_an_id_is_marked_explicitly() {
     let outbox = Outbox::new().await;

@@ -603,7 +603,15 @@ pub(crate) async fn prepare(
     }
     if identity.is_none() {
         // Readiness refuses a table the publication does not carry before
-        // a session gets here; should it happen, vouch for nothing.
+        // a session gets here; a partition that writes no WAL it only warns
+        // of (`check`). Either way, vouch for nothing new.
+        tracing::warn!(
+            slot = %slot, table = %outbox,
+            "the publication does not carry the outbox table, or a partition of it writes no WAL \
+             (UNLOGGED, or a foreign table): its rows are never streamed, so the relay vouches for \
+             nothing new; every row is marked or published by the poller until that is mended and \
+             the relay restarted"
+        );
         holes.0.push(Hole {
             from: snapshot
                 .clone()
@@ -1377,7 +1385,8 @@ async fn open_hole(
     write_holes(client, table, slot, 0, &holes, false, None).await?;
     tracing::error!(
         slot = %slot, publication = %publication, table = %outbox,
-        "the publication no longer carries the outbox table: rows written now are not streamed; \
+        "the publication no longer carries the outbox table, or a partition of it writes no WAL \
+         (UNLOGGED, or a foreign table): rows written now are not streamed; \
          nothing after the last vouched snapshot is derived published until the table is in the \
          publication again and the relay restarted (the poller publishes those rows after its grace)"
     );

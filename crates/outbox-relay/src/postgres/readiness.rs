@@ -179,6 +179,23 @@ pub(crate) enum Problem {
         /// `name (member of the owner <owner>)`.
         bypassing: Vec<String>,
     },
+    /// The table or partitions of it write no WAL (`UNLOGGED`, or foreign
+    /// tables): their rows are never streamed, so the derived lifecycle
+    /// vouches for nothing new while they exist
+    /// ([`crate::postgres::outbox::derived::publication_identity`]).
+    NotLogged {
+        /// Each, with why (`name (unlogged)`, `name (foreign)`).
+        relations: Vec<String>,
+    },
+    /// Roles besides the relays may write the position table, whose row
+    /// says what the relay delivered: such a role can make the relay vouch
+    /// for rows it never sent (a moved confirmed position, emptied holes).
+    PositionWritable {
+        /// The position table, schema-qualified.
+        position: String,
+        /// The roles granted a write (`PUBLIC` for everyone).
+        roles: Vec<String>,
+    },
     /// Other publications send the derived lifecycle's column (PostgreSQL
     /// 15+, where column lists can leave it out).
     TxidPublished {
@@ -255,6 +272,8 @@ impl Problem {
             | Problem::DerivedIndexMissing { .. }
             | Problem::TxidForgeable { .. }
             | Problem::TxidPublished { .. }
+            | Problem::PositionWritable { .. }
+            | Problem::NotLogged { .. }
             | Problem::Failover(_) => Effect::Warns,
             Problem::ColumnList { required, .. } => {
                 if *required {
@@ -301,7 +320,9 @@ impl Problem {
             | Problem::DerivedRunsAsMark { .. }
             | Problem::TxidDefault { .. }
             | Problem::DerivedIndexMissing { .. }
-            | Problem::TxidForgeable { .. } => Area::Table,
+            | Problem::TxidForgeable { .. }
+            | Problem::PositionWritable { .. }
+            | Problem::NotLogged { .. } => Area::Table,
             Problem::PublicationMissing
             | Problem::TxidPublished { .. }
             | Problem::NotViaRoot
@@ -404,6 +425,22 @@ impl Problem {
                     who.join("; ")
                 )
             }
+            Problem::NotLogged { relations } => format!(
+                "{} of table {table} {} no WAL: {} rows are never streamed, so \
+                 lifecycle.on_published = \"derive\" vouches for nothing new while {} (every \
+                 published row is updated, as under \"mark\"; the poller publishes theirs)",
+                relations.join(", "),
+                if relations.len() == 1 { "writes" } else { "write" },
+                if relations.len() == 1 { "its" } else { "their" },
+                if relations.len() == 1 { "it does" } else { "they do" },
+            ),
+            Problem::PositionWritable { position, roles } => format!(
+                "{} {} may write table {position}, whose row says what the relay delivered: a \
+                 moved confirmed_lsn or emptied holes there make the relay vouch for rows it never \
+                 sent, and they read as published",
+                if roles.len() == 1 { "role" } else { "roles" },
+                roles.join(", ")
+            ),
             Problem::TxidPublished { publications } => format!(
                 "{} {} {} table {table} with its column {col}: a subscriber receives this \
                  server's transaction ids, which mean nothing there (its copy would read as \
@@ -569,6 +606,15 @@ impl Problem {
                 }
                 format!("{} (docs/producers.md)", fixes.join("; "))
             }
+            Problem::NotLogged { .. } => "ALTER TABLE name SET LOGGED (a foreign table: detach it \
+                 from the outbox), then restart the relay (docs/guarantees.md)"
+                .into(),
+            Problem::PositionWritable { position, roles } => format!(
+                "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {position} FROM {} (only the relay \
+                 writes it; skip a backlog with pg_replication_slot_advance or `outbox-relay \
+                 replay`, never by editing the row: docs/guarantees.md)",
+                roles.join(", ")
+            ),
             Problem::TxidPublished { .. } => format!(
                 "give each a column list without it: ALTER PUBLICATION name SET TABLE {table} \
                  (column, ...) (docs/producers.md)"
@@ -1257,6 +1303,44 @@ async fn inspect_lifecycle(
     if !roles.is_empty() || !bypassing.is_empty() {
         problems.push(Problem::TxidForgeable { roles, bypassing });
     }
+    let relations: Vec<String> = client
+        .query_one(
+            "SELECT coalesce(array_agg(c.oid::regclass::text \
+                       || CASE WHEN c.relkind = 'f' THEN ' (foreign)' ELSE ' (unlogged)' END ORDER BY 1), '{}') \
+               FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
+              WHERE c.relpersistence <> 'p' OR c.relkind = 'f'",
+            &[&table.oid],
+        )
+        .await?
+        .get(0);
+    if !relations.is_empty() {
+        problems.push(Problem::NotLogged { relations });
+    }
+    // Who may write the position table besides its owner, the role checking
+    // and relays (roles that may stream), which write their own rows.
+    let position = qualified(&name.schema, &position_name);
+    let writers: Vec<String> = client
+        .query_one(
+            "SELECT coalesce(array_agg(w ORDER BY w), '{}') FROM ( \
+               SELECT DISTINCT CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END AS w \
+                 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) g \
+                WHERE c.oid = to_regclass($1) \
+                  AND g.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') \
+                  AND g.grantee <> c.relowner \
+                  AND g.grantee IS DISTINCT FROM (SELECT oid FROM pg_roles WHERE rolname = current_user) \
+                  AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee AND (r.rolreplication \
+                                  OR (to_regrole('rds_replication') IS NOT NULL \
+                                      AND pg_has_role(r.oid, 'rds_replication', 'MEMBER'))))) s",
+            &[&position],
+        )
+        .await?
+        .get(0);
+    if !writers.is_empty() {
+        problems.push(Problem::PositionWritable {
+            position,
+            roles: writers,
+        });
+    }
     let row = client
         .query_one(
             "SELECT c.relowner::regrole::text, 10::oid::regrole::text FROM pg_class c WHERE c.oid = $1",
@@ -1497,6 +1581,23 @@ mod tests {
             (
                 Problem::TxidPublished {
                     publications: vec!["other".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::NotLogged {
+                    relations: vec!["outbox_2019 (unlogged)".into()],
+                },
+                Warns,
+                Warning,
+                Warning,
+            ),
+            (
+                Problem::PositionWritable {
+                    position: "public.outbox_position".into(),
+                    roles: vec!["app".into()],
                 },
                 Warns,
                 Warning,

@@ -225,6 +225,12 @@ pub(crate) const POSITION_COLUMNS: [(&str, &str); 6] = [
 /// Rows committed while the publication did not carry the table are never
 /// streamed (the walsender decodes with the catalog as it was), yet later
 /// snapshots see them: a change between two looks opens a hole.
+///
+/// NULL too while the table or one of its partitions writes no WAL (an
+/// `UNLOGGED` partition, which PostgreSQL allows under a published root, or
+/// a foreign table as a partition): its rows are never streamed, yet carry
+/// ids that snapshots see. The relay then vouches for nothing new, as for a
+/// table the publication does not carry.
 pub(crate) fn publication_identity(namespaces: bool) -> String {
     let schemas = if namespaces {
         " UNION ALL SELECT 'n' || n.oid || ':' || n.xmin FROM pg_publication_namespace n \
@@ -234,7 +240,9 @@ pub(crate) fn publication_identity(namespaces: bool) -> String {
     };
     format!(
         "WITH rels AS (SELECT to_regclass($2) AS r UNION ALL SELECT relid FROM pg_partition_ancestors(to_regclass($2))) \
-         SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
+         SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass($2)) t JOIN pg_class c ON c.oid = t.relid \
+                     WHERE c.relpersistence <> 'p' OR c.relkind = 'f') THEN NULL \
+                WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
                      AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname \
                          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                          WHERE c.oid IN (SELECT r FROM rels UNION ALL SELECT relid FROM pg_partition_tree(to_regclass($2))))) \
