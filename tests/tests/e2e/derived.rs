@@ -101,6 +101,17 @@ async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
     }
 }
 
+/// Wait until every row of `ids` reads `PUBLISHED` explicitly (marked, not
+/// derived): `what` names it in the timeout's message.
+async fn all_marked(outbox: &Outbox, ids: &[String], what: &str) {
+    wait_until(Duration::from_secs(30), what, || async {
+        let states = states(outbox).await;
+        ids.iter()
+            .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
+    })
+    .await;
+}
+
 /// What tells why no pair vouches for `ids`: the slot's row, the slot and
 /// its walsender, the server's positions and the rows' ids.
 async fn keeper_state(outbox: &Outbox, ids: &[String]) -> String {
@@ -200,17 +211,7 @@ async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;
-    wait_until(
-        Duration::from_secs(30),
-        "the early rows end explicitly PUBLISHED",
-        || async {
-            let states = states(&outbox).await;
-            early
-                .iter()
-                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
-        },
-    )
-    .await;
+    all_marked(&outbox, &early, "the early rows end explicitly PUBLISHED").await;
     // Past the poller's grace (long enough for the stream to get there
     // first on a busy machine: a poller that wins publishes them too, at
     // least once), several rounds: the stream marked them, so the poller
@@ -280,17 +281,7 @@ async fn closing_holes_never_erases_a_hole_another_session_wrote() {
         .await
         .unwrap()
         .get(0);
-    wait_until(
-        Duration::from_secs(30),
-        "the stream marks the boundary's rows",
-        || async {
-            let states = states(&outbox).await;
-            early
-                .iter()
-                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
-        },
-    )
-    .await;
+    all_marked(&outbox, &early, "the stream marks the boundary's rows").await;
     // Past the first look, with nothing left in the boundary.
     tokio::time::sleep(Duration::from_secs(12).saturating_sub(started.elapsed())).await;
     let holes = position(&outbox).await.and_then(|p| p.holes).unwrap();
@@ -405,17 +396,8 @@ async fn a_row_without_an_id_is_marked_explicitly() {
         .unwrap()
         .get(0);
     let plain = outbox.insert_many(1, 1, 1).await;
-    wait_until(
-        Duration::from_secs(30),
-        "rows without an id end PUBLISHED",
-        || async {
-            let states = states(&outbox).await;
-            old.iter()
-                .chain([&forged])
-                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
-        },
-    )
-    .await;
+    let unmarked: Vec<String> = old.iter().chain([&forged]).cloned().collect();
+    all_marked(&outbox, &unmarked, "rows without an id end PUBLISHED").await;
     all_derived(&outbox, &plain, "the ordinary row is derived published").await;
     assert_eq!(sink.ids().len(), 4);
     relay.stop().await;
@@ -1243,10 +1225,10 @@ async fn a_commit_written_before_the_slot_was_consistent_and_visible_only_after_
         !derived_published(&outbox).await.contains(&held),
         "T's row, never streamed, is not derived published"
     );
-    wait_until(
-        Duration::from_secs(30),
+    all_marked(
+        &outbox,
+        std::slice::from_ref(&held),
         "the poller publishes T's row and marks it",
-        || async { states(&outbox).await[&held] == ("PUBLISHED".to_owned(), false) },
     )
     .await;
     assert_eq!(
@@ -1413,14 +1395,10 @@ async fn rows_the_keeper_cannot_vouch_for_wait_for_it_a_grace_then_the_poller_ta
     );
     // Still no pair: after that grace the poller publishes them and marks
     // them (at least once), as it would rows nothing vouches for.
-    wait_until(
-        Duration::from_secs(30),
+    all_marked(
+        &outbox,
+        &held,
         "the poller publishes and marks the rows nothing vouched for",
-        || async {
-            let states = states(&outbox).await;
-            held.iter()
-                .all(|id| states[id] == ("PUBLISHED".to_owned(), false))
-        },
     )
     .await;
     let taken_at = written.elapsed();
