@@ -920,16 +920,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
     all_derived(&outbox, &before, "the rows before are derived published").await;
 
     // A synchronous standby that never answers: commits wait, invisible.
-    outbox
-        .sql
-        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
-        .await
-        .unwrap();
-    outbox
-        .sql
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
+    standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
     let writer = outbox.db.client().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
     // Set once a commit was seen waiting: the insert in flight is the last.
@@ -964,22 +955,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         }
     });
     let pid = rx.await.unwrap();
-    wait_until(
-        Duration::from_secs(30),
-        "a commit waits for the standby",
-        || async {
-            outbox
-                .sql
-                .query_one(
-                    "SELECT coalesce(wait_event = 'SyncRep', false) FROM pg_stat_activity WHERE pid = $1",
-                    &[&pid],
-                )
-                .await
-                .map(|r| r.get::<_, bool>(0))
-                .unwrap_or(false)
-        },
-    )
-    .await;
+    waits_for_standby(&outbox, pid, "a commit waits for the standby").await;
     seen.store(true, std::sync::atomic::Ordering::SeqCst);
     let waiting = wait_until(
         Duration::from_secs(30),
@@ -1009,16 +985,7 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         "not derived published while invisible"
     );
 
-    outbox
-        .sql
-        .batch_execute("ALTER SYSTEM RESET synchronous_standby_names")
-        .await
-        .unwrap();
-    outbox
-        .sql
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .unwrap();
+    standby(&outbox, "RESET synchronous_standby_names").await;
     let ids = tokio::time::timeout(Duration::from_secs(30), insert)
         .await
         .expect("the commit is let go")
@@ -1054,6 +1021,23 @@ async fn standby(outbox: &Outbox, change: &str) {
     ] {
         outbox.sql.batch_execute(&sql).await.unwrap();
     }
+}
+
+/// Wait until backend `pid` waits for a synchronous standby (its commit
+/// record written, the transaction still in progress).
+async fn waits_for_standby(outbox: &Outbox, pid: i32, what: &str) {
+    wait_until(Duration::from_secs(30), what, || async {
+        outbox
+            .sql
+            .query_one(
+                "SELECT coalesce(wait_event = 'SyncRep', false) FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
 }
 
 /// Log a running-transactions record now (a checkpoint does), so that a
@@ -1148,22 +1132,7 @@ async fn a_commit_written_before_the_slot_was_consistent_and_visible_only_after_
         .unwrap();
     let (held, xid): (String, String) = (row.get(0), row.get(1));
     let committing = tokio::spawn(async move { t.batch_execute("COMMIT").await });
-    wait_until(
-        Duration::from_secs(30),
-        "T's commit waits for the standby",
-        || async {
-            outbox
-                .sql
-                .query_one(
-                    "SELECT coalesce(wait_event = 'SyncRep', false) FROM pg_stat_activity WHERE pid = $1",
-                    &[&pid],
-                )
-                .await
-                .map(|r| r.get::<_, bool>(0))
-                .unwrap_or(false)
-        },
-    )
-    .await;
+    waits_for_standby(&outbox, pid, "T's commit waits for the standby").await;
     commit_locally(&o2).await;
     log_running_xacts(&outbox).await;
     let consistent = tokio::time::timeout(Duration::from_secs(30), create)
