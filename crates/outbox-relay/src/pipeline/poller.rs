@@ -512,8 +512,10 @@ impl<S: Sink> Poller<S> {
         })
     }
 
-    /// The server's WAL layout, read once ([`WalLayout::read`]); unknown
-    /// (positions as they are) while it cannot be read.
+    /// The server's WAL layout, read once for the poller's life, across
+    /// reconnections ([`WalLayout::read`]: a cluster's standbys share it);
+    /// unknown (positions as they are) while it cannot be read, and read
+    /// again the next round.
     async fn wal(&mut self, client: &Client) -> WalLayout {
         if let Some(wal) = self.wal {
             return wal;

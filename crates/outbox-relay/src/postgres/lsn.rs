@@ -43,7 +43,7 @@ impl WalLayout {
     /// MAXALIGN (`pg_control_init()`, executable by anyone unless revoked,
     /// like the `pg_control_system()` the derived lifecycle reads). It
     /// cannot change while the server runs, nor differ on its standbys, so
-    /// it is read once a connection.
+    /// it is read once: a session's keeper and the poller each keep it.
     pub(crate) async fn read(
         client: &tokio_postgres::Client,
     ) -> Result<Self, tokio_postgres::Error> {

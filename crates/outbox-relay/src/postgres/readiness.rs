@@ -1305,10 +1305,13 @@ async fn inspect_lifecycle(
     }
     let relations: Vec<String> = client
         .query_one(
-            "SELECT coalesce(array_agg(c.oid::regclass::text \
-                       || CASE WHEN c.relkind = 'f' THEN ' (foreign)' ELSE ' (unlogged)' END ORDER BY 1), '{}') \
-               FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
-              WHERE c.relpersistence <> 'p' OR c.relkind = 'f'",
+            &format!(
+                "SELECT coalesce(array_agg(c.oid::regclass::text \
+                           || CASE WHEN c.relkind = 'f' THEN ' (foreign)' ELSE ' (unlogged)' END ORDER BY 1), '{{}}') \
+                   FROM pg_partition_tree($1::oid::regclass) t JOIN pg_class c ON c.oid = t.relid \
+                  WHERE {}",
+                derived::WRITES_NO_WAL
+            ),
             &[&table.oid],
         )
         .await?

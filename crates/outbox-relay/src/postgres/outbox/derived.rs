@@ -215,6 +215,10 @@ pub(crate) const POSITION_COLUMNS: [(&str, &str); 6] = [
     ("publication_id", "text"),
 ];
 
+/// SQL boolean on `pg_class` row `c`: the relation writes no WAL (unlogged,
+/// temporary, or a foreign table), so its rows are never streamed.
+pub(crate) const WRITES_NO_WAL: &str = "(c.relpersistence <> 'p' OR c.relkind = 'f')";
+
 /// SQL (`$1` the publication's name, `$2` the outbox table, qualified and
 /// quoted): text that changes whenever what the publication sends of the
 /// table may have changed, NULL when it does not carry the table. The
@@ -232,6 +236,7 @@ pub(crate) const POSITION_COLUMNS: [(&str, &str); 6] = [
 /// ids that snapshots see. The relay then vouches for nothing new, as for a
 /// table the publication does not carry.
 pub(crate) fn publication_identity(namespaces: bool) -> String {
+    let no_wal = WRITES_NO_WAL;
     let schemas = if namespaces {
         " UNION ALL SELECT 'n' || n.oid || ':' || n.xmin FROM pg_publication_namespace n \
            WHERE n.pnpubid = p.oid AND n.pnnspid IN (SELECT c.relnamespace FROM pg_class c WHERE c.oid IN (SELECT r FROM rels))"
@@ -241,7 +246,7 @@ pub(crate) fn publication_identity(namespaces: bool) -> String {
     format!(
         "WITH rels AS (SELECT to_regclass($2) AS r UNION ALL SELECT relid FROM pg_partition_ancestors(to_regclass($2))) \
          SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass($2)) t JOIN pg_class c ON c.oid = t.relid \
-                     WHERE c.relpersistence <> 'p' OR c.relkind = 'f') THEN NULL \
+                     WHERE {no_wal}) THEN NULL \
                 WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
                      AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname \
                          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
