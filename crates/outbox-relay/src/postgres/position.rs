@@ -803,6 +803,10 @@ struct Cycle {
     tidied: Instant,
     /// An open hole was written: the publication stopped carrying the table.
     opened: bool,
+    /// The publication and the outbox's storage as last looked at
+    /// ([`derived::publication_identity`]): a pair is stored only while
+    /// they are the same; a change opens a hole ([`close_behind`]).
+    identity: Option<String>,
     /// The row's holes were written by another session since this one read
     /// them: this one closes none ([`close_holes`]).
     holes_taken: bool,
@@ -891,11 +895,8 @@ impl Cycle {
 /// The derived lifecycle's part of a [`Keeper`].
 pub(crate) struct Derived {
     cycle: Arc<Mutex<Cycle>>,
-    /// The relay's publication, and what it sent of the outbox table when
-    /// the session started: a pair is stored only while it is the same
-    /// ([`derived::publication_identity`], [`derived::OPEN`]).
+    /// The relay's publication.
     publication: String,
-    publication_id: Option<String>,
     /// The outbox table, schema-qualified and quoted (holes are closed by
     /// its `relay_txid` index).
     outbox: String,
@@ -912,7 +913,7 @@ impl Derived {
         publication: &str,
         published: watch::Sender<Option<Arc<Holes>>>,
     ) -> Self {
-        let publication_id = vouching.publication;
+        let identity = vouching.publication;
         let wal = vouching.wal;
         let holes = Arc::new(vouching.holes);
         published.send_replace(Some(Arc::clone(&holes)));
@@ -936,9 +937,9 @@ impl Derived {
                     .unwrap_or_else(Instant::now),
                 opened: false,
                 holes_taken: false,
+                identity,
             })),
             publication: publication.to_owned(),
-            publication_id,
             outbox: outbox.to_owned(),
             wal,
         }
@@ -1191,7 +1192,6 @@ impl Keeper {
             system: self.system.clone(),
             outbox: derived.outbox.clone(),
             publication: derived.publication.clone(),
-            publication_id: derived.publication_id.clone(),
             wal: derived.wal,
             cycle: Arc::clone(&derived.cycle),
             position: self.write(confirmed),
@@ -1229,7 +1229,6 @@ struct Round<F> {
     system: System,
     outbox: String,
     publication: String,
-    publication_id: Option<String>,
     wal: WalLayout,
     cycle: Arc<Mutex<Cycle>>,
     /// Writes the confirmed position alone.
@@ -1304,19 +1303,30 @@ where
             )
             .await?
             .get(0);
-        // After the flush check: a publication unchanged since the session
-        // started carried the table over every commit the pair vouches for.
+        // After the flush check: a publication and a storage unchanged since
+        // the last look carried the table over every commit the pair vouches
+        // for.
         let now = publication_identity(&self.client, &self.publication, &self.outbox).await?;
-        if now.is_none() || now != self.publication_id {
-            open_hole(
-                &self.client,
-                &self.table,
-                &self.slot,
-                &self.publication,
-                &self.outbox,
-                &self.cycle,
-            )
-            .await?;
+        let seen = self.cycle.lock().expect("cycle").identity.clone();
+        if now.is_none() || now != seen {
+            match now {
+                None => {
+                    open_hole(
+                        &self.client,
+                        &self.table,
+                        &self.slot,
+                        &self.publication,
+                        &self.outbox,
+                        &self.cycle,
+                    )
+                    .await?
+                }
+                Some(now) => {
+                    close_behind(&self.client, &self.table, &self.slot, &self.cycle, now).await?;
+                    // Its S was taken before the look: a fresh one is owed.
+                    self.cycle.lock().expect("cycle").dropped();
+                }
+            }
             return if position_due {
                 self.position.await
             } else {
@@ -1398,6 +1408,64 @@ async fn open_hole(
         .derived_holes
         .set(holes.0.len() as i64);
     cycle.published.send_replace(Some(holes));
+    Ok(())
+}
+
+/// The publication or the outbox's storage changed since the last look
+/// (`now` is what it reads as now, still carrying the table): rows committed
+/// in between may not have been streamed (the table was out of the
+/// publication for a while, or a partition went `UNLOGGED` and back, which
+/// rewrites it), and every later snapshot sees them. Every such commit came
+/// before this look, and after the look that stored the vouched S (that one
+/// found the identity unchanged), so a hole from the vouched S (or
+/// [`BEGINNING`]) to a snapshot taken now ([`hole_snapshot`]) holds them:
+/// the poller publishes them, the stream marks what it publishes in it.
+/// Appended to the row's arrays, never written over them (another session
+/// may have written them), durably; `now` is the new baseline.
+async fn close_behind(
+    client: &tokio_postgres::Client,
+    table: &str,
+    slot: &str,
+    cycle: &Mutex<Cycle>,
+    now: String,
+) -> Result<(), tokio_postgres::Error> {
+    let to = hole_snapshot(client).await?;
+    let from = cycle
+        .lock()
+        .expect("cycle")
+        .vouched
+        .clone()
+        .unwrap_or_else(|| Snapshot::parse(BEGINNING).expect("BEGINNING is a snapshot"));
+    client
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = local; \
+             UPDATE {table} SET hole_from = hole_from || {from}::pg_snapshot, \
+                 hole_to = hole_to || {to}::pg_snapshot, publication_id = {now} \
+             WHERE slot_name = {slot} AND hole_to IS NOT NULL; \
+             COMMIT",
+            from = quote_literal(&from.to_string()),
+            to = quote_literal(&to.to_string()),
+            now = quote_literal(&now),
+            slot = quote_literal(slot),
+        ))
+        .await?;
+    tracing::warn!(
+        slot = %slot, from = %from, to = %to,
+        "derived lifecycle: the publication or the outbox table's storage changed since the last \
+         look (a partition set UNLOGGED and back, TRUNCATE, VACUUM FULL, CLUSTER, or the table taken \
+         out of the publication and put back): rows committed meanwhile may not have been streamed; \
+         a hole opened over them (the poller publishes them, at least once)"
+    );
+    let mut cycle = cycle.lock().expect("cycle");
+    let mut holes = (*cycle.holes).clone();
+    holes.0.push(Hole { from, to });
+    let holes = Arc::new(holes);
+    crate::metrics::get()
+        .derived_holes
+        .set(holes.0.len() as i64);
+    cycle.holes = Arc::clone(&holes);
+    cycle.published.send_replace(Some(holes));
+    cycle.identity = Some(now);
     Ok(())
 }
 

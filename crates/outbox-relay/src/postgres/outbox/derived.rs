@@ -219,6 +219,14 @@ pub(crate) const POSITION_COLUMNS: [(&str, &str); 6] = [
 /// temporary, or a foreign table), so its rows are never streamed.
 pub(crate) const WRITES_NO_WAL: &str = "(c.relpersistence <> 'p' OR c.relkind = 'f')";
 
+/// SQL: the relations of `table`'s partition tree (`table` an SQL
+/// expression of type `regclass`), as a subquery of one column, `relid`:
+/// the table itself and, when it is partitioned, every partition at every
+/// level. (`pg_partition_tree` alone lists nothing for a plain table.)
+pub(crate) fn tree(table: &str) -> String {
+    format!("(SELECT {table} AS relid UNION SELECT relid FROM pg_partition_tree({table}))")
+}
+
 /// SQL (`$1` the publication's name, `$2` the outbox table, qualified and
 /// quoted): text that changes whenever what the publication sends of the
 /// table may have changed, NULL when it does not carry the table. The
@@ -229,6 +237,15 @@ pub(crate) const WRITES_NO_WAL: &str = "(c.relpersistence <> 'p' OR c.relkind = 
 /// Rows committed while the publication did not carry the table are never
 /// streamed (the walsender decodes with the catalog as it was), yet later
 /// snapshots see them: a change between two looks opens a hole.
+///
+/// The storage too: every relation of the table's partition tree that was
+/// rewritten since it was created (its `relfilenode` is no longer its oid),
+/// by its new `relfilenode`. A partition (or a table published by schema)
+/// set `UNLOGGED`, loaded and set `LOGGED` again, even in one transaction,
+/// wrote its rows without WAL, so they are never streamed, and reads the
+/// same as before but for this: `SET LOGGED` rewrites it. So do `TRUNCATE`,
+/// `VACUUM FULL` and `CLUSTER`, which cost a hole as well. A partition
+/// created and never rewritten (pg_partman's) changes nothing.
 ///
 /// NULL too while the table or one of its partitions writes no WAL (an
 /// `UNLOGGED` partition, which PostgreSQL allows under a published root, or
@@ -243,9 +260,10 @@ pub(crate) fn publication_identity(namespaces: bool) -> String {
     } else {
         ""
     };
+    let tree = tree("to_regclass($2)");
     format!(
         "WITH rels AS (SELECT to_regclass($2) AS r UNION ALL SELECT relid FROM pg_partition_ancestors(to_regclass($2))) \
-         SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_partition_tree(to_regclass($2)) t JOIN pg_class c ON c.oid = t.relid \
+         SELECT CASE WHEN EXISTS (SELECT 1 FROM {tree} t JOIN pg_class c ON c.oid = t.relid \
                      WHERE {no_wal}) THEN NULL \
                 WHEN EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = $1 \
                      AND (t.schemaname, t.tablename) IN (SELECT n.nspname, c.relname \
@@ -254,7 +272,9 @@ pub(crate) fn publication_identity(namespaces: bool) -> String {
            THEN (SELECT string_agg(x, ',' ORDER BY x) FROM pg_publication p, LATERAL ( \
                    SELECT 'p' || p.oid || ':' || p.xmin || ':' || p.pubinsert || p.puballtables \
                    UNION ALL SELECT 'r' || pr.oid || ':' || pr.xmin FROM pg_publication_rel pr \
-                     WHERE pr.prpubid = p.oid AND pr.prrelid IN (SELECT r FROM rels){schemas}) AS q(x) \
+                     WHERE pr.prpubid = p.oid AND pr.prrelid IN (SELECT r FROM rels){schemas} \
+                   UNION ALL SELECT 's' || c.oid || ':' || c.relfilenode FROM {tree} t \
+                     JOIN pg_class c ON c.oid = t.relid WHERE c.relkind = 'r' AND c.relfilenode <> c.oid) AS q(x) \
                  WHERE p.pubname = $1) END"
     )
 }
