@@ -27,6 +27,9 @@ BEGIN
         -- id: with it, the row would read as published and never be sent.
         -- Without one the poller publishes it (explicit state). Only such
         -- updates fire it (the relay never writes PENDING); inserts cost nothing.
+        -- ENABLE ALWAYS: it fires under session_replication_role = replica too
+        -- (data fixes run so to skip foreign-key triggers), which an ordinary
+        -- trigger does not.
         CREATE OR REPLACE FUNCTION {{schema}}.{{requeue}}() RETURNS trigger
             LANGUAGE plpgsql AS $requeue$
         BEGIN
@@ -38,6 +41,7 @@ BEGIN
         CREATE TRIGGER {{requeue}} BEFORE UPDATE OF publish_state ON {{schema}}.{{table}}
             FOR EACH ROW WHEN (NEW.publish_state = 'PENDING')
             EXECUTE FUNCTION {{schema}}.{{requeue}}();
+        ALTER TABLE {{schema}}.{{table}} ENABLE ALWAYS TRIGGER {{requeue}};
     END IF;
 END
 $$;

@@ -8,12 +8,17 @@
 -- must name their columns in INSERT: an INSERT without a column list targets
 -- every column and is refused (docs/producers.md). A column added to the table
 -- later needs its own grant: run this again. An owner of the table is bound by
--- no privilege: the application should not own it.
+-- no privilege: the application should not own it. Producers insert through
+-- the table: on its partitions (an insert straight into one is checked against
+-- the partition's privileges alone, and streamed as the table's) the role's
+-- INSERT, UPDATE and TRIGGER are revoked, as is TRIGGER on the table (a BEFORE
+-- trigger could set relay_txid whatever the column privileges).
 DO $$
 DECLARE
     outbox  regclass := to_regclass({{'table_regclass'}});
     columns text;
     relays  text;
+    part    regclass;
 BEGIN
     IF outbox IS NULL THEN
         RETURN;
@@ -33,6 +38,13 @@ BEGIN
     IF relays IS NOT NULL THEN
         EXECUTE format('REVOKE INSERT (%s), UPDATE (%s) ON %s FROM %I', relays, relays, outbox, {{'producer'}});
     END IF;
+    REVOKE TRIGGER ON {{schema}}.{{table}} FROM {{producer}};
+    FOR part IN SELECT relid FROM pg_partition_tree(outbox) WHERE relid <> outbox LOOP
+        EXECUTE format('REVOKE INSERT, UPDATE, TRIGGER ON %s FROM %I', part, {{'producer'}});
+        IF relays IS NOT NULL THEN
+            EXECUTE format('REVOKE INSERT (%s), UPDATE (%s) ON %s FROM %I', relays, relays, part, {{'producer'}});
+        END IF;
+    END LOOP;
     GRANT SELECT ON {{schema}}.{{table}} TO {{producer}};
     EXECUTE format('GRANT INSERT (%s), UPDATE (%s) ON %s TO %I', columns, columns, outbox, {{'producer'}});
     IF to_regclass({{'state_view_regclass'}}) IS NOT NULL THEN

@@ -34,6 +34,9 @@ BEGIN
         -- id: with it, the row would read as published and never be sent.
         -- Without one the poller publishes it (explicit state). Only such
         -- updates fire it (the relay never writes PENDING); inserts cost nothing.
+        -- ENABLE ALWAYS: it fires under session_replication_role = replica too
+        -- (data fixes run so to skip foreign-key triggers), which an ordinary
+        -- trigger does not.
         CREATE OR REPLACE FUNCTION public.outbox_requeue() RETURNS trigger
             LANGUAGE plpgsql AS $requeue$
         BEGIN
@@ -45,6 +48,7 @@ BEGIN
         CREATE TRIGGER outbox_requeue BEFORE UPDATE OF publish_state ON public.outbox
             FOR EACH ROW WHEN (NEW.publish_state = 'PENDING')
             EXECUTE FUNCTION public.outbox_requeue();
+        ALTER TABLE public.outbox ENABLE ALWAYS TRIGGER outbox_requeue;
     END IF;
 END
 $$;

@@ -684,3 +684,89 @@ async fn check_names_the_roles_that_bypass_column_privileges() {
         Vec::<String>::new()
     );
 }
+
+/// A role may set `relay_txid` through a partition of the outbox (a grant
+/// on the partition, as `ALTER DEFAULT PRIVILEGES … GRANT INSERT ON TABLES`
+/// gives every partition created later): an insert straight into a
+/// partition is checked against the partition's privileges alone, and
+/// streamed as the table's. `check` names the role and the partition, and
+/// `setup --producer-role` takes the partition's grant away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_role_that_may_set_relay_txid_through_a_partition() {
+    let outbox = Outbox::with_schema(Some(&partitioned_table())).await;
+    let app = format!("app_{}", outbox.db.name().trim_start_matches("t_"));
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "CREATE TABLE outbox_2019 PARTITION OF outbox FOR VALUES FROM ('2019-01-01') TO ('2020-01-01'); \
+             CREATE ROLE {app} LOGIN PASSWORD 'app'; GRANT USAGE ON SCHEMA public TO {app}; \
+             GRANT SELECT ON outbox TO {app}; \
+             GRANT INSERT (id, aggregate_type, aggregate_id, event_type, payload, headers, topic, created_at) \
+               ON outbox TO {app}"
+        ))
+        .await
+        .unwrap();
+    let before = warnings(&check(&outbox.config("")).await);
+    assert!(
+        !before.iter().any(|w| w.contains(&app)),
+        "column privileges on the root only: {before:#?}"
+    );
+    outbox
+        .sql
+        .batch_execute(&format!("GRANT INSERT ON outbox_2019 TO {app}"))
+        .await
+        .unwrap();
+    let producer = harness::connect(&outbox.db.url().replacen(
+        &format!("{}:{}@", harness::SUPERUSER, harness::PASSWORD),
+        &format!("{app}:app@"),
+        1,
+    ))
+    .await;
+    producer
+        .batch_execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
+             VALUES ('order', 'a', 'E', '{}', '1', '2019-06-01')",
+        )
+        .await
+        .expect_err("the root refuses the column");
+    producer
+        .batch_execute(
+            "INSERT INTO outbox_2019 (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
+             VALUES ('order', 'a', 'E', '{}', '1', '2019-06-01')",
+        )
+        .await
+        .expect("the partition takes a forged relay_txid");
+    let after = warnings(&check(&outbox.config("")).await);
+    assert!(
+        after
+            .iter()
+            .any(|w| w.contains(&app) && w.contains("relay_txid")),
+        "{app} may set relay_txid through outbox_2019, and check does not say so: {after:#?}"
+    );
+    assert!(
+        after
+            .iter()
+            .any(|w| w.contains(&format!("{app} (through outbox_2019)"))),
+        "the partition is named: {after:#?}"
+    );
+    crate::migration::setup_apply(&outbox, &["--producer-role", &app]).await;
+    producer
+        .batch_execute(
+            "INSERT INTO outbox_2019 (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
+             VALUES ('order', 'b', 'E', '{}', '1', '2019-06-02')",
+        )
+        .await
+        .expect_err("the partition's grant is taken away");
+    producer
+        .batch_execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+             VALUES ('order', 'b', 'E', '{}', '2019-06-02')",
+        )
+        .await
+        .expect("the producer inserts through the table");
+    let fixed = warnings(&check(&outbox.config("")).await);
+    assert!(
+        !fixed.iter().any(|w| w.contains(&app)),
+        "{app} no longer named: {fixed:#?}"
+    );
+}

@@ -196,6 +196,16 @@ pub(crate) enum Problem {
         /// The roles granted a write (`PUBLIC` for everyone).
         roles: Vec<String>,
     },
+    /// The trigger that clears the id of a row set back to `PENDING` by hand
+    /// (`<table>_requeue`, sql/009_state_view.sql) is missing, disabled, or
+    /// does not fire in every session (`ENABLE ALWAYS`): such a row would
+    /// keep its id, read as published and never be sent again.
+    RequeueTrigger {
+        /// The trigger's name.
+        trigger: String,
+        /// Each relation where it does not fire always, with how it stands.
+        relations: Vec<String>,
+    },
     /// Other publications send the derived lifecycle's column (PostgreSQL
     /// 15+, where column lists can leave it out).
     TxidPublished {
@@ -272,6 +282,7 @@ impl Problem {
             | Problem::DerivedIndexMissing { .. }
             | Problem::TxidForgeable { .. }
             | Problem::TxidPublished { .. }
+            | Problem::RequeueTrigger { .. }
             | Problem::PositionWritable { .. }
             | Problem::NotLogged { .. }
             | Problem::Failover(_) => Effect::Warns,
@@ -322,6 +333,7 @@ impl Problem {
             | Problem::DerivedIndexMissing { .. }
             | Problem::TxidForgeable { .. }
             | Problem::PositionWritable { .. }
+            | Problem::RequeueTrigger { .. }
             | Problem::NotLogged { .. } => Area::Table,
             Problem::PublicationMissing
             | Problem::TxidPublished { .. }
@@ -406,7 +418,9 @@ impl Problem {
                 if !roles.is_empty() {
                     who.push(format!(
                         "{} {} may set {col} in table {table} (a table-level INSERT or UPDATE, \
-                         which a column REVOKE does not narrow, or a grant on the column)",
+                         which a column REVOKE does not narrow, a grant on the column, or TRIGGER, \
+                         on the table or on a partition, where an insert is checked against the \
+                         partition's privileges alone)",
                         if roles.len() == 1 { "role" } else { "roles" },
                         roles.join(", "),
                     ));
@@ -440,6 +454,13 @@ impl Problem {
                  sent, and they read as published",
                 if roles.len() == 1 { "role" } else { "roles" },
                 roles.join(", ")
+            ),
+            Problem::RequeueTrigger { trigger, relations } => format!(
+                "trigger {trigger} does not fire on every update that sets a row of table {table} \
+                 back to PENDING ({}): such a row keeps its {col}, reads as published and is never \
+                 sent again",
+                relations.join(", "),
+                col = derived::COLUMN,
             ),
             Problem::TxidPublished { publications } => format!(
                 "{} {} {} table {table} with its column {col}: a subscriber receives this \
@@ -614,6 +635,12 @@ impl Problem {
                  writes it; skip a backlog with pg_replication_slot_advance or `outbox-relay \
                  replay`, never by editing the row: docs/guarantees.md)",
                 roles.join(", ")
+            ),
+            Problem::RequeueTrigger { trigger, .. } => format!(
+                "run `outbox-relay setup --config FILE --apply` again (it creates the trigger and \
+                 enables it ALWAYS, so that it fires under session_replication_role = replica too), \
+                 or ALTER TABLE {table} ENABLE ALWAYS TRIGGER {trigger}; `DISABLE TRIGGER ALL` \
+                 turns it off as well (docs/guarantees.md)"
             ),
             Problem::TxidPublished { .. } => format!(
                 "give each a column list without it: ALTER PUBLICATION name SET TABLE {table} \
@@ -1239,22 +1266,40 @@ async fn inspect_lifecycle(
     // Who may write the column, besides the owner (bound by no privilege:
     // docs/producers.md) and relays: the role checking, and roles that may
     // stream (REPLICATION, or rds_replication: what 004_role*.sql makes),
-    // which hold UPDATE to mark rows.
-    let roles: Vec<String> = client
-        .query_one(
-            "SELECT coalesce(array_agg(DISTINCT CASE WHEN g.grantee = 0 THEN 'PUBLIC'                                                ELSE g.grantee::regrole::text END), '{}')              FROM pg_class c              CROSS JOIN LATERAL (SELECT (aclexplode(c.relacl)).*                                  UNION ALL                                  SELECT (aclexplode(a.attacl)).* FROM pg_attribute a                                   WHERE a.attrelid = c.oid AND a.attname = $2) g              WHERE c.oid = $1 AND g.privilege_type IN ('INSERT', 'UPDATE')                AND g.grantee <> c.relowner                AND g.grantee IS DISTINCT FROM (SELECT oid FROM pg_roles WHERE rolname = current_user) \
-               AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee AND (r.rolreplication \
-                               OR (to_regrole('rds_replication') IS NOT NULL \
-                                   AND pg_has_role(r.oid, 'rds_replication', 'MEMBER'))))",
+    // which hold UPDATE to mark rows. On the table and on each partition: an
+    // insert straight into a partition is checked against the partition's
+    // privileges alone, and streamed as the table's. TRIGGER too: a BEFORE
+    // trigger may set the column whatever the column privileges say.
+    let tree = derived::tree("$1::oid::regclass");
+    let granted = client
+        .query(
+            &format!(
+                "SELECT n.role, coalesce(array_agg(DISTINCT c.oid::regclass::text) FILTER (WHERE c.oid <> $1), '{{}}') \
+                   FROM {tree} t JOIN pg_class c ON c.oid = t.relid \
+                   CROSS JOIN LATERAL (SELECT (aclexplode(c.relacl)).* \
+                                       UNION ALL \
+                                       SELECT (aclexplode(a.attacl)).* FROM pg_attribute a \
+                                        WHERE a.attrelid = c.oid AND a.attname = $2) g \
+                   CROSS JOIN LATERAL (SELECT CASE WHEN g.grantee = 0 THEN 'PUBLIC' \
+                                                   ELSE g.grantee::regrole::text END AS role) n \
+                  WHERE g.privilege_type IN ('INSERT', 'UPDATE', 'TRIGGER') \
+                    AND g.grantee <> c.relowner \
+                    AND g.grantee IS DISTINCT FROM (SELECT oid FROM pg_roles WHERE rolname = current_user) \
+                    AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee AND (r.rolreplication \
+                                    OR (to_regrole('rds_replication') IS NOT NULL \
+                                        AND pg_has_role(r.oid, 'rds_replication', 'MEMBER')))) \
+                  GROUP BY n.role ORDER BY n.role"
+            ),
             &[&table.oid, &column],
         )
-        .await?
-        .get(0);
-    // Who may write it whatever is granted, besides the owner, the bootstrap
-    // superuser (every cluster has them: check's ok line names them) and the
-    // role checking: roles that may log in and are superusers, or may act as
-    // a superuser role, pg_write_all_data (14+) or the owner's role. A role
-    // that cannot log in acts only through its members, which are named.
+        .await?;
+    let roles: Vec<(String, Vec<String>)> = granted.iter().map(|r| (r.get(0), r.get(1))).collect();
+    // Who may write it whatever is granted, besides the table's owner, the
+    // bootstrap superuser (every cluster has them: check's ok line names
+    // them) and the role checking: roles that may log in and are
+    // superusers, or may act as a superuser role, pg_write_all_data (14+),
+    // the table's owner or the owner of one of its partitions. A role that
+    // cannot log in acts only through its members, which are named.
     // Acting as a role: before 16 membership (a NOINHERIT member may still
     // SET ROLE); from 16 a grant's INHERIT (USAGE) or SET option, since a
     // membership with neither gives nothing.
@@ -1277,15 +1322,17 @@ async fn inspect_lifecycle(
     let rows = client
         .query(
             &format!(
-                "SELECT r.oid::regrole::text, CASE WHEN r.rolsuper THEN 'superuser' \
+                "SELECT DISTINCT ON (1) r.oid::regrole::text, CASE WHEN r.rolsuper THEN 'superuser' \
                           WHEN {superuser} THEN 'may act as a superuser role' \
                           WHEN {write_all} THEN 'member of pg_write_all_data' \
-                          ELSE 'member of the owner ' || c.relowner::regrole::text END \
-                 FROM pg_class c JOIN pg_roles r ON r.rolcanlogin \
-                 WHERE c.oid = $1 AND r.oid <> c.relowner AND r.oid <> 10 \
+                          WHEN r.oid = c.relowner THEN 'owner of partition ' || c.oid::regclass::text \
+                          ELSE 'member of the owner ' || c.relowner::regrole::text \
+                               || CASE WHEN c.oid <> $1 THEN ' of partition ' || c.oid::regclass::text ELSE '' END END \
+                 FROM {tree} t JOIN pg_class c ON c.oid = t.relid JOIN pg_roles r ON r.rolcanlogin \
+                 WHERE r.oid <> (SELECT relowner FROM pg_class WHERE oid = $1) AND r.oid <> 10 \
                    AND r.rolname <> current_user AND r.rolname !~ '^pg_' \
                    AND (r.rolsuper OR {superuser} OR {write_all} OR {owner}) \
-                 ORDER BY 1"
+                 ORDER BY 1, c.oid = $1 DESC, c.oid"
             ),
             &[&table.oid],
         )
@@ -1294,7 +1341,14 @@ async fn inspect_lifecycle(
     // A grant does not matter to a role that needs none: it is named once, as bypassing.
     let roles: Vec<String> = roles
         .into_iter()
-        .filter(|role| !bypass.iter().any(|(name, _)| name == role))
+        .filter(|(role, _)| !bypass.iter().any(|(name, _)| name == role))
+        .map(|(role, through)| {
+            if through.is_empty() {
+                role
+            } else {
+                format!("{role} (through {})", through.join(", "))
+            }
+        })
         .collect();
     let bypassing: Vec<String> = bypass
         .into_iter()
@@ -1319,6 +1373,27 @@ async fn inspect_lifecycle(
         .get(0);
     if !relations.is_empty() {
         problems.push(Problem::NotLogged { relations });
+    }
+    // The requeue trigger, on the table and (cloned) on each partition.
+    let trigger = format!("{}_requeue", name.name);
+    let relations: Vec<String> = client
+        .query_one(
+            &format!(
+                "SELECT coalesce(array_agg(c.oid::regclass::text || ': ' || CASE \
+                           WHEN g.tgenabled IS NULL THEN 'missing' \
+                           WHEN g.tgenabled = 'D' THEN 'disabled' \
+                           WHEN g.tgenabled = 'O' THEN 'not under session_replication_role = replica' \
+                           ELSE 'only under session_replication_role = replica' END ORDER BY c.oid), '{{}}') \
+                   FROM {tree} t JOIN pg_class c ON c.oid = t.relid \
+                   LEFT JOIN pg_trigger g ON g.tgrelid = c.oid AND g.tgname = $2 \
+                  WHERE c.relkind IN ('r', 'p') AND g.tgenabled IS DISTINCT FROM 'A'"
+            ),
+            &[&table.oid, &trigger],
+        )
+        .await?
+        .get(0);
+    if !relations.is_empty() {
+        problems.push(Problem::RequeueTrigger { trigger, relations });
     }
     // Who may write the position table besides its owner, the role checking
     // and relays (roles that may stream), which write their own rows.
