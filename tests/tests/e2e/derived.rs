@@ -1715,6 +1715,136 @@ async fn a_revoked_pg_control_init_leaves_the_derived_lifecycle_vouching() {
     relay.stop().await;
 }
 
+/// A hostile schema: a trigger that refuses the relay's update of one row
+/// (here, any update of it). The poller publishes that row and the others
+/// of its round, but cannot mark it: the others are marked all the same,
+/// once each, and the refused row is published once and passed over after,
+/// with an error naming it, not published again every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_table_refuses_to_mark_does_not_make_the_poller_publish_its_round_again() {
+    let outbox = Outbox::with_schema(Some(&crate::check::partitioned_table())).await;
+    // An unlogged partition: its rows are the poller's.
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE UNLOGGED TABLE outbox_2019 PARTITION OF outbox \
+             FOR VALUES FROM ('2019-01-01') TO ('2020-01-01'); \
+             CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN RAISE EXCEPTION 'row % is frozen', OLD.aggregate_id; END $$; \
+             CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
+               WHEN (OLD.aggregate_id = 'evil') EXECUTE FUNCTION frozen()",
+        )
+        .await
+        .unwrap();
+    let sink = Collect::default();
+    let relay = Running::start(
+        outbox.config(&format!(
+            "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\n"
+        )),
+        sink.clone(),
+    );
+    outbox.wait_slot_active(true).await;
+    let rows = returned(
+        outbox
+            .sql
+            .simple_query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+                 SELECT 'order', CASE WHEN g = 3 THEN 'evil' ELSE 'good-' || g END, 'E', '{}', \
+                        timestamptz '2019-06-01' + g * interval '1 s' \
+                   FROM generate_series(1, 6) g RETURNING id::text",
+            )
+            .await
+            .unwrap(),
+    );
+    let mut good = rows;
+    let evil = vec![good.remove(2)];
+    wait_until(
+        Duration::from_secs(30),
+        "the good rows reach the sink and read PUBLISHED",
+        || async {
+            let got: HashSet<String> = sink.ids().into_iter().collect();
+            let states = states(&outbox).await;
+            good.iter()
+                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
+        },
+    )
+    .await;
+    // Many poller rounds.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let got = sink.ids();
+    let states = states(&outbox).await;
+    relay.stop().await;
+    for id in good.iter().chain(&evil) {
+        assert_eq!(
+            got.iter().filter(|g| *g == id).count(),
+            1,
+            "{id} published once: {got:?}"
+        );
+    }
+    assert_eq!(
+        states[&evil[0]].0, "PENDING",
+        "the refused row is not marked"
+    );
+}
+
+/// The same trigger under `on_published = "mark"`: the stream's marks of a
+/// transaction's rows go in one statement, which the table refuses. They
+/// are written again row by row: the other rows are marked (and not
+/// published again by the poller), the refused one stays PENDING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_the_table_refuses_to_mark_leaves_the_streams_other_marks_written() {
+    let outbox = Outbox::new().await;
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN RAISE EXCEPTION 'row % is frozen', OLD.aggregate_id; END $$; \
+             CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
+               WHEN (OLD.aggregate_id = 'evil') EXECUTE FUNCTION frozen()",
+        )
+        .await
+        .unwrap();
+    let (sink, relay) = outbox
+        .streaming("[lifecycle]\non_published = \"mark\"\n[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\n")
+        .await;
+    let mut good = returned(
+        outbox
+            .sql
+            .simple_query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'order', CASE WHEN g = 3 THEN 'evil' ELSE 'good-' || g END, 'E', '{}' \
+                   FROM generate_series(1, 6) g RETURNING id::text",
+            )
+            .await
+            .unwrap(),
+    );
+    let evil = good.remove(2);
+    wait_until(
+        Duration::from_secs(30),
+        "the good rows reach the sink and read PUBLISHED",
+        || async {
+            let got: HashSet<String> = sink.ids().into_iter().collect();
+            let states = states(&outbox).await;
+            good.iter()
+                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
+        },
+    )
+    .await;
+    // The poller's grace, and rounds after it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let got = sink.ids();
+    let states = states(&outbox).await;
+    relay.stop().await;
+    for id in &good {
+        assert_eq!(
+            got.iter().filter(|g| *g == id).count(),
+            1,
+            "{id} published once: {got:?}"
+        );
+    }
+    assert_eq!(states[&evil].0, "PENDING", "the refused row is not marked");
+}
+
 /// An operator's bulk load "for speed": a partition set `UNLOGGED`, loaded
 /// and set `LOGGED` again, in three statements and in one transaction. The
 /// rows wrote no WAL and are never streamed, and the publication reads as

@@ -67,12 +67,18 @@ use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
 use crate::postgres::lsn::WalLayout;
 use crate::postgres::outbox::derived::{self, Reader};
+use crate::postgres::outbox::marking;
 use crate::postgres::outbox::table::Table;
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
 
 /// Samples kept by [`Passed`]; when full, every other one goes.
 const PASSED_SAMPLES: usize = 600;
+
+/// How many rows whose state the poller could not write it remembers
+/// ([`Poller::unrecordable`]); beyond it, further ones are published again
+/// each round they are claimed.
+const MAX_UNRECORDABLE: usize = 10_000;
 
 /// Which PENDING rows an active slot has already passed.
 ///
@@ -283,6 +289,13 @@ pub(crate) struct Poller<S> {
     down: Down,
     withheld: Withheld,
     wal: Option<WalLayout>,
+    /// Rows whose outcome the table refused to record (a trigger that
+    /// raises, a constraint the row breaks, a row-level security policy),
+    /// with why: published (or failed) once, they are passed over in later
+    /// rounds of this process instead of being published again every round,
+    /// and every other row of their round is recorded ([`record_each`],
+    /// [`marking::refused`]).
+    unrecordable: std::collections::HashMap<String, String>,
 }
 
 impl<S: Sink> Poller<S> {
@@ -306,6 +319,7 @@ impl<S: Sink> Poller<S> {
             down: Down::default(),
             withheld: Withheld::default(),
             wal: None,
+            unrecordable: std::collections::HashMap::new(),
         })
     }
 
@@ -448,9 +462,31 @@ impl<S: Sink> Poller<S> {
             return Ok(round);
         }
         let mut claimed = Claimed::new(&mut rows_to_messages, &rows);
+        if !self.unrecordable.is_empty() {
+            let known = &self.unrecordable;
+            claimed
+                .messages
+                .retain(|(m, _, _)| !known.contains_key(m.event.id()));
+            claimed.skipped.retain(|id| !known.contains_key(id));
+            claimed.failures.retain(|(id, ..)| !known.contains_key(id));
+        }
         self.publish(&mut claimed, &mut round).await;
-        let dead_notices = self.record(&tx, table, &claimed, &mut round).await?;
+        let (dead_notices, unrecorded) = self.record(&tx, table, &claimed, &mut round).await?;
         tx.commit().await?;
+        for (id, reason) in unrecorded {
+            tracing::error!(
+                id = %id, error = %reason,
+                "the poller published (or failed) this row but the table refused to record it (a \
+                 trigger, a constraint or a row-level security policy on the outbox table): this \
+                 process passes it over from now on; a restarted relay publishes it again. Let the \
+                 relay's role update publish_state and the relay-managed columns"
+            );
+            claimed.published.retain(|p| *p != id);
+            claimed.skipped.retain(|p| *p != id);
+            if self.unrecordable.len() < MAX_UNRECORDABLE {
+                self.unrecordable.insert(id, reason);
+            }
+        }
         round.published = claimed.published.len();
         round.skipped = claimed.skipped.len();
         metrics.published("delivered", claimed.published.len() as u64);
@@ -824,15 +860,16 @@ impl<S: Sink> Poller<S> {
         table: &Table,
         claimed: &Claimed,
         round: &mut Round,
-    ) -> Result<Vec<(String, i32, String)>, tokio_postgres::Error> {
+    ) -> Result<(Vec<(String, i32, String)>, Vec<(String, String)>), tokio_postgres::Error> {
         let poller = &self.config.poller;
         let mode = self.config.lifecycle.on_published;
+        let mut unrecorded = Vec::new();
         for (ids, sql) in [
             (&claimed.published, table.published_sql(mode)),
             (&claimed.skipped, table.skipped_sql(mode)),
         ] {
             if let (Some(sql), false) = (sql, ids.is_empty()) {
-                tx.execute(&sql, &[ids]).await?;
+                unrecorded.extend(record_each(tx, &sql, ids).await?);
             }
         }
         let fail_sql = table.failure_sql(poller.max_attempts);
@@ -843,8 +880,20 @@ impl<S: Sink> Poller<S> {
                 .backoff
                 .delay(u32::try_from(*attempts).unwrap_or(0))
                 .as_secs_f64();
-            tx.execute(&fail_sql, &[id, reason, too_old, &delay])
-                .await?;
+            tx.batch_execute(SAVEPOINT).await?;
+            let refusal = match tx.execute(&fail_sql, &[id, reason, too_old, &delay]).await {
+                Ok(_) => None,
+                Err(error) if marking::refused(&error) => {
+                    tx.batch_execute(ROLLBACK_TO).await?;
+                    Some(crate::report::Chain(&error).to_string())
+                }
+                Err(error) => return Err(error),
+            };
+            tx.batch_execute(RELEASE).await?;
+            if let Some(refusal) = refusal {
+                unrecorded.push((id.clone(), refusal));
+                continue;
+            }
             if dead {
                 round.dead += 1;
                 tracing::error!(id = %id, attempts = attempts + 1, error = %reason, "event is DEAD: it will not be retried; replay it once the cause is fixed");
@@ -853,7 +902,7 @@ impl<S: Sink> Poller<S> {
                 round.failed += 1;
             }
         }
-        Ok(dead_notices)
+        Ok((dead_notices, unrecorded))
     }
 
     /// Publish a notice for each row that went DEAD to `poller.dead_letter_topic`.
@@ -895,6 +944,47 @@ impl<S: Sink> Poller<S> {
             }
         }
     }
+}
+
+const SAVEPOINT: &str = "SAVEPOINT outbox_relay_record";
+const RELEASE: &str = "RELEASE SAVEPOINT outbox_relay_record";
+const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT outbox_relay_record";
+
+/// Run `sql` (one array parameter, `$1`) over `ids` under a savepoint; when
+/// the table refuses it ([`marking::refused`]), row by row, each under its
+/// own: one row the table will not let the relay update (a hostile trigger,
+/// a constraint it breaks) must not keep the others of its round from being
+/// recorded, or the poller would publish them all again every round. The
+/// rows refused, with why.
+async fn record_each(
+    tx: &tokio_postgres::Transaction<'_>,
+    sql: &str,
+    ids: &[String],
+) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
+    tx.batch_execute(SAVEPOINT).await?;
+    match tx.execute(sql, &[&ids]).await {
+        Ok(_) => {
+            tx.batch_execute(RELEASE).await?;
+            return Ok(Vec::new());
+        }
+        Err(error) if marking::refused(&error) => tx.batch_execute(ROLLBACK_TO).await?,
+        Err(error) => return Err(error),
+    }
+    tx.batch_execute(RELEASE).await?;
+    let mut unrecorded = Vec::new();
+    for id in ids {
+        tx.batch_execute(SAVEPOINT).await?;
+        match tx.execute(sql, &[&std::slice::from_ref(id)]).await {
+            Ok(_) => {}
+            Err(error) if marking::refused(&error) => {
+                tx.batch_execute(ROLLBACK_TO).await?;
+                unrecorded.push((id.clone(), crate::report::Chain(&error).to_string()));
+            }
+            Err(error) => return Err(error),
+        }
+        tx.batch_execute(RELEASE).await?;
+    }
+    Ok(unrecorded)
 }
 
 #[cfg(test)]

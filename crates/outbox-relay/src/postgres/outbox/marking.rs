@@ -237,6 +237,20 @@ impl Writer {
                     },
                 };
                 let Err(e) = result else { break };
+                if let (Some(c), Some(db)) = (&client, e.downcast_ref::<tokio_postgres::Error>()) {
+                    if ids.len() > 1 && refused(db) {
+                        // One row the table refuses (a trigger, a constraint)
+                        // must not leave the others unmarked.
+                        for id in ids.iter() {
+                            if let Err(e) =
+                                c.execute(sql.as_str(), &[&std::slice::from_ref(id)]).await
+                            {
+                                tracing::error!(id = %id, error = %crate::report::Chain(&e), "the table refused to mark this row (a trigger, a constraint or a row-level security policy on the outbox table); it stays as it was (the poller may publish it again)");
+                            }
+                        }
+                        break;
+                    }
+                }
                 let e: &(dyn std::error::Error + 'static) = &*e;
                 let lost = client.as_ref().is_none_or(|c| c.is_closed());
                 if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
@@ -364,6 +378,20 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether the table refused a row's update: an error of the statement
+/// (a trigger's exception, a constraint, a policy), not of the session or
+/// the server (a lost connection, a deadlock or a serialization failure, a
+/// cancel, a shutdown, a lack of resources), after which the whole write
+/// is tried again (the poller's round, the marker's batch). Refused, a
+/// batch is written again row by row, so that one row the table will not
+/// let the relay update does not keep the others unwritten.
+pub(crate) fn refused(error: &tokio_postgres::Error) -> bool {
+    error.as_db_error().is_some_and(|db| {
+        let class = &db.code().code()[..2];
+        !matches!(class, "08" | "40" | "53" | "57" | "58" | "XX")
+    })
 }
 
 #[cfg(test)]
