@@ -290,12 +290,14 @@ pub(crate) struct Poller<S> {
     withheld: Withheld,
     wal: Option<WalLayout>,
     /// Rows whose outcome the table refused to record (a trigger that
-    /// raises, a constraint the row breaks, a row-level security policy),
-    /// with why: published (or failed) once, they are passed over in later
-    /// rounds of this process instead of being published again every round,
-    /// and every other row of their round is recorded ([`record_each`],
+    /// raises or suppresses the update, a constraint the row breaks, a
+    /// row-level security policy), until when they are passed over: not
+    /// claimed again (and published again) every round, but once a
+    /// `poller.backoff_max` (a failure: once its backoff), so that a row set
+    /// back to `PENDING` after the cause is mended is sent again. Every
+    /// other row of their round is recorded ([`record_each`],
     /// [`marking::refused`]).
-    unrecordable: std::collections::HashMap<String, String>,
+    unrecordable: std::collections::HashMap<String, std::time::Instant>,
 }
 
 impl<S: Sink> Poller<S> {
@@ -440,10 +442,18 @@ impl<S: Sink> Poller<S> {
         let missed = self.missed(client).await?;
         let tx = client.transaction().await?;
         tx.batch_execute(TEXT_SETTINGS).await?;
+        // Deferred constraints are checked at each statement, inside its
+        // savepoint ([`record_each`]), not at the commit, where one row's
+        // refusal would roll the whole round back.
+        tx.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await?;
         let rows = match reader {
             None => {
-                tx.query(&self.claim_sql(table), &[&sweep, &missed.before])
-                    .await?
+                let passed_over = self.passed_over(table);
+                tx.query(
+                    &self.claim_sql(table, &passed_over),
+                    &[&sweep, &missed.before],
+                )
+                .await?
             }
             Some(reader) => {
                 self.claim_derived(&tx, table, reader, &sweep, &missed)
@@ -462,29 +472,22 @@ impl<S: Sink> Poller<S> {
             return Ok(round);
         }
         let mut claimed = Claimed::new(&mut rows_to_messages, &rows);
-        if !self.unrecordable.is_empty() {
-            let known = &self.unrecordable;
-            claimed
-                .messages
-                .retain(|(m, _, _)| !known.contains_key(m.event.id()));
-            claimed.skipped.retain(|id| !known.contains_key(id));
-            claimed.failures.retain(|(id, ..)| !known.contains_key(id));
-        }
         self.publish(&mut claimed, &mut round).await;
         let (dead_notices, unrecorded) = self.record(&tx, table, &claimed, &mut round).await?;
         tx.commit().await?;
-        for (id, reason) in unrecorded {
+        let now = std::time::Instant::now();
+        for (id, reason, until) in unrecorded {
             tracing::error!(
-                id = %id, error = %reason,
+                id = %id, error = %reason, again_in_s = until.as_secs(),
                 "the poller published (or failed) this row but the table refused to record it (a \
-                 trigger, a constraint or a row-level security policy on the outbox table): this \
-                 process passes it over from now on; a restarted relay publishes it again. Let the \
-                 relay's role update publish_state and the relay-managed columns"
+                 trigger, a constraint or a row-level security policy on the outbox table): it stays \
+                 as it was, and is taken again only after a while. Let the relay's role update \
+                 publish_state and the relay-managed columns"
             );
             claimed.published.retain(|p| *p != id);
             claimed.skipped.retain(|p| *p != id);
             if self.unrecordable.len() < MAX_UNRECORDABLE {
-                self.unrecordable.insert(id, reason);
+                self.unrecordable.insert(id, now + until);
             }
         }
         round.published = claimed.published.len();
@@ -565,20 +568,40 @@ impl<S: Sink> Poller<S> {
         }
     }
 
+    /// SQL on `o`: not a row passed over for now ([`Poller::unrecordable`]);
+    /// empty while none is. Entries past their time are forgotten.
+    fn passed_over(&mut self, table: &Table) -> String {
+        let now = std::time::Instant::now();
+        self.unrecordable.retain(|_, until| *until > now);
+        if self.unrecordable.is_empty() {
+            return String::new();
+        }
+        let ids: Vec<String> = self
+            .unrecordable
+            .keys()
+            .map(|id| crate::postgres::sql::quote_literal(id))
+            .collect();
+        format!(
+            " AND NOT (o.{}::text = ANY(ARRAY[{}]::text[]))",
+            table.id,
+            ids.join(", ")
+        )
+    }
+
     /// The claim: due rows, oldest first, locked and skipping rows another
     /// poller holds. `$1` is the sweep time after a recreated slot (PENDING
     /// rows created up to it are due at once), `$2` [`Poller::missed_before`].
-    fn claim_sql(&self, table: &Table) -> String {
+    fn claim_sql(&self, table: &Table, passed_over: &str) -> String {
         let poller = &self.config.poller;
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(
             "SELECT {cols}, o.attempts::int4, ({max_age} > 0 AND o.{created_at} < now() - make_interval(secs => {max_age})) \
              FROM {t} AS o \
-             WHERE (o.publish_state = 'PENDING' AND ((o.{created_at} < now() - make_interval(secs => {grace}) \
+             WHERE ((o.publish_state = 'PENDING' AND ((o.{created_at} < now() - make_interval(secs => {grace}) \
                                                       AND o.{created_at} < to_timestamp($2::float8) - make_interval(secs => {grace})) \
                                                      OR o.{created_at} <= $1::text::timestamptz)) \
                 OR (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
-                    AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
+                    AND coalesce(o.next_attempt_at, '-infinity') <= now())){passed_over} \
              ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = table.text_columns("o"),
             t = table.qualified,
@@ -630,13 +653,13 @@ impl<S: Sink> Poller<S> {
     /// FAILED rows due again and PENDING rows without an id, on
     /// `{table}_explicit_idx` (its predicate is the union of the two arms,
     /// so the planner can prove it), oldest first.
-    fn claim_explicit_sql(&self, table: &Table, limit: usize) -> String {
+    fn claim_explicit_sql(&self, table: &Table, limit: usize, passed_over: &str) -> String {
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(
             "SELECT {cols} FROM {t} AS o \
-             WHERE (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
+             WHERE ((o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
                     AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
-                OR (o.publish_state = 'PENDING' AND o.{txid} IS NULL AND {due}) \
+                OR (o.publish_state = 'PENDING' AND o.{txid} IS NULL AND {due})){passed_over} \
              ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = self.claim_columns(table),
             t = table.qualified,
@@ -754,9 +777,10 @@ impl<S: Sink> Poller<S> {
         missed: &Missed,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let batch = self.config.poller.batch_size;
+        let passed_over = self.passed_over(table);
         let mut rows = tx
             .query(
-                &self.claim_explicit_sql(table, batch),
+                &self.claim_explicit_sql(table, batch, &passed_over),
                 &[sweep, &missed.before],
             )
             .await?;
@@ -795,7 +819,12 @@ impl<S: Sink> Poller<S> {
                 break;
             }
             // A row in a hole may lie in another range too: claimed once.
-            let claimed: Vec<String> = rows.iter().map(|r| r.get(width + 3)).collect();
+            // And rows passed over for now ([`Poller::unrecordable`]).
+            let claimed: Vec<String> = rows
+                .iter()
+                .map(|r| r.get(width + 3))
+                .chain(self.unrecordable.keys().cloned())
+                .collect();
             let more = tx
                 .query(
                     &self.claim_range_sql(table, reader, &range, batch - rows.len(), vouched_since),
@@ -860,7 +889,13 @@ impl<S: Sink> Poller<S> {
         table: &Table,
         claimed: &Claimed,
         round: &mut Round,
-    ) -> Result<(Vec<(String, i32, String)>, Vec<(String, String)>), tokio_postgres::Error> {
+    ) -> Result<
+        (
+            Vec<(String, i32, String)>,
+            Vec<(String, String, std::time::Duration)>,
+        ),
+        tokio_postgres::Error,
+    > {
         let poller = &self.config.poller;
         let mode = self.config.lifecycle.on_published;
         let mut unrecorded = Vec::new();
@@ -869,7 +904,12 @@ impl<S: Sink> Poller<S> {
             (&claimed.skipped, table.skipped_sql(mode)),
         ] {
             if let (Some(sql), false) = (sql, ids.is_empty()) {
-                unrecorded.extend(record_each(tx, &sql, ids).await?);
+                unrecorded.extend(
+                    record_each(tx, &sql, ids)
+                        .await?
+                        .into_iter()
+                        .map(|(id, why)| (id, why, poller.backoff_max)),
+                );
             }
         }
         let fail_sql = table.failure_sql(poller.max_attempts);
@@ -882,7 +922,11 @@ impl<S: Sink> Poller<S> {
                 .as_secs_f64();
             tx.batch_execute(SAVEPOINT).await?;
             let refusal = match tx.execute(&fail_sql, &[id, reason, too_old, &delay]).await {
-                Ok(_) => None,
+                Ok(1) => None,
+                Ok(_) => {
+                    tx.batch_execute(ROLLBACK_TO).await?;
+                    Some(SUPPRESSED.to_owned())
+                }
                 Err(error) if marking::refused(&error) => {
                     tx.batch_execute(ROLLBACK_TO).await?;
                     Some(crate::report::Chain(&error).to_string())
@@ -891,7 +935,12 @@ impl<S: Sink> Poller<S> {
             };
             tx.batch_execute(RELEASE).await?;
             if let Some(refusal) = refusal {
-                unrecorded.push((id.clone(), refusal));
+                // Not sent: taken again once its backoff is over.
+                unrecorded.push((
+                    id.clone(),
+                    refusal,
+                    std::time::Duration::from_secs_f64(delay),
+                ));
                 continue;
             }
             if dead {
@@ -950,6 +999,9 @@ const SAVEPOINT: &str = "SAVEPOINT outbox_relay_record";
 const RELEASE: &str = "RELEASE SAVEPOINT outbox_relay_record";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT outbox_relay_record";
 
+/// Why a row's write did nothing.
+const SUPPRESSED: &str = "the update wrote no row (a trigger on the table returned NULL)";
+
 /// Run `sql` (one array parameter, `$1`) over `ids` under a savepoint; when
 /// the table refuses it ([`marking::refused`]), row by row, each under its
 /// own: one row the table will not let the relay update (a hostile trigger,
@@ -963,10 +1015,13 @@ async fn record_each(
 ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     tx.batch_execute(SAVEPOINT).await?;
     match tx.execute(sql, &[&ids]).await {
-        Ok(_) => {
+        // Every claimed row is locked by the round: each statement writes
+        // each, unless a trigger suppressed the write (returned NULL).
+        Ok(n) if n == ids.len() as u64 => {
             tx.batch_execute(RELEASE).await?;
             return Ok(Vec::new());
         }
+        Ok(_) => tx.batch_execute(ROLLBACK_TO).await?,
         Err(error) if marking::refused(&error) => tx.batch_execute(ROLLBACK_TO).await?,
         Err(error) => return Err(error),
     }
@@ -975,7 +1030,11 @@ async fn record_each(
     for id in ids {
         tx.batch_execute(SAVEPOINT).await?;
         match tx.execute(sql, &[&std::slice::from_ref(id)]).await {
-            Ok(_) => {}
+            Ok(1) => {}
+            Ok(_) => {
+                tx.batch_execute(ROLLBACK_TO).await?;
+                unrecorded.push((id.clone(), SUPPRESSED.to_owned()));
+            }
             Err(error) if marking::refused(&error) => {
                 tx.batch_execute(ROLLBACK_TO).await?;
                 unrecorded.push((id.clone(), crate::report::Chain(&error).to_string()));

@@ -454,6 +454,33 @@ pub(crate) async fn publication_identity(
         .map(|row| row.get(0))
 }
 
+/// Whether the identity `now` ([`derived::publication_identity`]) says that
+/// rows may have gone unstreamed since `seen`: the publication's entries
+/// differ, or a relation of the outbox's tree has a storage `seen` did not
+/// list (rewritten since, or new and rewritten). A rewritten relation that
+/// left the tree (a partition dropped or detached) cannot hold rows of the
+/// outbox: its entry gone alone is no change. `None` (not carried) differs
+/// from anything carried.
+fn changed(seen: Option<&str>, now: Option<&str>) -> bool {
+    let (Some(seen), Some(now)) = (seen, now) else {
+        return seen != now;
+    };
+    let entries = |text: &str| -> std::collections::BTreeSet<String> {
+        text.split(',').map(str::to_owned).collect()
+    };
+    let (before, after) = (entries(seen), entries(now));
+    let publication = |set: &std::collections::BTreeSet<String>| -> Vec<String> {
+        set.iter()
+            .filter(|e| !e.starts_with('s'))
+            .cloned()
+            .collect()
+    };
+    publication(&before) != publication(&after)
+        || after
+            .iter()
+            .any(|e| e.starts_with('s') && !before.contains(e))
+}
+
 /// Merge the two oldest holes while there are more than [`MAX_HOLES`]: the
 /// rows between them (published by the stream, derived published until now)
 /// then lie in the merged hole and become the poller's: published once more.
@@ -541,8 +568,9 @@ pub(crate) async fn prepare(
     };
     let identity = publication_identity(client, publication, outbox).await?;
     // A publication that changed since the last session may have left the
-    // table out for a while: what committed then was never streamed.
-    let changed = seen.is_some() && seen != identity;
+    // table out for a while, a relation rewritten may have been unlogged:
+    // what committed then was never streamed.
+    let changed = seen.is_some() && changed(seen.as_deref(), identity.as_deref());
     if let Some(why) = &refused {
         tracing::warn!(
             slot = %slot,
@@ -586,8 +614,10 @@ pub(crate) async fn prepare(
             if recreated {
                 "the relay created the slot"
             } else if changed {
-                "the publication changed since the last session (the table taken out and put back, \
-                 or its options altered): what committed meanwhile may not have been streamed"
+                "the publication or the outbox table's storage changed since the last session (the \
+                 table taken out and put back, the publication's options altered, a relation set \
+                 UNLOGGED and back or otherwise rewritten; also once after an upgrade of the relay \
+                 that reads the storage too): what committed meanwhile may not have been streamed"
             } else {
                 "the slot is ahead of the kept position (moved by something else, or the relay \
                  stopped before it kept what it confirmed)"
@@ -1308,7 +1338,10 @@ where
         // for.
         let now = publication_identity(&self.client, &self.publication, &self.outbox).await?;
         let seen = self.cycle.lock().expect("cycle").identity.clone();
-        if now.is_none() || now != seen {
+        if now.is_some() && now != seen && !changed(seen.as_deref(), now.as_deref()) {
+            // A rewritten relation left the tree: nothing to fear from it.
+            self.cycle.lock().expect("cycle").identity = now.clone();
+        } else if now.is_none() || now != seen {
             match now {
                 None => {
                     open_hole(
@@ -1618,6 +1651,31 @@ async fn close_holes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_identity_changes_with_the_publication_or_a_new_storage_not_with_one_gone() {
+        let seen = Some("p1:700:truefalse,r2:701,s16384:16390");
+        // The same.
+        assert!(!changed(seen, seen));
+        // The publication's version moved, or its membership row.
+        assert!(changed(seen, Some("p1:720:truefalse,r2:701,s16384:16390")));
+        assert!(changed(seen, Some("p1:700:truefalse,r9:730,s16384:16390")));
+        // A relation rewritten again (SET UNLOGGED and back), or one more
+        // rewritten.
+        assert!(changed(seen, Some("p1:700:truefalse,r2:701,s16384:16402")));
+        assert!(changed(
+            seen,
+            Some("p1:700:truefalse,r2:701,s16384:16390,s16500:16511")
+        ));
+        // A rewritten partition dropped: no rows of the outbox can be in it.
+        assert!(!changed(seen, Some("p1:700:truefalse,r2:701")));
+        // Not carried now, or carried again.
+        assert!(changed(seen, None));
+        assert!(changed(None, seen));
+        assert!(!changed(None, None));
+        // A row from before the storage was read (an upgrade): once.
+        assert!(changed(Some("p1:700:truefalse,r2:701"), seen));
+    }
 
     fn system() -> System {
         System {

@@ -238,17 +238,27 @@ impl Writer {
                 };
                 let Err(e) = result else { break };
                 if let (Some(c), Some(db)) = (&client, e.downcast_ref::<tokio_postgres::Error>()) {
-                    if ids.len() > 1 && refused(db) {
+                    if refused(db) {
                         // One row the table refuses (a trigger, a constraint)
-                        // must not leave the others unmarked.
-                        for id in ids.iter() {
-                            if let Err(e) =
-                                c.execute(sql.as_str(), &[&std::slice::from_ref(id)]).await
-                            {
-                                tracing::error!(id = %id, error = %crate::report::Chain(&e), "the table refused to mark this row (a trigger, a constraint or a row-level security policy on the outbox table); it stays as it was (the poller may publish it again)");
+                        // must not leave the others unmarked: row by row; an
+                        // error of another kind fails the batch as ever.
+                        match each(c, sql, ids).await {
+                            Ok(()) => break,
+                            Err(other) => {
+                                attempt += 1;
+                                tracing::warn!(rows = ids.len(), attempt, error = %crate::report::Chain(&other), "marking rows one by one failed, retrying");
+                                if started.elapsed() > RECONNECT_FOR {
+                                    tracing::error!(rows = ids.len(), "cannot mark rows; they stay as they were (the poller may publish them again)");
+                                    break;
+                                }
+                                let lost = c.is_closed();
+                                tokio::time::sleep(self.backoff.delay(attempt)).await;
+                                if lost {
+                                    client = None;
+                                }
+                                continue;
                             }
                         }
-                        break;
                     }
                 }
                 let e: &(dyn std::error::Error + 'static) = &*e;
@@ -380,18 +390,46 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Whether the table refused a row's update: an error of the statement
-/// (a trigger's exception, a constraint, a policy), not of the session or
-/// the server (a lost connection, a deadlock or a serialization failure, a
-/// cancel, a shutdown, a lack of resources), after which the whole write
-/// is tried again (the poller's round, the marker's batch). Refused, a
-/// batch is written again row by row, so that one row the table will not
-/// let the relay update does not keep the others unwritten.
+/// Whether the table refused a row's update: an error the row's own write
+/// raised (a trigger's exception, a constraint it breaks, a row-level
+/// security policy's `WITH CHECK`, a value the table will not take), which
+/// writing it again will not mend. Anything else (a lost connection, a lock
+/// or statement timeout, a deadlock or serialization failure, a read-only
+/// server, a shutdown, a lack of resources, a table or column gone) fails
+/// the whole write, which is tried again (the poller's round, the marker's
+/// batch). Refused, a batch is written again row by row, so that one row the
+/// table will not let the relay update does not keep the others unwritten.
 pub(crate) fn refused(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|db| {
-        let class = &db.code().code()[..2];
-        !matches!(class, "08" | "40" | "53" | "57" | "58" | "XX")
+        let code = db.code().code();
+        // 22 data exception, 23 integrity constraint, 27 triggered data
+        // change, 38 external routine, 39 its invocation, 44 WITH CHECK
+        // OPTION, P0 PL/pgSQL (RAISE), 2F SQL routine; 42501 a row-level
+        // security policy refusing the row.
+        matches!(
+            &code[..2],
+            "22" | "23" | "27" | "38" | "39" | "44" | "P0" | "2F"
+        ) || code == "42501"
     })
+}
+
+/// Write `sql` (ids in `$1`) one row at a time, logging each row the table
+/// refuses ([`refused`]); the first error of another kind ends it.
+async fn each(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    ids: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    for id in ids {
+        match client.execute(sql, &[&std::slice::from_ref(id)]).await {
+            Ok(_) => {}
+            Err(e) if refused(&e) => {
+                tracing::error!(id = %id, error = %crate::report::Chain(&e), "the table refused to mark this row (a trigger, a constraint or a row-level security policy on the outbox table); it stays as it was (the poller may publish it again)");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
