@@ -431,7 +431,8 @@ pub struct PollerConfig {
     /// Delay before the first retry of a FAILED row; grows by `retry.multiplier`.
     #[serde(deserialize_with = "de_duration")]
     pub backoff_initial: Duration,
-    /// Ceiling of that delay.
+    /// Ceiling of that delay; also how long a row whose state the table
+    /// refused to record is left out of the poller's claims.
     #[serde(deserialize_with = "de_duration")]
     pub backoff_max: Duration,
     /// Topic that receives a notice for each row that goes DEAD; empty = none.

@@ -206,6 +206,8 @@ pub(crate) struct Round {
     pub skipped: usize,
     /// Left for the next round after a transient failure.
     pub deferred: usize,
+    /// Whose outcome the table refused to record ([`Poller::unrecordable`]).
+    pub unrecorded: usize,
 }
 
 /// A round's claimed rows, by what becomes of them.
@@ -346,7 +348,11 @@ impl<S: Sink> Poller<S> {
                                 "poller round"
                             );
                         }
-                        round.claimed >= self.config.poller.batch_size && round.deferred == 0
+                        // A round of rows the table refused is not a full
+                        // one: the next would claim them again at once.
+                        round.claimed >= self.config.poller.batch_size
+                            && round.deferred == 0
+                            && round.unrecorded == 0
                     }
                     Err(e) => {
                         failed_rounds = failed_rounds.saturating_add(1);
@@ -448,10 +454,10 @@ impl<S: Sink> Poller<S> {
         tx.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await?;
         let rows = match reader {
             None => {
-                let passed_over = self.passed_over(table);
+                let passed_over = self.passed_over();
                 tx.query(
-                    &self.claim_sql(table, &passed_over),
-                    &[&sweep, &missed.before],
+                    &self.claim_sql(table),
+                    &[&sweep, &missed.before, &passed_over],
                 )
                 .await?
             }
@@ -476,6 +482,7 @@ impl<S: Sink> Poller<S> {
         let (dead_notices, unrecorded) = self.record(&tx, table, &claimed, &mut round).await?;
         tx.commit().await?;
         let now = std::time::Instant::now();
+        round.unrecorded = unrecorded.len();
         for (id, reason, until) in unrecorded {
             tracing::error!(
                 id = %id, error = %reason, again_in_s = until.as_secs(),
@@ -568,30 +575,19 @@ impl<S: Sink> Poller<S> {
         }
     }
 
-    /// SQL on `o`: not a row passed over for now ([`Poller::unrecordable`]);
-    /// empty while none is. Entries past their time are forgotten.
-    fn passed_over(&mut self, table: &Table) -> String {
+    /// The rows passed over for now ([`Poller::unrecordable`]), as text
+    /// (the claims' `$3`, or their `$4` on a derived table's ranges);
+    /// entries past their time are forgotten.
+    fn passed_over(&mut self) -> Vec<String> {
         let now = std::time::Instant::now();
         self.unrecordable.retain(|_, until| *until > now);
-        if self.unrecordable.is_empty() {
-            return String::new();
-        }
-        let ids: Vec<String> = self
-            .unrecordable
-            .keys()
-            .map(|id| crate::postgres::sql::quote_literal(id))
-            .collect();
-        format!(
-            " AND NOT (o.{}::text = ANY(ARRAY[{}]::text[]))",
-            table.id,
-            ids.join(", ")
-        )
+        self.unrecordable.keys().cloned().collect()
     }
 
     /// The claim: due rows, oldest first, locked and skipping rows another
     /// poller holds. `$1` is the sweep time after a recreated slot (PENDING
     /// rows created up to it are due at once), `$2` [`Poller::missed_before`].
-    fn claim_sql(&self, table: &Table, passed_over: &str) -> String {
+    fn claim_sql(&self, table: &Table) -> String {
         let poller = &self.config.poller;
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(
@@ -601,7 +597,8 @@ impl<S: Sink> Poller<S> {
                                                       AND o.{created_at} < to_timestamp($2::float8) - make_interval(secs => {grace})) \
                                                      OR o.{created_at} <= $1::text::timestamptz)) \
                 OR (o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
-                    AND coalesce(o.next_attempt_at, '-infinity') <= now())){passed_over} \
+                    AND coalesce(o.next_attempt_at, '-infinity') <= now())) \
+               AND NOT (o.{id}::text = ANY($3::text[])) \
              ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = table.text_columns("o"),
             t = table.qualified,
@@ -653,13 +650,14 @@ impl<S: Sink> Poller<S> {
     /// FAILED rows due again and PENDING rows without an id, on
     /// `{table}_explicit_idx` (its predicate is the union of the two arms,
     /// so the planner can prove it), oldest first.
-    fn claim_explicit_sql(&self, table: &Table, limit: usize, passed_over: &str) -> String {
+    fn claim_explicit_sql(&self, table: &Table, limit: usize) -> String {
         let created_at = table.created_at.as_deref().unwrap_or("created_at");
         format!(
             "SELECT {cols} FROM {t} AS o \
              WHERE ((o.publish_state = 'FAILED' AND o.attempts < {max_attempts} \
                     AND coalesce(o.next_attempt_at, '-infinity') <= now()) \
-                OR (o.publish_state = 'PENDING' AND o.{txid} IS NULL AND {due})){passed_over} \
+                OR (o.publish_state = 'PENDING' AND o.{txid} IS NULL AND {due})) \
+               AND NOT (o.{id}::text = ANY($3::text[])) \
              ORDER BY o.{created_at}, o.{id} LIMIT {limit} FOR UPDATE SKIP LOCKED",
             cols = self.claim_columns(table),
             t = table.qualified,
@@ -777,11 +775,11 @@ impl<S: Sink> Poller<S> {
         missed: &Missed,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let batch = self.config.poller.batch_size;
-        let passed_over = self.passed_over(table);
+        let passed_over = self.passed_over();
         let mut rows = tx
             .query(
-                &self.claim_explicit_sql(table, batch, &passed_over),
-                &[sweep, &missed.before],
+                &self.claim_explicit_sql(table, batch),
+                &[sweep, &missed.before, &passed_over],
             )
             .await?;
         let ranges = reader.ranges(tx).await?;
@@ -823,7 +821,7 @@ impl<S: Sink> Poller<S> {
             let claimed: Vec<String> = rows
                 .iter()
                 .map(|r| r.get(width + 3))
-                .chain(self.unrecordable.keys().cloned())
+                .chain(passed_over.iter().cloned())
                 .collect();
             let more = tx
                 .query(
@@ -904,6 +902,7 @@ impl<S: Sink> Poller<S> {
             (&claimed.skipped, table.skipped_sql(mode)),
         ] {
             if let (Some(sql), false) = (sql, ids.is_empty()) {
+                let sql = format!("{sql} RETURNING {}::text", table.id);
                 unrecorded.extend(
                     record_each(tx, &sql, ids)
                         .await?
@@ -922,7 +921,7 @@ impl<S: Sink> Poller<S> {
                 .as_secs_f64();
             tx.batch_execute(SAVEPOINT).await?;
             let refusal = match tx.execute(&fail_sql, &[id, reason, too_old, &delay]).await {
-                Ok(1) => None,
+                Ok(n) if n > 0 => None,
                 Ok(_) => {
                     tx.batch_execute(ROLLBACK_TO).await?;
                     Some(SUPPRESSED.to_owned())
@@ -1002,10 +1001,11 @@ const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT outbox_relay_record";
 /// Why a row's write did nothing.
 const SUPPRESSED: &str = "the update wrote no row (a trigger on the table returned NULL)";
 
-/// Run `sql` (one array parameter, `$1`) over `ids` under a savepoint; when
-/// the table refuses it ([`marking::refused`]), row by row, each under its
-/// own: one row the table will not let the relay update (a hostile trigger,
-/// a constraint it breaks) must not keep the others of its round from being
+/// Run `sql` (one array parameter, `$1`; `RETURNING` the ids written, as
+/// text) over `ids` under a savepoint; when the table refuses it
+/// ([`marking::refused`]) or leaves a row unwritten (a trigger returned
+/// NULL), row by row, each under its own: one row the table will not let
+/// the relay update must not keep the others of its round from being
 /// recorded, or the poller would publish them all again every round. The
 /// rows refused, with why.
 async fn record_each(
@@ -1014,14 +1014,16 @@ async fn record_each(
     ids: &[String],
 ) -> Result<Vec<(String, String)>, tokio_postgres::Error> {
     tx.batch_execute(SAVEPOINT).await?;
-    match tx.execute(sql, &[&ids]).await {
-        // Every claimed row is locked by the round: each statement writes
-        // each, unless a trigger suppressed the write (returned NULL).
-        Ok(n) if n == ids.len() as u64 => {
-            tx.batch_execute(RELEASE).await?;
-            return Ok(Vec::new());
+    match tx.query(sql, &[&ids]).await {
+        Ok(rows) => {
+            let written: std::collections::HashSet<String> =
+                rows.iter().map(|r| r.get::<_, String>(0)).collect();
+            if ids.iter().all(|id| written.contains(id)) {
+                tx.batch_execute(RELEASE).await?;
+                return Ok(Vec::new());
+            }
+            tx.batch_execute(ROLLBACK_TO).await?;
         }
-        Ok(_) => tx.batch_execute(ROLLBACK_TO).await?,
         Err(error) if marking::refused(&error) => tx.batch_execute(ROLLBACK_TO).await?,
         Err(error) => return Err(error),
     }
@@ -1029,8 +1031,8 @@ async fn record_each(
     let mut unrecorded = Vec::new();
     for id in ids {
         tx.batch_execute(SAVEPOINT).await?;
-        match tx.execute(sql, &[&std::slice::from_ref(id)]).await {
-            Ok(1) => {}
+        match tx.query(sql, &[&std::slice::from_ref(id)]).await {
+            Ok(rows) if !rows.is_empty() => {}
             Ok(_) => {
                 tx.batch_execute(ROLLBACK_TO).await?;
                 unrecorded.push((id.clone(), SUPPRESSED.to_owned()));

@@ -246,12 +246,12 @@ impl Writer {
                             Ok(()) => break,
                             Err(other) => {
                                 attempt += 1;
-                                tracing::warn!(rows = ids.len(), attempt, error = %crate::report::Chain(&other), "marking rows one by one failed, retrying");
-                                if started.elapsed() > RECONNECT_FOR {
-                                    tracing::error!(rows = ids.len(), "cannot mark rows; they stay as they were (the poller may publish them again)");
+                                let lost = c.is_closed();
+                                if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
+                                    tracing::error!(rows = ids.len(), error = %crate::report::Chain(&other), "cannot mark rows; they stay as they were (the poller may publish them again)");
                                     break;
                                 }
-                                let lost = c.is_closed();
+                                tracing::warn!(rows = ids.len(), attempt, error = %crate::report::Chain(&other), "marking rows one by one failed, retrying");
                                 tokio::time::sleep(self.backoff.delay(attempt)).await;
                                 if lost {
                                     client = None;
@@ -402,14 +402,22 @@ async fn sleep_until(at: Option<Instant>) {
 pub(crate) fn refused(error: &tokio_postgres::Error) -> bool {
     error.as_db_error().is_some_and(|db| {
         let code = db.code().code();
-        // 22 data exception, 23 integrity constraint, 27 triggered data
-        // change, 38 external routine, 39 its invocation, 44 WITH CHECK
-        // OPTION, P0 PL/pgSQL (RAISE), 2F SQL routine; 42501 a row-level
-        // security policy refusing the row.
-        matches!(
-            &code[..2],
-            "22" | "23" | "27" | "38" | "39" | "44" | "P0" | "2F"
+        let class = &code[..2];
+        // The session's or the server's, wherever raised.
+        let transient = matches!(class, "08" | "40" | "53" | "57" | "58" | "XX")
+            || matches!(code, "55P03" | "55006" | "25006");
+        // 09 triggered action, 22 data exception, 23 integrity constraint,
+        // 27 triggered data change, 38 external routine, 39 its invocation,
+        // 44 WITH CHECK OPTION, P0 PL/pgSQL (RAISE), 2F SQL routine; 42501 a
+        // row-level security policy refusing the row. And anything else a
+        // trigger or function raised (it has a context: `RAISE … USING
+        // ERRCODE` may name any code).
+        let row = matches!(
+            class,
+            "09" | "22" | "23" | "27" | "38" | "39" | "44" | "P0" | "2F"
         ) || code == "42501"
+            || db.where_().is_some_and(|w| !w.is_empty());
+        row && !transient
     })
 }
 
