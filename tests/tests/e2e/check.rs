@@ -722,18 +722,19 @@ async fn check_names_a_role_that_may_set_relay_txid_through_a_partition() {
         1,
     ))
     .await;
-    producer
-        .batch_execute(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
-             VALUES ('order', 'a', 'E', '{}', '1', '2019-06-01')",
+    // A row of 2019 with a forged id, inserted into `into`.
+    let forge = |into: &str| {
+        format!(
+            "INSERT INTO {into} (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
+             VALUES ('order', 'a', 'E', '{{}}', '1', '2019-06-01')"
         )
+    };
+    producer
+        .batch_execute(&forge("outbox"))
         .await
         .expect_err("the root refuses the column");
     producer
-        .batch_execute(
-            "INSERT INTO outbox_2019 (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
-             VALUES ('order', 'a', 'E', '{}', '1', '2019-06-01')",
-        )
+        .batch_execute(&forge("outbox_2019"))
         .await
         .expect("the partition takes a forged relay_txid");
     let after = warnings(&check(&outbox.config("")).await);
@@ -751,10 +752,7 @@ async fn check_names_a_role_that_may_set_relay_txid_through_a_partition() {
     );
     crate::migration::setup_apply(&outbox, &["--producer-role", &app]).await;
     producer
-        .batch_execute(
-            "INSERT INTO outbox_2019 (aggregate_type, aggregate_id, event_type, payload, relay_txid, created_at) \
-             VALUES ('order', 'b', 'E', '{}', '1', '2019-06-02')",
-        )
+        .batch_execute(&forge("outbox_2019"))
         .await
         .expect_err("the partition's grant is taken away");
     producer

@@ -298,15 +298,7 @@ async fn closing_holes_never_erases_a_hole_another_session_wrote() {
 /// poller publishes the partition's rows, and `check` says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_of_an_unlogged_partition_are_never_derived_published() {
-    let outbox = Outbox::with_schema(Some(&crate::check::partitioned_table())).await;
-    outbox
-        .sql
-        .batch_execute(
-            "CREATE UNLOGGED TABLE outbox_2019 PARTITION OF outbox \
-             FOR VALUES FROM ('2019-01-01') TO ('2020-01-01')",
-        )
-        .await
-        .unwrap();
+    let outbox = with_an_unlogged_partition().await;
     let warned = crate::check::warnings(&crate::check::check(&outbox.config("")).await);
     assert!(
         warned.len() == 1
@@ -336,31 +328,7 @@ async fn rows_of_an_unlogged_partition_are_never_derived_published() {
         .map(|r| r.get(0))
         .collect();
     let logged = outbox.insert_many(2, 2, 1).await;
-    wait_until(
-        Duration::from_secs(30),
-        "every row reads PUBLISHED",
-        || async {
-            let states = states(&outbox).await;
-            unlogged
-                .iter()
-                .chain(&logged)
-                .all(|id| states[id].0 == "PUBLISHED")
-        },
-    )
-    .await;
-    let derived = derived_published(&outbox).await;
-    let got = sink.ids();
-    for id in &unlogged {
-        assert!(
-            !derived.contains(id),
-            "{id}: never streamed, not derived published"
-        );
-        assert_eq!(
-            got.iter().filter(|g| *g == id).count(),
-            1,
-            "{id} reaches the sink once, by the poller"
-        );
-    }
+    published_once_by_the_poller(&outbox, &sink, &unlogged, &logged).await;
     relay.stop().await;
 }
 
@@ -1715,6 +1683,61 @@ async fn a_revoked_pg_control_init_leaves_the_derived_lifecycle_vouching() {
     relay.stop().await;
 }
 
+/// A partitioned outbox with an `UNLOGGED` partition for 2019: its rows
+/// are never streamed, the poller publishes them.
+async fn with_an_unlogged_partition() -> Outbox {
+    let outbox = Outbox::with_schema(Some(&crate::check::partitioned_table())).await;
+    outbox
+        .sql
+        .batch_execute(
+            "CREATE UNLOGGED TABLE outbox_2019 PARTITION OF outbox \
+             FOR VALUES FROM ('2019-01-01') TO ('2020-01-01')",
+        )
+        .await
+        .unwrap();
+    outbox
+}
+
+/// SQL: a trigger that refuses (raises on) every update of the rows whose
+/// `aggregate_id` starts with `evil`.
+const FROZEN: &str = "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
+       $$ BEGIN RAISE EXCEPTION 'row % is frozen', OLD.aggregate_id; END $$; \
+     CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
+       WHEN (OLD.aggregate_id LIKE 'evil%') EXECUTE FUNCTION frozen()";
+
+/// Wait until the rows `good` reached the sink and read PUBLISHED, let the
+/// poller run `linger` more, and check each was published once; what the
+/// sink got and the rows' states then.
+async fn published_once_beside_refused(
+    outbox: &Outbox,
+    sink: &Collect,
+    good: &[String],
+    linger: Duration,
+) -> (Vec<String>, HashMap<String, (String, bool)>) {
+    wait_until(
+        Duration::from_secs(30),
+        "the good rows reach the sink and read PUBLISHED",
+        || async {
+            let got: HashSet<String> = sink.ids().into_iter().collect();
+            let states = states(outbox).await;
+            good.iter()
+                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
+        },
+    )
+    .await;
+    tokio::time::sleep(linger).await;
+    let got = sink.ids();
+    for id in good {
+        assert_eq!(
+            got.iter().filter(|g| *g == id).count(),
+            1,
+            "{id} published once: {got:?}"
+        );
+    }
+    let states = states(outbox).await;
+    (got, states)
+}
+
 /// A hostile schema: a trigger that refuses the relay's update of one row
 /// (here, any update of it). The poller publishes that row and the others
 /// of its round, but cannot mark it: the others are marked all the same,
@@ -1722,34 +1745,26 @@ async fn a_revoked_pg_control_init_leaves_the_derived_lifecycle_vouching() {
 /// with an error naming it, not published again every round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_table_refuses_to_mark_does_not_make_the_poller_publish_its_round_again() {
-    let outbox = Outbox::with_schema(Some(&crate::check::partitioned_table())).await;
     // An unlogged partition: its rows are the poller's. One trigger raises
     // on the 'evil' rows, another suppresses the update of the 'mute' one
     // (returns NULL: no error, no row written).
+    let outbox = with_an_unlogged_partition().await;
     outbox
         .sql
         .batch_execute(
-            "CREATE UNLOGGED TABLE outbox_2019 PARTITION OF outbox \
-             FOR VALUES FROM ('2019-01-01') TO ('2020-01-01'); \
-             CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
-               $$ BEGIN RAISE EXCEPTION 'row % is frozen', OLD.aggregate_id; END $$; \
-             CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
-               WHEN (OLD.aggregate_id LIKE 'evil%') EXECUTE FUNCTION frozen(); \
-             CREATE FUNCTION mute() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+            "CREATE FUNCTION mute() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
              CREATE TRIGGER mute BEFORE UPDATE ON outbox FOR EACH ROW \
                WHEN (OLD.aggregate_id = 'mute') EXECUTE FUNCTION mute()",
         )
         .await
         .unwrap();
+    outbox.sql.batch_execute(FROZEN).await.unwrap();
     // Rounds of two: the refused rows, oldest, would fill every round.
-    let sink = Collect::default();
-    let relay = Running::start(
-        outbox.config(&format!(
+    let (sink, relay) = outbox
+        .streaming(&format!(
             "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\nbatch_size = 2\n"
-        )),
-        sink.clone(),
-    );
-    outbox.wait_slot_active(true).await;
+        ))
+        .await;
     let mut good = returned(
         outbox
             .sql
@@ -1763,30 +1778,16 @@ async fn a_row_the_table_refuses_to_mark_does_not_make_the_poller_publish_its_ro
             .unwrap(),
     );
     let refused: Vec<String> = good.drain(..3).collect();
-    wait_until(
-        Duration::from_secs(30),
-        "the good rows reach the sink and read PUBLISHED",
-        || async {
-            let got: HashSet<String> = sink.ids().into_iter().collect();
-            let states = states(&outbox).await;
-            good.iter()
-                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
-        },
-    )
-    .await;
-    // Many poller rounds.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let got = sink.ids();
-    let states = states(&outbox).await;
+    // Many poller rounds after.
+    let (got, states) =
+        published_once_beside_refused(&outbox, &sink, &good, Duration::from_secs(4)).await;
     relay.stop().await;
-    for id in good.iter().chain(&refused) {
+    for id in &refused {
         assert_eq!(
             got.iter().filter(|g| *g == id).count(),
             1,
             "{id} published once: {got:?}"
         );
-    }
-    for id in &refused {
         assert_eq!(
             states[id].0, "PENDING",
             "{id}: the refused row is not marked"
@@ -1801,16 +1802,7 @@ async fn a_row_the_table_refuses_to_mark_does_not_make_the_poller_publish_its_ro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_the_table_refuses_to_mark_leaves_the_streams_other_marks_written() {
     let outbox = Outbox::new().await;
-    outbox
-        .sql
-        .batch_execute(
-            "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
-               $$ BEGIN RAISE EXCEPTION 'row % is frozen', OLD.aggregate_id; END $$; \
-             CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
-               WHEN (OLD.aggregate_id = 'evil') EXECUTE FUNCTION frozen()",
-        )
-        .await
-        .unwrap();
+    outbox.sql.batch_execute(FROZEN).await.unwrap();
     let (sink, relay) = outbox
         .streaming("[lifecycle]\non_published = \"mark\"\n[poller]\ninterval = \"200ms\"\ngrace = \"1s\"\n")
         .await;
@@ -1826,29 +1818,10 @@ async fn a_row_the_table_refuses_to_mark_leaves_the_streams_other_marks_written(
             .unwrap(),
     );
     let evil = good.remove(2);
-    wait_until(
-        Duration::from_secs(30),
-        "the good rows reach the sink and read PUBLISHED",
-        || async {
-            let got: HashSet<String> = sink.ids().into_iter().collect();
-            let states = states(&outbox).await;
-            good.iter()
-                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
-        },
-    )
-    .await;
     // The poller's grace, and rounds after it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let got = sink.ids();
-    let states = states(&outbox).await;
+    let (_, states) =
+        published_once_beside_refused(&outbox, &sink, &good, Duration::from_secs(3)).await;
     relay.stop().await;
-    for id in &good {
-        assert_eq!(
-            got.iter().filter(|g| *g == id).count(),
-            1,
-            "{id} published once: {got:?}"
-        );
-    }
     assert_eq!(states[&evil].0, "PENDING", "the refused row is not marked");
 }
 
@@ -1869,11 +1842,7 @@ async fn rows_written_while_a_partition_was_briefly_unlogged_are_published_by_th
         )
         .await
         .unwrap();
-    let (sink, relay) = outbox.streaming(UNLOGGED_FOR_A_WHILE).await;
-    let first = outbox.insert_many(2, 2, 1).await;
-    all_derived(&outbox, &first, "the first rows are derived published").await;
-    // The relay idle: no candidate owed, none waiting.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (sink, relay) = vouching_and_idle(&outbox).await;
     let load = |tag: &str| {
         format!(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
@@ -1906,6 +1875,16 @@ async fn rows_written_while_a_partition_was_briefly_unlogged_are_published_by_th
     let after = outbox.insert_many(2, 1, 1).await;
     published_once_by_the_poller(&outbox, &sink, &loaded, &after).await;
     relay.stop().await;
+}
+
+/// A relay streaming `outbox` with [`UNLOGGED_FOR_A_WHILE`], a pair stored
+/// over its first rows, then idle (no candidate owed, none waiting).
+async fn vouching_and_idle(outbox: &Outbox) -> (Collect, Running) {
+    let (sink, relay) = outbox.streaming(UNLOGGED_FOR_A_WHILE).await;
+    let first = outbox.insert_many(2, 2, 1).await;
+    all_derived(outbox, &first, "the first rows are derived published").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    (sink, relay)
 }
 
 /// The poller's settings of the tests of a table briefly `UNLOGGED`.
@@ -2078,10 +2057,7 @@ async fn rows_written_while_a_schema_published_outbox_was_briefly_unlogged_are_p
         )
         .await
         .unwrap();
-    let (sink, relay) = outbox.streaming(UNLOGGED_FOR_A_WHILE).await;
-    let first = outbox.insert_many(2, 2, 1).await;
-    all_derived(&outbox, &first, "the first rows are derived published").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (sink, relay) = vouching_and_idle(&outbox).await;
     let loaded = returned(
         outbox
             .sql
