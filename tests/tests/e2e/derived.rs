@@ -83,6 +83,22 @@ async fn untouched(outbox: &Outbox) -> i64 {
         .get(0)
 }
 
+/// Wait until the slot's row holds its holes (the boundary, at a first
+/// start); them.
+async fn boundary_hole(outbox: &Outbox) -> Vec<(String, String)> {
+    wait_until(
+        Duration::from_secs(30),
+        "the boundary hole is written",
+        || async {
+            position(outbox)
+                .await
+                .and_then(|p| p.holes)
+                .filter(|h| !h.is_empty())
+        },
+    )
+    .await
+}
+
 /// Wait until every id of `ids` is derived published.
 async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -253,17 +269,7 @@ async fn closing_holes_never_erases_a_hole_another_session_wrote() {
     let sink = Collect::default();
     let started = std::time::Instant::now();
     let relay = Running::start(outbox.config(DERIVE), sink.clone());
-    let boundary = wait_until(
-        Duration::from_secs(30),
-        "the boundary hole is written",
-        || async {
-            position(&outbox)
-                .await
-                .and_then(|p| p.holes)
-                .filter(|h| !h.is_empty())
-        },
-    )
-    .await;
+    let boundary = boundary_hole(&outbox).await;
     // The first look at the holes is 5 s into the session.
     assert!(
         started.elapsed() < Duration::from_secs(4),
@@ -306,27 +312,22 @@ async fn rows_of_an_unlogged_partition_are_never_derived_published() {
             && warned[0].contains("SET LOGGED"),
         "{warned:#?}"
     );
-    let sink = Collect::default();
-    let relay = Running::start(
-        outbox.config(&format!(
+    let (sink, relay) = outbox
+        .streaming(&format!(
             "{DERIVE}[poller]\ninterval = \"200ms\"\ngrace = \"2s\"\n"
-        )),
-        sink.clone(),
+        ))
+        .await;
+    let unlogged = returned(
+        outbox
+            .sql
+            .simple_query(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+                 SELECT 'order', 'u-' || g, 'E', '{}', timestamptz '2019-06-01' + g * interval '1 s' \
+                   FROM generate_series(1, 3) g RETURNING id::text",
+            )
+            .await
+            .unwrap(),
     );
-    outbox.wait_slot_active(true).await;
-    let unlogged: Vec<String> = outbox
-        .sql
-        .query(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
-             SELECT 'order', 'u-' || g, 'E', '{}', timestamptz '2019-06-01' + g * interval '1 s' \
-               FROM generate_series(1, 3) g RETURNING id::text",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
     let logged = outbox.insert_many(2, 2, 1).await;
     published_once_by_the_poller(&outbox, &sink, &unlogged, &logged).await;
     relay.stop().await;
@@ -1128,17 +1129,7 @@ async fn a_commit_written_before_the_slot_was_consistent_and_visible_only_after_
         sink.clone(),
     );
     outbox.wait_slot_active(true).await;
-    let boundary = wait_until(
-        Duration::from_secs(30),
-        "the boundary hole is written",
-        || async {
-            position(&outbox)
-                .await
-                .and_then(|p| p.holes)
-                .filter(|h| !h.is_empty())
-        },
-    )
-    .await;
+    let boundary = boundary_hole(&outbox).await;
     // Nothing may fail while the standby holds commits (a cluster with a
     // commit waiting does not stop): checks come after.
     standby(&outbox, "RESET synchronous_standby_names").await;
