@@ -210,6 +210,14 @@ pub(crate) struct Round {
     pub unrecorded: usize,
 }
 
+/// A row whose outcome the table refused to record: why, and how long it
+/// is left out of the claims ([`Poller::unrecordable`]).
+struct Refused {
+    id: String,
+    why: String,
+    again_in: std::time::Duration,
+}
+
 /// A round's claimed rows, by what becomes of them.
 #[derive(Default)]
 struct Claimed {
@@ -447,11 +455,11 @@ impl<S: Sink> Poller<S> {
         let sweep = self.sweep.borrow().clone();
         let missed = self.missed(client).await?;
         let tx = client.transaction().await?;
-        tx.batch_execute(TEXT_SETTINGS).await?;
         // Deferred constraints are checked at each statement, inside its
         // savepoint ([`record_each`]), not at the commit, where one row's
         // refusal would roll the whole round back.
-        tx.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await?;
+        tx.batch_execute(&format!("{TEXT_SETTINGS}; SET CONSTRAINTS ALL IMMEDIATE"))
+            .await?;
         let rows = match reader {
             None => {
                 let passed_over = self.passed_over();
@@ -483,9 +491,9 @@ impl<S: Sink> Poller<S> {
         tx.commit().await?;
         let now = std::time::Instant::now();
         round.unrecorded = unrecorded.len();
-        for (id, reason, until) in unrecorded {
+        for Refused { id, why, again_in } in unrecorded {
             tracing::error!(
-                id = %id, error = %reason, again_in_s = until.as_secs(),
+                id = %id, error = %why, again_in_s = again_in.as_secs(),
                 "the poller published (or failed) this row but the table refused to record it (a \
                  trigger, a constraint or a row-level security policy on the outbox table): it stays \
                  as it was, and is taken again only after a while. Let the relay's role update \
@@ -494,7 +502,7 @@ impl<S: Sink> Poller<S> {
             claimed.published.retain(|p| *p != id);
             claimed.skipped.retain(|p| *p != id);
             if self.unrecordable.len() < MAX_UNRECORDABLE {
-                self.unrecordable.insert(id, now + until);
+                self.unrecordable.insert(id, now + again_in);
             }
         }
         round.published = claimed.published.len();
@@ -887,13 +895,7 @@ impl<S: Sink> Poller<S> {
         table: &Table,
         claimed: &Claimed,
         round: &mut Round,
-    ) -> Result<
-        (
-            Vec<(String, i32, String)>,
-            Vec<(String, String, std::time::Duration)>,
-        ),
-        tokio_postgres::Error,
-    > {
+    ) -> Result<(Vec<(String, i32, String)>, Vec<Refused>), tokio_postgres::Error> {
         let poller = &self.config.poller;
         let mode = self.config.lifecycle.on_published;
         let mut unrecorded = Vec::new();
@@ -903,12 +905,13 @@ impl<S: Sink> Poller<S> {
         ] {
             if let (Some(sql), false) = (sql, ids.is_empty()) {
                 let sql = format!("{sql} RETURNING {}::text", table.id);
-                unrecorded.extend(
-                    record_each(tx, &sql, ids)
-                        .await?
-                        .into_iter()
-                        .map(|(id, why)| (id, why, poller.backoff_max)),
-                );
+                unrecorded.extend(record_each(tx, &sql, ids).await?.into_iter().map(
+                    |(id, why)| Refused {
+                        id,
+                        why,
+                        again_in: poller.backoff_max,
+                    },
+                ));
             }
         }
         let fail_sql = table.failure_sql(poller.max_attempts);
@@ -935,11 +938,11 @@ impl<S: Sink> Poller<S> {
             tx.batch_execute(RELEASE).await?;
             if let Some(refusal) = refusal {
                 // Not sent: taken again once its backoff is over.
-                unrecorded.push((
-                    id.clone(),
-                    refusal,
-                    std::time::Duration::from_secs_f64(delay),
-                ));
+                unrecorded.push(Refused {
+                    id: id.clone(),
+                    why: refusal,
+                    again_in: std::time::Duration::from_secs_f64(delay),
+                });
                 continue;
             }
             if dead {

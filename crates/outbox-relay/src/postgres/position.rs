@@ -465,17 +465,13 @@ fn changed(seen: Option<&str>, now: Option<&str>) -> bool {
     let (Some(seen), Some(now)) = (seen, now) else {
         return seen != now;
     };
-    let entries = |text: &str| -> std::collections::BTreeSet<String> {
-        text.split(',').map(str::to_owned).collect()
-    };
-    let (before, after) = (entries(seen), entries(now));
-    let publication = |set: &std::collections::BTreeSet<String>| -> Vec<String> {
-        set.iter()
-            .filter(|e| !e.starts_with('s'))
-            .cloned()
-            .collect()
-    };
-    publication(&before) != publication(&after)
+    let before: std::collections::BTreeSet<&str> = seen.split(',').collect();
+    let after: std::collections::BTreeSet<&str> = now.split(',').collect();
+    let publication = |e: &&&str| !e.starts_with('s');
+    !before
+        .iter()
+        .filter(publication)
+        .eq(after.iter().filter(publication))
         || after
             .iter()
             .any(|e| e.starts_with('s') && !before.contains(e))
@@ -843,6 +839,18 @@ struct Cycle {
 }
 
 impl Cycle {
+    /// The holes are `holes` from now on: kept, handed to the stream (which
+    /// marks what it publishes in them) and counted in
+    /// `outbox_relay_derived_holes`.
+    fn set_holes(&mut self, holes: Holes) {
+        let holes = Arc::new(holes);
+        crate::metrics::get()
+            .derived_holes
+            .set(holes.0.len() as i64);
+        self.holes = Arc::clone(&holes);
+        self.published.send_replace(Some(holes));
+    }
+
     /// Whether the next candidate may be taken: while events finish
     /// (`finished` moved since the last), at once when none waits, else a
     /// [`CANDIDATE_EVERY`] after the last; while the stream is quiet, a
@@ -1338,28 +1346,35 @@ where
         // for.
         let now = publication_identity(&self.client, &self.publication, &self.outbox).await?;
         let seen = self.cycle.lock().expect("cycle").identity.clone();
-        if now.is_some() && now != seen && !changed(seen.as_deref(), now.as_deref()) {
-            // A rewritten relation left the tree: nothing to fear from it.
-            self.cycle.lock().expect("cycle").identity = now.clone();
-        } else if now.is_none() || now != seen {
-            match now {
-                None => {
-                    open_hole(
-                        &self.client,
-                        &self.table,
-                        &self.slot,
-                        &self.publication,
-                        &self.outbox,
-                        &self.cycle,
-                    )
-                    .await?
-                }
-                Some(now) => {
+        let opened = match now {
+            None => {
+                open_hole(
+                    &self.client,
+                    &self.table,
+                    &self.slot,
+                    &self.publication,
+                    &self.outbox,
+                    &self.cycle,
+                )
+                .await?;
+                true
+            }
+            Some(now) if seen.as_deref() != Some(now.as_str()) => {
+                if changed(seen.as_deref(), Some(&now)) {
                     close_behind(&self.client, &self.table, &self.slot, &self.cycle, now).await?;
                     // Its S was taken before the look: a fresh one is owed.
                     self.cycle.lock().expect("cycle").dropped();
+                    true
+                } else {
+                    // A rewritten relation left the tree: nothing to fear
+                    // from it.
+                    self.cycle.lock().expect("cycle").identity = Some(now);
+                    false
                 }
             }
+            Some(_) => false,
+        };
+        if opened {
             return if position_due {
                 self.position.await
             } else {
@@ -1433,14 +1448,9 @@ async fn open_hole(
          nothing after the last vouched snapshot is derived published until the table is in the \
          publication again and the relay restarted (the poller publishes those rows after its grace)"
     );
-    let holes = Arc::new(holes);
     let mut cycle = cycle.lock().expect("cycle");
     cycle.opened = true;
-    cycle.holes = Arc::clone(&holes);
-    crate::metrics::get()
-        .derived_holes
-        .set(holes.0.len() as i64);
-    cycle.published.send_replace(Some(holes));
+    cycle.set_holes(holes);
     Ok(())
 }
 
@@ -1492,12 +1502,7 @@ async fn close_behind(
     let mut cycle = cycle.lock().expect("cycle");
     let mut holes = (*cycle.holes).clone();
     holes.0.push(Hole { from, to });
-    let holes = Arc::new(holes);
-    crate::metrics::get()
-        .derived_holes
-        .set(holes.0.len() as i64);
-    cycle.holes = Arc::clone(&holes);
-    cycle.published.send_replace(Some(holes));
+    cycle.set_holes(holes);
     cycle.identity = Some(now);
     Ok(())
 }
@@ -1640,11 +1645,7 @@ async fn close_holes(
         cycle.lock().expect("cycle").holes_taken = true;
         return Ok(());
     }
-    let open = Arc::new(open);
-    crate::metrics::get().derived_holes.set(open.0.len() as i64);
-    let mut cycle = cycle.lock().expect("cycle");
-    cycle.published.send_replace(Some(Arc::clone(&open)));
-    cycle.holes = open;
+    cycle.lock().expect("cycle").set_holes(open);
     Ok(())
 }
 

@@ -1362,10 +1362,9 @@ async fn inspect_lifecycle(
             &format!(
                 "SELECT coalesce(array_agg(c.oid::regclass::text \
                            || CASE WHEN c.relkind = 'f' THEN ' (foreign)' ELSE ' (unlogged)' END ORDER BY 1), '{{}}') \
-                   FROM {} t JOIN pg_class c ON c.oid = t.relid \
-                  WHERE {}",
-                derived::tree("$1::oid::regclass"),
-                derived::WRITES_NO_WAL
+                   FROM {tree} t JOIN pg_class c ON c.oid = t.relid \
+                  WHERE {no_wal}",
+                no_wal = derived::WRITES_NO_WAL
             ),
             &[&table.oid],
         )

@@ -223,11 +223,7 @@ impl Writer {
             let started = Instant::now();
             loop {
                 let result: Result<(), Box<dyn std::error::Error + Send + Sync>> = match &client {
-                    Some(c) => c
-                        .execute(sql.as_str(), &[ids])
-                        .await
-                        .map(|_| ())
-                        .map_err(Into::into),
+                    Some(c) => mark(c, sql, ids).await.map_err(Into::into),
                     None => match self.conn.connect().await {
                         Ok(fresh) => {
                             client = Some(Arc::new(fresh));
@@ -237,30 +233,6 @@ impl Writer {
                     },
                 };
                 let Err(e) = result else { break };
-                if let (Some(c), Some(db)) = (&client, e.downcast_ref::<tokio_postgres::Error>()) {
-                    if refused(db) {
-                        // One row the table refuses (a trigger, a constraint)
-                        // must not leave the others unmarked: row by row; an
-                        // error of another kind fails the batch as ever.
-                        match each(c, sql, ids).await {
-                            Ok(()) => break,
-                            Err(other) => {
-                                attempt += 1;
-                                let lost = c.is_closed();
-                                if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
-                                    tracing::error!(rows = ids.len(), error = %crate::report::Chain(&other), "cannot mark rows; they stay as they were (the poller may publish them again)");
-                                    break;
-                                }
-                                tracing::warn!(rows = ids.len(), attempt, error = %crate::report::Chain(&other), "marking rows one by one failed, retrying");
-                                tokio::time::sleep(self.backoff.delay(attempt)).await;
-                                if lost {
-                                    client = None;
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                }
                 let e: &(dyn std::error::Error + 'static) = &*e;
                 let lost = client.as_ref().is_none_or(|c| c.is_closed());
                 if (!lost && attempt >= 5) || started.elapsed() > RECONNECT_FOR {
@@ -419,6 +391,22 @@ pub(crate) fn refused(error: &tokio_postgres::Error) -> bool {
             || db.where_().is_some_and(|w| !w.is_empty());
         row && !transient
     })
+}
+
+/// Write `sql` (ids in `$1`) over `ids`; when the table refuses it
+/// ([`refused`]), one row at a time, logging each row it refuses: one row
+/// must not leave the others unmarked. An error of another kind fails the
+/// write, to be tried again whole.
+async fn mark(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    ids: &[&str],
+) -> Result<(), tokio_postgres::Error> {
+    match client.execute(sql, &[&ids]).await {
+        Ok(_) => Ok(()),
+        Err(e) if refused(&e) => each(client, sql, ids).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// Write `sql` (ids in `$1`) one row at a time, logging each row the table
