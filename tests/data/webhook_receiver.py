@@ -22,7 +22,8 @@ Usage: webhook_receiver.py SECRET PORT_FILE LOG_FILE CONTROL_DIR
 * CONTROL_DIR/quota.json, when present, is {"per_second": R, "burst": B}: a
   request beyond that many requests a second is answered 429, not processed.
 * An event whose envelope contains "poison" is answered 422 (a permanent
-  rejection).
+  rejection); one that contains "nulbyte" too, with a body that holds a NUL
+  byte (a receiver's text the relay must still be able to record).
 * Otherwise 204. Each request is one JSON line in LOG_FILE:
   {"id": webhook-id, "valid": bool, "status": answered, "processed": bool,
    "fault": what was done or null, "body": text}; processed requests are
@@ -121,7 +122,7 @@ class Handler(BaseHTTPRequestHandler):
                         status = refusal["status"]
                         fault = {"kind": "refuse", "status": status}
                         break
-                if fault is None and b"poison" in body:
+                if fault is None and (b"poison" in body or b"nulbyte" in body):
                     status = 422
                 if status == 204:
                     fault = next_fault()
@@ -149,10 +150,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         if kind == "late":
             time.sleep(fault["delay"])
+        answer = b"refused\x00by the receiver" if b"nulbyte" in body else b""
         try:
             self.send_response(status)
-            self.send_header("content-length", "0")
+            self.send_header("content-length", str(len(answer)))
             self.end_headers()
+            self.wfile.write(answer)
         except OSError:
             self.close_connection = True
 

@@ -218,6 +218,22 @@ async fn held_while_the_receiver_answers(status: u16) {
 /// events after it (of its aggregate too) are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
+    rejected_and_recorded("poison", "422").await;
+}
+
+/// A hostile receiver's 422 whose body holds a NUL byte, which PostgreSQL
+/// text cannot hold: the reason is recorded with the byte replaced, and the
+/// stream moves on (it would otherwise fail to record the event for good,
+/// and stop at it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_whose_answer_holds_a_nul_byte_is_recorded_and_the_stream_moves_on() {
+    rejected_and_recorded("nulbyte", "refused\u{FFFD}by the receiver").await;
+}
+
+/// A row whose payload holds `marker` is rejected by the receiver; it ends
+/// FAILED with a `last_error` holding `said`, and the rows around it are
+/// delivered in order.
+async fn rejected_and_recorded(marker: &str, said: &str) {
     let receiver = Receiver::start().await;
     let outbox = Outbox::new().await;
     let config = outbox.config_file(&toml(&receiver.url(), ""));
@@ -228,8 +244,8 @@ async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
         .sql
         .query_one(
             "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-             VALUES ('order', 'agg-0', 'E', '{\"poison\": true}') RETURNING id::text",
-            &[],
+             VALUES ('order', 'agg-0', 'E', jsonb_build_object($1::text, true)) RETURNING id::text",
+            &[&marker],
         )
         .await
         .unwrap()
@@ -256,7 +272,7 @@ async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
     )
     .await;
     assert_eq!(state, "FAILED");
-    assert!(error.contains("422"), "{error}");
+    assert!(error.contains(said), "{error}");
     relay.stop_gracefully().await;
 }
 

@@ -68,7 +68,7 @@ use crate::pipeline::sink::{Message, Outcome, Sink};
 use crate::postgres::lsn::WalLayout;
 use crate::postgres::outbox::derived::{self, Reader};
 use crate::postgres::outbox::marking;
-use crate::postgres::outbox::table::Table;
+use crate::postgres::outbox::table::{storable, Table};
 use crate::postgres::ConnInfo;
 use crate::retry::Backoff;
 
@@ -923,7 +923,8 @@ impl<S: Sink> Poller<S> {
                 .delay(u32::try_from(*attempts).unwrap_or(0))
                 .as_secs_f64();
             tx.batch_execute(SAVEPOINT).await?;
-            let refusal = match tx.execute(&fail_sql, &[id, reason, too_old, &delay]).await {
+            let reason = storable(reason);
+            let refusal = match tx.execute(&fail_sql, &[id, &reason, too_old, &delay]).await {
                 Ok(n) if n > 0 => None,
                 Ok(_) => {
                     tx.batch_execute(ROLLBACK_TO).await?;
@@ -948,7 +949,7 @@ impl<S: Sink> Poller<S> {
             if dead {
                 round.dead += 1;
                 tracing::error!(id = %id, attempts = attempts + 1, error = %reason, "event is DEAD: it will not be retried; replay it once the cause is fixed");
-                dead_notices.push((id.clone(), attempts + 1, reason.clone()));
+                dead_notices.push((id.clone(), attempts + 1, reason.into_owned()));
             } else {
                 round.failed += 1;
             }

@@ -23,7 +23,7 @@ use crate::config::{Config, OnPublished};
 use crate::pipeline::rows::{batches, Prepared, Rows, TEXT_SETTINGS};
 use crate::pipeline::sink::{Message, Outcome, Sink};
 use crate::postgres::outbox::derived::{self, Reader};
-use crate::postgres::outbox::table::Table;
+use crate::postgres::outbox::table::{storable, Table};
 use crate::postgres::sql::quote_ident;
 use crate::retry::Backoff;
 
@@ -374,7 +374,10 @@ impl Statements {
             eprintln!("rejected {id}: {reason}");
             if let Some(sql) = &self.rejected {
                 client
-                    .execute(sql.as_str(), &[id, reason, &false, &self.retry_in])
+                    .execute(
+                        sql.as_str(),
+                        &[id, &storable(reason), &false, &self.retry_in],
+                    )
                     .await?;
             }
         }

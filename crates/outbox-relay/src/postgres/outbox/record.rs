@@ -188,6 +188,7 @@ impl Recorder {
         envelope: Option<&[u8]>,
         reason: &str,
     ) -> Result<bool, tokio_postgres::Error> {
+        let reason = &*super::table::storable(reason);
         let dead_letter = |sql: &str| {
             let envelope = envelope.map(|e| String::from_utf8_lossy(e).into_owned());
             let sql = sql.to_owned();

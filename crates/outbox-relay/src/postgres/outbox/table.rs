@@ -148,3 +148,17 @@ impl Table {
         )
     }
 }
+
+/// `reason` as a PostgreSQL text value can hold it: a NUL character (which
+/// a destination's error answer may carry: a webhook receiver's body is
+/// quoted in its reason) as U+FFFD. Text refuses NUL (SQLSTATE 22021), and a
+/// reason that cannot be recorded would stop the stream at the event for
+/// good: every reason written to `last_error` or `<table>_dead_letter` goes
+/// through here.
+pub(crate) fn storable(reason: &str) -> std::borrow::Cow<'_, str> {
+    if reason.contains('\0') {
+        std::borrow::Cow::Owned(reason.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(reason)
+    }
+}
