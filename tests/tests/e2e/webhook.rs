@@ -218,7 +218,7 @@ async fn held_while_the_receiver_answers(status: u16) {
 /// events after it (of its aggregate too) are delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
-    rejected_and_recorded("poison", "422").await;
+    rejected_and_recorded("poison", "422", false).await;
 }
 
 /// A hostile receiver's 422 whose body holds a NUL byte, which PostgreSQL
@@ -227,15 +227,37 @@ async fn a_permanent_rejection_is_recorded_and_the_stream_moves_on() {
 /// and stop at it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rejection_whose_answer_holds_a_nul_byte_is_recorded_and_the_stream_moves_on() {
-    rejected_and_recorded("nulbyte", "refused\u{FFFD}by the receiver").await;
+    rejected_and_recorded("nulbyte", "refused\u{FFFD}by the receiver", false).await;
+}
+
+/// A rejected event whose row a trigger will not let the relay update (an
+/// "outbox rows are immutable" guard): the rejection goes to the
+/// dead-letter table, and the stream moves on (it would otherwise try to
+/// record it, fail, and start again at it, for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejection_the_table_refuses_to_record_goes_to_the_dead_letter_table() {
+    rejected_and_recorded("poison", "422", true).await;
 }
 
 /// A row whose payload holds `marker` is rejected by the receiver; it ends
-/// FAILED with a `last_error` holding `said`, and the rows around it are
-/// delivered in order.
-async fn rejected_and_recorded(marker: &str, said: &str) {
+/// FAILED with a `last_error` holding `said` (`frozen`: a trigger refuses
+/// every update of it, and the reason is in `outbox_dead_letter`), and the
+/// rows around it are delivered in order.
+async fn rejected_and_recorded(marker: &str, said: &str, frozen: bool) {
     let receiver = Receiver::start().await;
     let outbox = Outbox::new().await;
+    if frozen {
+        outbox
+            .sql
+            .batch_execute(&format!(
+                "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql AS \
+                   $$ BEGIN RAISE EXCEPTION 'outbox rows are immutable'; END $$; \
+                 CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
+                   WHEN (OLD.payload ? '{marker}') EXECUTE FUNCTION frozen()"
+            ))
+            .await
+            .unwrap();
+    }
     let config = outbox.config_file(&toml(&receiver.url(), ""));
     let mut relay = spawn(&config, None);
     outbox.wait_slot_active(true).await;
@@ -258,14 +280,12 @@ async fn rejected_and_recorded(marker: &str, said: &str) {
         Duration::from_secs(30),
         "the rejected row is recorded",
         || async {
-            let row = outbox
-                .sql
-                .query_one(
-                    "SELECT state, coalesce(last_error, '') FROM outbox_state WHERE id::text = $1",
-                    &[&poison],
-                )
-                .await
-                .unwrap();
+            let sql = if frozen {
+                "SELECT 'FAILED', reason FROM outbox_dead_letter WHERE event_id = $1"
+            } else {
+                "SELECT state, coalesce(last_error, '') FROM outbox_state WHERE id::text = $1"
+            };
+            let row = outbox.sql.query_opt(sql, &[&poison]).await.unwrap()?;
             let state: String = row.get(0);
             (state == "FAILED").then(|| (state, row.get::<_, String>(1)))
         },

@@ -58,8 +58,9 @@ pub enum RecordError {
     /// take it: stop before acknowledging it.
     #[error(
         "event {id:?} was rejected ({reason}), no row of {table} has that id (it was deleted, e.g. in \
-         its own transaction, or the id could not be read) and there is no {dead_letter} table to \
-         record it in. Nothing from it on was acknowledged. Create the dead-letter table \
+         its own transaction, or the id could not be read) or the table refused the update (a \
+         trigger, a constraint or a row-level security policy), and there is no {dead_letter} table \
+         to record it in. Nothing from it on was acknowledged. Create the dead-letter table \
          (`outbox-relay setup --config FILE --apply`, or sql/005_dead_letter.sql) and start the relay \
          again: the event is read again and recorded there"
     )]
@@ -214,9 +215,21 @@ impl Recorder {
                 let updated = if id.is_empty() {
                     0
                 } else {
-                    self.client
+                    match self
+                        .client
                         .execute(update.as_str(), &[&id, &reason, &false, &self.retry_in])
-                        .await?
+                        .await
+                    {
+                        Ok(n) => n,
+                        // Writing it again will not mend it: as for a row
+                        // gone, the dead-letter table takes it, or the
+                        // relay stops saying so (not a retry for ever).
+                        Err(e) if super::marking::refused(&e) => {
+                            tracing::error!(id = %id, error = %crate::report::Chain(&e), "the table refused to record this rejected event (a trigger, a constraint or a row-level security policy on the outbox table); it goes to the dead-letter table");
+                            0
+                        }
+                        Err(e) => return Err(e),
+                    }
                 };
                 if updated > 0 {
                     return Ok(true);
