@@ -1428,10 +1428,36 @@ async fn rows_a_foreign_consumer_of_the_slot_swallows_are_published_by_the_polle
         || async { outbox.confirmed_flush().await >= end },
     )
     .await;
+    let active_pid = |sql: &'static str| {
+        let outbox = &outbox;
+        async move {
+            outbox
+                .sql
+                .query_one(sql, &[&outbox.slot])
+                .await
+                .unwrap()
+                .get::<_, Option<i32>>(0)
+        }
+    };
+    const ACTIVE: &str = "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1";
+    let foreigns = active_pid(ACTIVE).await;
     foreign.kill().unwrap();
     let _ = foreign.wait();
     // The relay takes its slot back (a hole from its vouched snapshot: the
-    // slot is ahead of its kept position); nothing comes twice.
+    // slot is ahead of its kept position); nothing comes twice. The rows
+    // after are written once it streams: written while the slot is idle for
+    // longer than `poller.grace` (a takeover slowed down), they would be
+    // the poller's as well as the stream's, at least once, as documented.
+    wait_until(
+        Duration::from_secs(30),
+        "the relay streams from its slot",
+        || async {
+            active_pid(ACTIVE)
+                .await
+                .is_some_and(|pid| Some(pid) != foreigns)
+        },
+    )
+    .await;
     let after = outbox.insert_many(1, 10, 2).await;
     wait_until(Duration::from_secs(30), "the stream is back", || async {
         let out = delivered(&[&second]);
