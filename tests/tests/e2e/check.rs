@@ -768,3 +768,34 @@ async fn check_names_a_role_that_may_set_relay_txid_through_a_partition() {
         "{app} no longer named: {fixed:#?}"
     );
 }
+
+/// The table's owner may set `relay_txid` through the table whatever is
+/// granted (docs/producers.md): a grant it also holds on a partition another
+/// role owns adds nothing, and is not reported as a way to forge ids.
+#[tokio::test]
+async fn check_does_not_name_the_tables_owner_for_its_grant_on_a_partition() {
+    let outbox = Outbox::with_schema(Some(&partitioned_table())).await;
+    let owner = format!("own_{}", outbox.db.name().trim_start_matches("t_"));
+    let app = format!("app_{}", outbox.db.name().trim_start_matches("t_"));
+    outbox
+        .sql
+        .batch_execute(&format!(
+            "CREATE TABLE outbox_2019 PARTITION OF outbox FOR VALUES FROM ('2019-01-01') TO ('2020-01-01'); \
+             CREATE ROLE {owner} LOGIN; CREATE ROLE {app} LOGIN; \
+             ALTER TABLE ONLY outbox OWNER TO {owner}; \
+             GRANT INSERT ON outbox_2019 TO {owner}, {app}"
+        ))
+        .await
+        .unwrap();
+    let found = warnings(&check(&outbox.config("")).await);
+    assert!(
+        found
+            .iter()
+            .any(|w| w.contains(&format!("{app} (through outbox_2019)"))),
+        "the other grantee is named: {found:#?}"
+    );
+    assert!(
+        !found.iter().any(|w| w.contains(&owner)),
+        "the table's owner is not named: {found:#?}"
+    );
+}

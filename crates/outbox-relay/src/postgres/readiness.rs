@@ -1284,6 +1284,7 @@ async fn inspect_lifecycle(
                                                    ELSE g.grantee::regrole::text END AS role) n \
                   WHERE g.privilege_type IN ('INSERT', 'UPDATE', 'TRIGGER') \
                     AND g.grantee <> c.relowner \
+                    AND g.grantee <> (SELECT relowner FROM pg_class WHERE oid = $1) \
                     AND g.grantee IS DISTINCT FROM (SELECT oid FROM pg_roles WHERE rolname = current_user) \
                     AND NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee AND (r.rolreplication \
                                     OR (to_regrole('rds_replication') IS NOT NULL \
