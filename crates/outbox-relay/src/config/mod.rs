@@ -971,6 +971,40 @@ fn check_identifier(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest name PostgreSQL keeps (NAMEDATALEN - 1 bytes); it cuts longer
+/// ones, quoted or not, at a character boundary.
+pub(crate) const NAME_MAX: usize = 63;
+
+/// What PostgreSQL makes of `name` as an identifier: cut to [`NAME_MAX`]
+/// bytes at a character boundary (its `truncate_identifier`, UTF-8). A name
+/// the relay compares with the catalog by value must be cut the same way.
+pub(crate) fn pg_name(name: &str) -> &str {
+    let mut end = name.len().min(NAME_MAX);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+/// The relations `setup` names after the outbox table `<table>`
+/// (`<table><suffix>` in one schema, where relations share one namespace).
+const RELATION_SUFFIXES: [&str; 10] = [
+    "_dead_letter",
+    "_dead_letter_failed_idx",
+    "_position",
+    "_state",
+    "_txid_idx",
+    "_explicit_idx",
+    "_due_idx",
+    "_published_idx",
+    "_default",
+    "_id_idx",
+];
+
+/// The longest of [`RELATION_SUFFIXES`]: a table name of at most
+/// `NAME_MAX - LONGEST_SUFFIX` bytes names every relation in full.
+const LONGEST_SUFFIX: usize = "_dead_letter_failed_idx".len();
+
 /// A schema-qualified table name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableName {
@@ -991,6 +1025,32 @@ impl TableName {
             return Err(format!(
                 "{value:?} must be `table` or `schema.table`, e.g. public.outbox"
             ));
+        }
+        for part in [schema, name] {
+            if part.len() > NAME_MAX {
+                return Err(format!(
+                    "{part:?} is {} bytes, longer than PostgreSQL's {NAME_MAX}-byte names: \
+                     PostgreSQL would cut it; use a shorter name",
+                    part.len()
+                ));
+            }
+        }
+        // The relay names its relations after the table; PostgreSQL cuts each
+        // name at 63 bytes, so a long table name can make two of them one (and
+        // `CREATE … IF NOT EXISTS` then skips the second without an error).
+        let mut seen: Vec<(String, String)> = vec![(name.to_owned(), name.to_owned())];
+        for suffix in RELATION_SUFFIXES {
+            let full = format!("{name}{suffix}");
+            let cut = pg_name(&full).to_owned();
+            if let Some((other, _)) = seen.iter().find(|(_, c)| *c == cut) {
+                return Err(format!(
+                    "{name:?} is too long to name the relay's relations after it: PostgreSQL cuts \
+                     names at {NAME_MAX} bytes, so {full:?} and {other:?} would both be {cut:?}; \
+                     use a table name of at most {} bytes",
+                    NAME_MAX - LONGEST_SUFFIX
+                ));
+            }
+            seen.push((full, cut));
         }
         Ok(Self {
             schema: schema.to_owned(),
@@ -1166,6 +1226,37 @@ url = "postgres://relay:secret@localhost:5432/app"
     fn an_unknown_section_is_rejected() {
         let p = problems(load(&format!("{MINIMAL}[postgress]\nurl = \"x\"\n"), &[]).unwrap_err());
         assert_eq!(p[0].key, "postgress");
+    }
+
+    #[test]
+    fn a_table_name_whose_relations_postgres_would_cut_into_one_is_rejected() {
+        let table = |name: &str| {
+            let text = MINIMAL.replace("[postgres]", &format!("[postgres]\ntable = \"{name}\""));
+            load(&text, &[]).map(|c| c.table().name)
+        };
+        // 40 bytes: every relation named in full; 45: `…_dead_letter_failed_idx`
+        // is cut, but to a name of its own.
+        for n in [40, 45, 50] {
+            assert_eq!(table(&"t".repeat(n)).unwrap(), "t".repeat(n));
+        }
+        // 51 bytes: `<t>_dead_letter_failed_idx` is cut to `<t>_dead_letter`.
+        let p = problems(table(&"t".repeat(51)).unwrap_err());
+        assert_eq!(p[0].key, "postgres.table");
+        assert!(
+            p[0].message.contains("at most 40 bytes"),
+            "{}",
+            p[0].message
+        );
+        assert!(
+            p[0].message.contains("_dead_letter_failed_idx"),
+            "{}",
+            p[0].message
+        );
+        // Longer than PostgreSQL keeps at all, and cut inside a character.
+        let p = problems(table(&format!("s.{}", "x".repeat(64))).unwrap_err());
+        assert!(p[0].message.contains("64 bytes"), "{}", p[0].message);
+        assert_eq!(pg_name(&format!("{}é", "x".repeat(62))), "x".repeat(62));
+        assert_eq!(pg_name("outbox_requeue"), "outbox_requeue");
     }
 
     #[test]

@@ -171,7 +171,10 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
             qualified(&table.schema, &view),
         ),
         ("state_view".to_owned(), view),
-        ("requeue".to_owned(), format!("{}_requeue", table.name)),
+        (
+            "requeue".to_owned(),
+            crate::config::pg_name(&format!("{}_requeue", table.name)).to_owned(),
+        ),
         ("=state".to_owned(), derived::state("o", "p")),
         ("lock_timeout".to_owned(), MIGRATION_LOCK_TIMEOUT.to_owned()),
     ];
