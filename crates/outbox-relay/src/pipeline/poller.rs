@@ -1003,7 +1003,8 @@ const RELEASE: &str = "RELEASE SAVEPOINT outbox_relay_record";
 const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT outbox_relay_record";
 
 /// Why a row's write did nothing.
-const SUPPRESSED: &str = "the update wrote no row (a trigger on the table returned NULL)";
+const SUPPRESSED: &str =
+    "the update or delete changed no row (a BEFORE trigger on the table returned NULL)";
 
 /// Run `sql` (one array parameter, `$1`; `RETURNING` the ids written, as
 /// text) over `ids` under a savepoint; when the table refuses it
