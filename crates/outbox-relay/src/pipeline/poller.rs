@@ -922,22 +922,9 @@ impl<S: Sink> Poller<S> {
                 .backoff
                 .delay(u32::try_from(*attempts).unwrap_or(0))
                 .as_secs_f64();
-            tx.batch_execute(SAVEPOINT).await?;
             let reason = storable(reason);
-            let refusal = match tx.execute(&fail_sql, &[id, &reason, too_old, &delay]).await {
-                Ok(n) if n > 0 => None,
-                Ok(_) => {
-                    tx.batch_execute(ROLLBACK_TO).await?;
-                    Some(SUPPRESSED.to_owned())
-                }
-                Err(error) if marking::refused(&error) => {
-                    tx.batch_execute(ROLLBACK_TO).await?;
-                    Some(crate::report::Chain(&error).to_string())
-                }
-                Err(error) => return Err(error),
-            };
-            tx.batch_execute(RELEASE).await?;
-            if let Some(refusal) = refusal {
+            if let Some(refusal) = write_one(tx, &fail_sql, &[id, &reason, too_old, &delay]).await?
+            {
                 // Not sent: taken again once its backoff is over.
                 unrecorded.push(Refused {
                     id: id.clone(),
@@ -1035,22 +1022,34 @@ async fn record_each(
     tx.batch_execute(RELEASE).await?;
     let mut unrecorded = Vec::new();
     for id in ids {
-        tx.batch_execute(SAVEPOINT).await?;
-        match tx.query(sql, &[&std::slice::from_ref(id)]).await {
-            Ok(rows) if !rows.is_empty() => {}
-            Ok(_) => {
-                tx.batch_execute(ROLLBACK_TO).await?;
-                unrecorded.push((id.clone(), SUPPRESSED.to_owned()));
-            }
-            Err(error) if marking::refused(&error) => {
-                tx.batch_execute(ROLLBACK_TO).await?;
-                unrecorded.push((id.clone(), crate::report::Chain(&error).to_string()));
-            }
-            Err(error) => return Err(error),
+        if let Some(why) = write_one(tx, sql, &[&std::slice::from_ref(id)]).await? {
+            unrecorded.push((id.clone(), why));
         }
-        tx.batch_execute(RELEASE).await?;
     }
     Ok(unrecorded)
+}
+
+/// Run `sql`, which writes one row, under a savepoint: `None` once written;
+/// when the table refuses it ([`marking::refused`]) or a trigger suppresses
+/// it (no row changed), rolled back to the savepoint and why. Another error
+/// fails the round.
+async fn write_one(
+    tx: &tokio_postgres::Transaction<'_>,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<String>, tokio_postgres::Error> {
+    tx.batch_execute(SAVEPOINT).await?;
+    let refusal = match tx.execute(sql, params).await {
+        Ok(n) if n > 0 => None,
+        Ok(_) => Some(SUPPRESSED.to_owned()),
+        Err(error) if marking::refused(&error) => Some(crate::report::Chain(&error).to_string()),
+        Err(error) => return Err(error),
+    };
+    if refusal.is_some() {
+        tx.batch_execute(ROLLBACK_TO).await?;
+    }
+    tx.batch_execute(RELEASE).await?;
+    Ok(refusal)
 }
 
 #[cfg(test)]
