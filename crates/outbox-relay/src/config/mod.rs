@@ -988,7 +988,7 @@ pub(crate) fn pg_name(name: &str) -> &str {
 
 /// The relations `setup` names after the outbox table `<table>`
 /// (`<table><suffix>` in one schema, where relations share one namespace).
-const RELATION_SUFFIXES: [&str; 10] = [
+pub(crate) const RELATION_SUFFIXES: [&str; 10] = [
     "_dead_letter",
     "_dead_letter_failed_idx",
     "_position",

@@ -1375,7 +1375,7 @@ async fn inspect_lifecycle(
         problems.push(Problem::NotLogged { relations });
     }
     // The requeue trigger, on the table and (cloned) on each partition.
-    let trigger = crate::config::pg_name(&format!("{}_requeue", name.name)).to_owned();
+    let trigger = crate::postgres::setup::requeue_trigger(&name.name);
     let relations: Vec<String> = client
         .query_one(
             &format!(

@@ -103,6 +103,13 @@ pub fn state_view(table: &str) -> String {
     format!("{table}_state")
 }
 
+/// The name of the trigger that clears the id of a row set back to
+/// `PENDING` (sql/009_state_view.sql), for outbox table `table`: cut as
+/// PostgreSQL cuts it, since `check` looks it up by value.
+pub(crate) fn requeue_trigger(table: &str) -> String {
+    crate::config::pg_name(&format!("{table}_requeue")).to_owned()
+}
+
 /// The values of the placeholders (`{{=name}}`: SQL, inserted as it is).
 pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
     let table = config.table();
@@ -171,10 +178,7 @@ pub fn names(config: &Config, role: &str) -> Vec<(String, String)> {
             qualified(&table.schema, &view),
         ),
         ("state_view".to_owned(), view),
-        (
-            "requeue".to_owned(),
-            crate::config::pg_name(&format!("{}_requeue", table.name)).to_owned(),
-        ),
+        ("requeue".to_owned(), requeue_trigger(&table.name)),
         ("=state".to_owned(), derived::state("o", "p")),
         ("lock_timeout".to_owned(), MIGRATION_LOCK_TIMEOUT.to_owned()),
     ];
@@ -355,6 +359,39 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `postgres.table` is refused when PostgreSQL would cut two names of
+    /// relations `setup` creates into one, from the list of their suffixes
+    /// in config: every name the shipped files make from the table's is in
+    /// it (or is the requeue trigger and its function, not relations).
+    #[test]
+    fn every_name_made_from_the_tables_is_one_the_configuration_checks() {
+        let mut config = Config::default();
+        config.postgres.table = "public.tbl".into();
+        let mut made = std::collections::BTreeSet::new();
+        for partitioned in [false, true] {
+            for (_, sql) in render(&config, DEFAULT_ROLE, partitioned).unwrap() {
+                for (at, _) in sql.match_indices("tbl_") {
+                    let word = sql[at + 3..]
+                        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                        .next()
+                        .unwrap();
+                    if at == 0
+                        || !sql[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                    {
+                        made.insert(word.to_owned());
+                    }
+                }
+            }
+        }
+        assert!(made.contains("_dead_letter_failed_idx"), "{made:?}");
+        for suffix in made {
+            assert!(
+                crate::config::RELATION_SUFFIXES.contains(&suffix.as_str()) || suffix == "_requeue",
+                "setup names tbl{suffix} after the table; add {suffix} to config's RELATION_SUFFIXES"
+            );
         }
     }
 
