@@ -790,15 +790,12 @@ async fn rows_written_while_the_publication_left_the_table_out_are_never_derived
     assert!(held, "a hole holds every row left out: {holes:?}");
     // The poller publishes what the stream never carried and marks it: the
     // sink has each row before the round's transaction writes its state.
-    wait_until(
+    wait_sent_and_published(
+        &outbox,
+        &sink,
+        &dark,
         Duration::from_secs(60),
         "the poller publishes the rows left out and marks them PUBLISHED",
-        || async {
-            let got: HashSet<String> = sink.ids().into_iter().collect();
-            let states = states(&outbox).await;
-            dark.iter()
-                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
-        },
     )
     .await;
     relay.stop().await;
@@ -1722,6 +1719,24 @@ const FROZEN: &str = "CREATE FUNCTION frozen() RETURNS trigger LANGUAGE plpgsql 
      CREATE TRIGGER frozen BEFORE UPDATE ON outbox FOR EACH ROW \
        WHEN (OLD.aggregate_id LIKE 'evil%') EXECUTE FUNCTION frozen()";
 
+/// Wait up to `within` until every row of `ids` reached `sink` and reads
+/// PUBLISHED (derived or marked).
+async fn wait_sent_and_published(
+    outbox: &Outbox,
+    sink: &Collect,
+    ids: &[String],
+    within: Duration,
+    what: &str,
+) {
+    wait_until(within, what, || async {
+        let got: HashSet<String> = sink.ids().into_iter().collect();
+        let states = states(outbox).await;
+        ids.iter()
+            .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
+    })
+    .await;
+}
+
 /// Wait until the rows `good` reached the sink and read PUBLISHED, let the
 /// poller run `linger` more, and check each was published once; what the
 /// sink got and the rows' states then.
@@ -1731,15 +1746,12 @@ async fn published_once_beside_refused(
     good: &[String],
     linger: Duration,
 ) -> (Vec<String>, HashMap<String, (String, bool)>) {
-    wait_until(
+    wait_sent_and_published(
+        outbox,
+        sink,
+        good,
         Duration::from_secs(30),
         "the good rows reach the sink and read PUBLISHED",
-        || async {
-            let got: HashSet<String> = sink.ids().into_iter().collect();
-            let states = states(outbox).await;
-            good.iter()
-                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
-        },
     )
     .await;
     tokio::time::sleep(linger).await;
@@ -1931,17 +1943,12 @@ async fn published_once_by_the_poller(
     loaded: &[String],
     after: &[String],
 ) {
-    wait_until(
+    wait_sent_and_published(
+        outbox,
+        sink,
+        &[loaded, after].concat(),
         Duration::from_secs(30),
         "every row loaded while the table was unlogged reaches the sink and reads PUBLISHED",
-        || async {
-            let got: HashSet<String> = sink.ids().into_iter().collect();
-            let states = states(outbox).await;
-            loaded
-                .iter()
-                .chain(after)
-                .all(|id| got.contains(id) && states[id].0 == "PUBLISHED")
-        },
     )
     .await;
     let derived = derived_published(outbox).await;
