@@ -897,6 +897,48 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
 
     // A synchronous standby that never answers: commits wait, invisible.
     standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
+    let (insert, waiting) = hold_a_commit(&outbox, &sink).await;
+    // Pairs are taken and stored meanwhile (the relay's own writes commit
+    // locally: they do not wait for the standby); none can see the commit.
+    let before_wait = position(&outbox).await.unwrap().snapshot;
+    wait_until(
+        Duration::from_secs(30),
+        "a pair is stored while the commit waits",
+        || async { position(&outbox).await.unwrap().snapshot != before_wait },
+    )
+    .await;
+    assert!(
+        !derived_published(&outbox).await.contains(&waiting),
+        "not derived published while invisible"
+    );
+
+    standby(&outbox, "RESET synchronous_standby_names").await;
+    let ids = tokio::time::timeout(Duration::from_secs(30), insert)
+        .await
+        .expect("the commit is let go")
+        .unwrap();
+    assert_eq!(
+        ids.last(),
+        Some(&waiting),
+        "the row delivered while invisible"
+    );
+    all_derived(
+        &outbox,
+        &ids,
+        "a pair vouches for the commit delivered before it was visible",
+    )
+    .await;
+    relay.stop().await;
+}
+
+/// With a synchronous standby that never answers set: insert until a commit
+/// waits for it (its commit record written, the transaction in progress and
+/// invisible), and until `sink` received that commit's row. The writer (the
+/// ids it inserted, once the commit is let go) and the held row's id.
+async fn hold_a_commit(
+    outbox: &Outbox,
+    sink: &Collect,
+) -> (tokio::task::JoinHandle<Vec<String>>, String) {
     let writer = outbox.db.client().await;
     let (tx, rx) = tokio::sync::oneshot::channel();
     // Set once a commit was seen waiting: the insert in flight is the last.
@@ -931,9 +973,9 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
         }
     });
     let pid = rx.await.unwrap();
-    waits_for_standby(&outbox, pid, "a commit waits for the standby").await;
+    waits_for_standby(outbox, pid, "a commit waits for the standby").await;
     seen.store(true, std::sync::atomic::Ordering::SeqCst);
-    let waiting = wait_until(
+    let held = wait_until(
         Duration::from_secs(30),
         "the waiting commit is delivered while invisible",
         || async {
@@ -943,41 +985,83 @@ async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible
                 .into_iter()
                 .filter(|id| !visible.contains(id))
                 .collect();
-            (held.len() == 1).then_some(held)
+            (held.len() == 1).then(|| held[0].clone())
         },
     )
     .await;
-    // Pairs are taken and stored meanwhile (the relay's own writes commit
-    // locally: they do not wait for the standby); none can see the commit.
-    let before_wait = position(&outbox).await.unwrap().snapshot;
-    wait_until(
-        Duration::from_secs(30),
-        "a pair is stored while the commit waits",
-        || async { position(&outbox).await.unwrap().snapshot != before_wait },
-    )
-    .await;
-    assert!(
-        !derived_published(&outbox).await.contains(&waiting[0]),
-        "not derived published while invisible"
-    );
+    (insert, held)
+}
 
+/// A graceful stop's last pair sees every transaction the session
+/// delivered, also one no candidate saw: delivered before it was visible
+/// (here a synchronous standby holds it; under load, a commit in the
+/// instant between a candidate's snapshot and its WAL read is the same).
+/// Its rows read derived published while the relay is stopped, so a poller
+/// past their grace does not send them again; no row the relay did not
+/// deliver does (a transaction open through the stop, one after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_vouches_for_a_commit_it_delivered_before_it_became_visible() {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    let config = format!("{DERIVE}[poller]\nenabled = false\n");
+    let (sink, relay) = outbox.streaming(&config).await;
+    let before = outbox.insert_many(1, 2, 1).await;
+    all_derived(&outbox, &before, "the rows before are derived published").await;
+    // Open through the stop: in progress in every snapshot the relay takes.
+    let open = outbox.db.client().await;
+    let open_id = open_row(&open).await;
+
+    standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
+    let (insert, held) = hold_a_commit(&outbox, &sink).await;
+    relay.stop().await;
+    commit_locally(&open).await;
+    let after = outbox.db.client().await;
+    let after_id = open_row(&after).await;
+    commit_locally(&after).await;
     standby(&outbox, "RESET synchronous_standby_names").await;
     let ids = tokio::time::timeout(Duration::from_secs(30), insert)
         .await
         .expect("the commit is let go")
         .unwrap();
-    assert_eq!(
-        ids.last(),
-        waiting.first(),
-        "the row delivered while invisible"
+    assert_eq!(ids.last(), Some(&held), "the row delivered while invisible");
+
+    let states = states(&outbox).await;
+    let published = ("PUBLISHED".to_owned(), true);
+    let unvouched: Vec<_> = before
+        .iter()
+        .chain(&ids)
+        .filter(|id| states[*id] != published)
+        .map(|id| (id, &states[id]))
+        .collect();
+    assert!(
+        unvouched.is_empty(),
+        "every delivered row reads derived PUBLISHED while the relay is stopped (the held one \
+         {held}): {unvouched:?}"
     );
-    all_derived(
-        &outbox,
-        &ids,
-        "a pair vouches for the commit delivered before it was visible",
-    )
-    .await;
-    relay.stop().await;
+    for (id, what) in [
+        (&open_id, "open through the stop"),
+        (&after_id, "written after it"),
+    ] {
+        assert_eq!(states[id].0, "PENDING", "a row {what}, never delivered");
+    }
+}
+
+/// Begin a transaction on `client` and insert a row in it; its id.
+async fn open_row(client: &tokio_postgres::Client) -> String {
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .query_one(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'open', 'open', '{}') RETURNING id::text",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
 }
 
 /// Commit `client`'s open transaction with a local synchronous commit (a

@@ -1184,7 +1184,10 @@ impl<'a> Session<'a> {
             _streaming,
             ..
         } = self;
+        let mut stream = stream;
         let confirmed = stream.tracker.confirmed();
+        // Confirmed since the last status update: the last pair sees them.
+        let delivered = stream.confirmed_xids(confirmed);
         // Every marker goes, so that marking writes what it holds and ends.
         drop(marking);
         drop(stream);
@@ -1209,7 +1212,7 @@ impl<'a> Session<'a> {
             // Kept whether or not the server took it: every event before it is
             // published or recorded. A pair only once every mark is written.
             keeper
-                .finish(confirmed, Duration::from_secs(5), marked)
+                .finish(confirmed, &delivered, Duration::from_secs(5), marked)
                 .await;
         }
         if reported {

@@ -884,6 +884,31 @@ impl Cycle {
         self.uncovered.truncate(MAX_UNCOVERED);
     }
 
+    /// The session's last pair (a graceful stop), `candidate` made to see
+    /// as well every transaction the session confirmed that no candidate
+    /// saw ([`Snapshot::seeing`]): one that committed in the instant
+    /// between a candidate's S and its W read, or was delivered before it
+    /// was visible (a synchronous standby holds it). Each is committed and
+    /// its events finished, so vouching for it is true; and no later
+    /// candidate will see it this session. Without it its rows read
+    /// `PENDING` while the relay is stopped, and a poller past their grace
+    /// sends them again before the next session's first pair.
+    fn last(&mut self, candidate: Candidate) -> Candidate {
+        let uncovered = std::mem::take(&mut self.uncovered);
+        if uncovered.is_empty() {
+            return candidate;
+        }
+        let snapshot = candidate.snapshot.clone().seeing(uncovered.iter().copied());
+        tracing::debug!(
+            transactions = uncovered.len(), was = %candidate.snapshot, snapshot = %snapshot,
+            "derived lifecycle: the last pair also sees the transactions delivered that no candidate saw"
+        );
+        Candidate {
+            snapshot,
+            ..candidate
+        }
+    }
+
     /// A candidate the stream passed was not stored (W not flushed, the
     /// write failed): what it saw is owed to a fresh one, which sees at
     /// least as much. (A changed publication opens a hole instead, and no
@@ -1177,21 +1202,29 @@ impl Keeper {
     }
 
     /// Write `confirmed` (with the pair, when it qualifies and `vouch`) and
-    /// wait for it (a graceful stop), within `limit`. Nothing when a round
-    /// in progress does not end in time: a write beside it could land
+    /// wait for it (a graceful stop), within `limit`; `delivered`: the ids
+    /// of the transactions confirmed since the last offer. Nothing when a
+    /// round in progress does not end in time: a write beside it could land
     /// before its older one.
-    pub(crate) async fn finish(mut self, confirmed: u64, limit: Duration, vouch: bool) {
+    pub(crate) async fn finish(
+        mut self,
+        confirmed: u64,
+        delivered: &[u32],
+        limit: Duration,
+        vouch: bool,
+    ) {
         if !self.round_ended(tokio::time::Instant::now() + limit).await {
             tracing::warn!(
                 "the keeper's last round did not end in time: the final position is not kept"
             );
             return;
         }
-        let store = self
-            .derived
-            .as_ref()
-            .filter(|_| vouch)
-            .and_then(|d| d.cycle.lock().expect("cycle").passed(confirmed));
+        let store = self.derived.as_ref().filter(|_| vouch).and_then(|d| {
+            let mut cycle = d.cycle.lock().expect("cycle");
+            cycle.delivered(delivered);
+            let last = cycle.passed(confirmed)?;
+            Some(cycle.last(last))
+        });
         if confirmed <= self.written && store.is_none() {
             return;
         }

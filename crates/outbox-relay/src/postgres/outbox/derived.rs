@@ -63,6 +63,12 @@ pub(crate) const BEGINNING: &str = "1:1:";
 /// that finds it carried again narrows it (`position::prepare`).
 pub(crate) const OPEN: &str = "9223372036854775807:9223372036854775807:";
 
+/// How far past a snapshot's xmax [`Snapshot::seeing`] raises it for a
+/// transaction begun after the snapshot: each id skipped is listed in
+/// progress. The transactions it is given committed in the instant between
+/// a snapshot and the WAL read beside it, a few ids away at most.
+const SEEING_AHEAD_MAX: u64 = 1024;
+
 /// A `pg_snapshot`: what `pg_visible_in_snapshot` needs of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
@@ -113,14 +119,40 @@ impl Snapshot {
     /// before it or at and after it (begun after the snapshot: not visible).
     /// The stream's ids are of transactions it just received, well within.
     pub(crate) fn visible_xid32(&self, xid: u32) -> bool {
+        self.full_xid(xid).is_some_and(|full| self.visible(full))
+    }
+
+    /// The 64-bit id of the stream's 32-bit `xid`, read within 2^31 of
+    /// `xmax` (`None`: before the first id).
+    fn full_xid(&self, xid: u32) -> Option<u64> {
         // Wrapping difference from xmax's low bits, as a signed distance.
-        let distance = xid.wrapping_sub(self.xmax as u32) as i32;
-        if distance >= 0 {
-            return false;
+        let distance = i64::from(xid.wrapping_sub(self.xmax as u32) as i32);
+        self.xmax.checked_add_signed(distance)
+    }
+
+    /// This snapshot, seeing besides the committed transactions `xids`
+    /// (32-bit, as the stream sends them) and nothing else more: each is
+    /// taken out of the in-progress list, and one begun after the snapshot
+    /// (at or past xmax, by at most [`SEEING_AHEAD_MAX`] ids) raises xmax
+    /// with every id skipped in progress ([`Snapshot::widened`]). One
+    /// further ahead is left unseen: what the snapshot sees only grows by
+    /// the ids given. xmin stays: `pg_snapshot` takes an xmin below its
+    /// least in-progress id, and a reader that bounds a scan by it reads a
+    /// little more, never less.
+    pub(crate) fn seeing(mut self, xids: impl IntoIterator<Item = u32>) -> Self {
+        for xid in xids {
+            let Some(full) = self.full_xid(xid) else {
+                continue;
+            };
+            if full >= self.xmax {
+                if full - self.xmax >= SEEING_AHEAD_MAX {
+                    continue;
+                }
+                self = self.widened(full + 1);
+            }
+            self.xip.retain(|&x| x != full);
         }
-        self.xmax
-            .checked_sub(u64::from(distance.unsigned_abs()))
-            .is_some_and(|full| self.visible(full))
+        self
     }
 }
 
@@ -590,6 +622,41 @@ mod tests {
         for bad in ["", "1", "5:4:", "a:b:", "1:2:x"] {
             assert_eq!(Snapshot::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_snapshot_made_to_see_delivered_ids_sees_those_and_nothing_more() {
+        let s = Snapshot::parse("100:105:100,103").unwrap();
+        let seen = s.clone().seeing([103]);
+        assert_eq!(seen.to_string(), "100:105:100");
+        // Begun after the snapshot: xmax rises past it, the ids skipped
+        // stay in progress.
+        let ahead = s.clone().seeing([107]);
+        assert_eq!(ahead.to_string(), "100:108:100,103,105,106");
+        for xid in 90..120 {
+            assert_eq!(
+                ahead.visible(xid),
+                s.visible(xid) || xid == 107,
+                "{xid} in {ahead}"
+            );
+        }
+        // Seen already, or too far ahead to list what lies between: as was.
+        assert_eq!(s.clone().seeing([99, 101]), s);
+        assert_eq!(s.clone().seeing([105 + 1024]), s);
+        assert_eq!(s.clone().seeing([105 + 1023]).xmax, 105 + 1024);
+        // The in-progress least: xmin stays, and the text form reads back.
+        let least = s.clone().seeing([100]);
+        assert!(least.visible(100) && !least.visible(103));
+        assert_eq!(Snapshot::parse(&least.to_string()), Some(least));
+        // Across an epoch, as the stream's ids are read.
+        let epoch = 1u64 << 32;
+        let wrapped = Snapshot {
+            xmin: epoch - 10,
+            xmax: epoch + 5,
+            xip: vec![epoch - 3, epoch + 2],
+        };
+        let seen = wrapped.seeing([u32::MAX - 2, 2]);
+        assert!(seen.xip.is_empty() && seen.visible(epoch - 3) && seen.visible(epoch + 2));
     }
 
     #[test]
