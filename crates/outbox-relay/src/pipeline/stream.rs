@@ -491,8 +491,9 @@ struct Session<'a> {
 /// reads on until the confirmed position passes its W, so the stop stores a
 /// pair that vouches for everything it delivered. It reads keepalives (asked
 /// for) and the transactions that committed before W (published as usual;
-/// visible in the pair's S but for one committed in the instant between the
-/// snapshot and the WAL read), and stops at the first transaction that
+/// visible in the pair's S, and one committed in the instant between the
+/// snapshot and the WAL read is made visible in the stored one:
+/// [`position::Keeper::finish`]), and stops at the first transaction that
 /// commits at or after W: transactions come in commit order, so everything
 /// before W has come, and W is confirmed once it has finished. That one is
 /// left to the next session, which streams it from W. Without it the rows of

@@ -65,8 +65,9 @@ pub(crate) const OPEN: &str = "9223372036854775807:9223372036854775807:";
 
 /// How far past a snapshot's xmax [`Snapshot::seeing`] raises it for a
 /// transaction begun after the snapshot: each id skipped is listed in
-/// progress. The transactions it is given committed in the instant between
-/// a snapshot and the WAL read beside it, a few ids away at most.
+/// progress. A transaction it is given that began after the snapshot
+/// committed in the instant between the snapshot and the WAL read beside
+/// it: a few ids away at most.
 const SEEING_AHEAD_MAX: u64 = 1024;
 
 /// A `pg_snapshot`: what `pg_visible_in_snapshot` needs of it.
