@@ -893,20 +893,24 @@ impl Cycle {
     /// candidate will see it this session. Without it its rows read
     /// `PENDING` while the relay is stopped, and a poller past their grace
     /// sends them again before the next session's first pair.
-    fn last(&mut self, candidate: Candidate) -> Candidate {
+    ///
+    /// Its W becomes `confirmed` (the walsender sends nothing unflushed):
+    /// at or past each one's commit, so that every commit the pair vouches
+    /// for lies before its W, as for any pair, and the flush check and the
+    /// next start's identity checks weigh them all.
+    fn last(&mut self, candidate: Candidate, confirmed: u64) -> Candidate {
         let uncovered = std::mem::take(&mut self.uncovered);
         if uncovered.is_empty() {
             return candidate;
         }
         let snapshot = candidate.snapshot.clone().seeing(uncovered.iter().copied());
+        let lsn = candidate.lsn.max(confirmed);
         tracing::debug!(
             transactions = uncovered.len(), was = %candidate.snapshot, snapshot = %snapshot,
+            lsn = %format_lsn(lsn),
             "derived lifecycle: the last pair also sees the transactions delivered that no candidate saw"
         );
-        Candidate {
-            snapshot,
-            ..candidate
-        }
+        Candidate { snapshot, lsn }
     }
 
     /// A candidate the stream passed was not stored (W not flushed, the
@@ -1223,7 +1227,7 @@ impl Keeper {
             let mut cycle = d.cycle.lock().expect("cycle");
             cycle.delivered(delivered);
             let last = cycle.passed(confirmed)?;
-            Some(cycle.last(last))
+            Some(cycle.last(last, confirmed))
         });
         if confirmed <= self.written && store.is_none() {
             return;
