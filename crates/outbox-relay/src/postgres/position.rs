@@ -1226,7 +1226,18 @@ impl Keeper {
         let store = self.derived.as_ref().filter(|_| vouch).and_then(|d| {
             let mut cycle = d.cycle.lock().expect("cycle");
             cycle.delivered(delivered);
-            let last = cycle.passed(confirmed)?;
+            // None passed: a round stored the last one already; the vouched
+            // S, at `confirmed`, carries what no candidate saw.
+            let last = cycle.passed(confirmed).or_else(|| {
+                let vouched = cycle
+                    .vouched
+                    .clone()
+                    .filter(|_| !cycle.uncovered.is_empty())?;
+                Some(Candidate {
+                    snapshot: vouched,
+                    lsn: confirmed,
+                })
+            })?;
             Some(cycle.last(last, confirmed))
         });
         if confirmed <= self.written && store.is_none() {
@@ -1426,6 +1437,18 @@ where
                 Ok(())
             };
         }
+        // Sees every id the vouched S saw: a reader's ranges, read from the
+        // stored S a statement before, hold every row the new one leaves
+        // unpublished ([`derived::Ranges`]). A later snapshot does, but for
+        // what the last pair of a session was made to see while it was in
+        // progress ([`Cycle::last`]).
+        let candidate = match &self.cycle.lock().expect("cycle").vouched {
+            Some(vouched) => Candidate {
+                snapshot: candidate.snapshot.joined(vouched),
+                ..candidate
+            },
+            None => candidate,
+        };
         tracing::debug!(snapshot = %candidate.snapshot, lsn = %format_lsn(candidate.lsn), confirmed = %format_lsn(confirmed), "derived lifecycle: a pair stored");
         store_pair(
             &self.client,

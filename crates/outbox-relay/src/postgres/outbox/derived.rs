@@ -70,6 +70,23 @@ pub(crate) const OPEN: &str = "9223372036854775807:9223372036854775807:";
 /// it: a few ids away at most.
 const SEEING_AHEAD_MAX: u64 = 1024;
 
+/// Whether a 64-bit id is one a transaction can have: its low 32 bits are
+/// none of PostgreSQL's special ids (0 to 2), which it skips at each wrap
+/// and which `pg_snapshot`'s input refuses as xmax.
+fn normal(full: u64) -> bool {
+    full as u32 >= 3
+}
+
+/// The first id a transaction can have after `full`.
+fn next_normal(full: u64) -> u64 {
+    let next = full + 1;
+    if normal(next) {
+        next
+    } else {
+        (next & !u64::from(u32::MAX)) | 3
+    }
+}
+
 /// A `pg_snapshot`: what `pg_visible_in_snapshot` needs of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snapshot {
@@ -109,10 +126,20 @@ impl Snapshot {
     /// snapshot (`upper`) bounds every transaction begun before it.
     pub(crate) fn widened(mut self, upper: u64) -> Self {
         if upper > self.xmax {
-            self.xip.extend(self.xmax..upper);
+            self.xip.extend((self.xmax..upper).filter(|&x| normal(x)));
             self.xmax = upper;
         }
         self
+    }
+
+    /// This snapshot, seeing as well every id `other` sees: an id is in
+    /// progress only when it is in both (xmax raised to `other`'s, the ids
+    /// between in progress unless `other` sees them). Sound when both
+    /// vouch for what they see.
+    pub(crate) fn joined(self, other: &Snapshot) -> Self {
+        let mut joined = self.widened(other.xmax);
+        joined.xip.retain(|&x| !other.visible(x));
+        joined
     }
 
     /// [`Snapshot::visible`] for the 32-bit id the replication protocol
@@ -134,26 +161,26 @@ impl Snapshot {
     /// This snapshot, seeing besides the committed transactions `xids`
     /// (32-bit, as the stream sends them) and nothing else more: each is
     /// taken out of the in-progress list, and one begun after the snapshot
-    /// (at or past xmax, by at most [`SEEING_AHEAD_MAX`] ids) raises xmax
-    /// with every id skipped in progress ([`Snapshot::widened`]). One
+    /// (at or past xmax, by less than [`SEEING_AHEAD_MAX`] ids) raises xmax
+    /// past it with every id skipped in progress ([`Snapshot::widened`]). One
     /// further ahead is left unseen: what the snapshot sees only grows by
     /// the ids given. xmin stays: `pg_snapshot` takes an xmin below its
     /// least in-progress id, and a reader that bounds a scan by it reads a
     /// little more, never less.
-    pub(crate) fn seeing(mut self, xids: impl IntoIterator<Item = u32>) -> Self {
-        for xid in xids {
-            let Some(full) = self.full_xid(xid) else {
-                continue;
-            };
-            if full >= self.xmax {
-                if full - self.xmax >= SEEING_AHEAD_MAX {
-                    continue;
-                }
-                self = self.widened(full + 1);
-            }
-            self.xip.retain(|&x| x != full);
-        }
-        self
+    pub(crate) fn seeing(self, xids: impl IntoIterator<Item = u32>) -> Self {
+        let limit = self.xmax + SEEING_AHEAD_MAX;
+        let seen: std::collections::HashSet<u64> = xids
+            .into_iter()
+            .filter_map(|xid| self.full_xid(xid))
+            .filter(|&full| full < limit)
+            .collect();
+        let upper = seen.iter().map(|&full| next_normal(full)).max();
+        let mut seeing = match upper {
+            Some(upper) => self.widened(upper),
+            None => self,
+        };
+        seeing.xip.retain(|x| !seen.contains(x));
+        seeing
     }
 }
 
@@ -658,6 +685,42 @@ mod tests {
         };
         let seen = wrapped.seeing([u32::MAX - 2, 2]);
         assert!(seen.xip.is_empty() && seen.visible(epoch - 3) && seen.visible(epoch + 2));
+        // The bound counts from the snapshot's own xmax, whatever the order.
+        let chain = s.clone().seeing([105 + 2000, 105 + 1000]);
+        assert_eq!(chain.xmax, 105 + 1001);
+        assert!(!chain.visible(105 + 2000));
+        // Begun at the last id of an epoch: xmax passes the special ids
+        // PostgreSQL skips (its input refuses them as xmax), none listed.
+        let edge = Snapshot {
+            xmin: epoch - 5,
+            xmax: epoch - 2,
+            xip: vec![epoch - 5],
+        };
+        let seen = edge.seeing([u32::MAX]);
+        assert_eq!(seen.xmax, epoch + 3);
+        assert_eq!(seen.xip, vec![epoch - 5, epoch - 2]);
+        assert!(seen.visible(epoch - 1) && !seen.visible(epoch - 2));
+    }
+
+    #[test]
+    fn a_joined_snapshot_sees_what_either_sees_and_nothing_else() {
+        for (a, b, want) in [
+            ("100:110:100,103,107", "100:108:100,105", "100:110:100"),
+            ("100:110:100,103,107", "100:107:100,105", "100:110:100,107"),
+            ("100:105:100", "100:108:100,106", "100:108:100,106"),
+            ("100:105:100,103", "90:95:90", "100:105:100,103"),
+        ] {
+            let (a, b) = (Snapshot::parse(a).unwrap(), Snapshot::parse(b).unwrap());
+            let joined = a.clone().joined(&b);
+            assert_eq!(joined.to_string(), want);
+            for xid in 80..120 {
+                assert_eq!(
+                    joined.visible(xid),
+                    a.visible(xid) || b.visible(xid),
+                    "{xid}: {a} joined with {b}"
+                );
+            }
+        }
     }
 
     #[test]
