@@ -1050,6 +1050,71 @@ async fn a_graceful_stop_vouches_for_a_commit_it_delivered_before_it_became_visi
     }
 }
 
+/// The keeper's writes commit locally: a synchronous standby that never
+/// answers holds neither the closing of a hole nor the pairs stored after
+/// it. (Waiting there would hold the keeper's round, and with it every pair
+/// and the final position of a stop, until the standby came back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hole_closes_and_pairs_are_stored_while_a_synchronous_standby_is_away() {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    // Begun before the boundary hole's snapshot: the hole stays open while
+    // it is in progress, so it closes only once the standby is away.
+    let early = outbox.db.client().await;
+    early
+        .batch_execute("BEGIN; SELECT pg_current_xact_id()")
+        .await
+        .unwrap();
+    let config = format!("{DERIVE}[poller]\nenabled = false\n");
+    let (sink, relay) = outbox.streaming(&config).await;
+    let hole = boundary_hole(&outbox).await;
+
+    standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
+    // A commit waits for the standby: the setting is in force.
+    let (insert, _) = hold_a_commit(&outbox, &sink).await;
+    assert_eq!(
+        position(&outbox).await.and_then(|p| p.holes),
+        Some(hole),
+        "the boundary hole is open while a transaction begun before it is in progress"
+    );
+    commit_locally(&early).await;
+    // The first look at the holes comes 5 s into the session, the next a
+    // minute later.
+    wait_until(
+        Duration::from_secs(90),
+        "the boundary hole closes while the standby is away",
+        || async {
+            position(&outbox)
+                .await
+                .and_then(|p| p.holes)
+                .is_some_and(|h| h.is_empty())
+        },
+    )
+    .await;
+    let writer = outbox.db.client().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(open_row(&writer).await);
+        commit_locally(&writer).await;
+    }
+    all_derived(
+        &outbox,
+        &ids,
+        "rows committed after the hole closed are derived published while the standby is away",
+    )
+    .await;
+    standby(&outbox, "RESET synchronous_standby_names").await;
+    tokio::time::timeout(Duration::from_secs(30), insert)
+        .await
+        .expect("the commit is let go")
+        .unwrap();
+    relay.stop().await;
+}
+
 /// Begin a transaction on `client` and insert a row in it; its id.
 async fn open_row(client: &tokio_postgres::Client) -> String {
     client.batch_execute("BEGIN").await.unwrap();

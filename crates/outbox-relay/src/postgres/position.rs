@@ -1682,20 +1682,35 @@ async fn close_holes(
     // that took the slot over, may have opened a hole meanwhile; writing the
     // arrays read before it would erase that hole. Compared as text, which
     // PostgreSQL prints as the relay parses and prints it.
+    let text_array = |items: Vec<String>| {
+        let items: Vec<String> = items.iter().map(|s| quote_literal(s)).collect();
+        format!("ARRAY[{}]::text[]", items.join(", "))
+    };
     let (was_from, was_to): (Vec<String>, Vec<String>) = holes
         .0
         .iter()
         .map(|h| (h.from.to_string(), h.to.to_string()))
         .unzip();
-    let written = client
-        .execute(
-            &format!(
-                "UPDATE {table} SET hole_from = {from}, hole_to = {to} \
-                 WHERE slot_name = $1 AND hole_from::text[] = $2::text[] AND hole_to::text[] = $3::text[]"
-            ),
-            &[&slot, &was_from, &was_to],
-        )
-        .await?;
+    // A local commit, as the pair's (a synchronous standby away would hold
+    // the round, and the connection, at it), in one simple query of
+    // literals, so no statement of another task falls inside it.
+    let written: u64 = client
+        .simple_query(&format!(
+            "BEGIN; SET LOCAL synchronous_commit = local; \
+             UPDATE {table} SET hole_from = {from}, hole_to = {to} \
+             WHERE slot_name = {slot} AND hole_from::text[] = {was_from} AND hole_to::text[] = {was_to}; \
+             COMMIT",
+            slot = quote_literal(slot),
+            was_from = text_array(was_from),
+            was_to = text_array(was_to),
+        ))
+        .await?
+        .iter()
+        .map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::CommandComplete(rows) => *rows,
+            _ => 0,
+        })
+        .sum();
     if written == 0 {
         tracing::warn!(
             slot = %slot,
