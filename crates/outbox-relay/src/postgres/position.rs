@@ -105,7 +105,8 @@
 //!   nothing (a standby promoted holds the pair only with the WAL before it,
 //!   below) and would stall the session's shared connection, and with it the
 //!   recorder and the stream, while a synchronous standby is away. The
-//!   confirmed position is written the same way, under every lifecycle: a
+//!   holes, when a look closes some, and the confirmed position, under every
+//!   lifecycle, are written the same way: a
 //!   row a promoted standby lacks is on another timeline, which the next
 //!   session ignores anyway (above).
 //! * **Identity.** At a session's start ([`prepare`]) a stored S is
