@@ -884,16 +884,8 @@ async fn a_row_set_to_pending_by_hand_is_sent_again() {
 /// answers until the test lets the commit go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_delivered_before_it_became_visible_is_vouched_for_once_visible() {
-    let cluster = std::sync::Arc::new(
-        tokio::task::spawn_blocking(harness::Cluster::start)
-            .await
-            .unwrap(),
-    );
-    let outbox = Outbox::on(&cluster).await;
-    let config = format!("{DERIVE}[poller]\nenabled = false\n");
-    let (sink, relay) = outbox.streaming(&config).await;
-    let before = outbox.insert_many(1, 2, 1).await;
-    all_derived(&outbox, &before, "the rows before are derived published").await;
+    let (_cluster, outbox) = private().await;
+    let (sink, relay, _) = vouching_without_poller(&outbox).await;
 
     // A synchronous standby that never answers: commits wait, invisible.
     standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
@@ -1001,16 +993,8 @@ async fn hold_a_commit(
 /// deliver does (a transaction open through the stop, one after it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_graceful_stop_vouches_for_a_commit_it_delivered_before_it_became_visible() {
-    let cluster = std::sync::Arc::new(
-        tokio::task::spawn_blocking(harness::Cluster::start)
-            .await
-            .unwrap(),
-    );
-    let outbox = Outbox::on(&cluster).await;
-    let config = format!("{DERIVE}[poller]\nenabled = false\n");
-    let (sink, relay) = outbox.streaming(&config).await;
-    let before = outbox.insert_many(1, 2, 1).await;
-    all_derived(&outbox, &before, "the rows before are derived published").await;
+    let (_cluster, outbox) = private().await;
+    let (sink, relay, before) = vouching_without_poller(&outbox).await;
     // Open through the stop: in progress in every snapshot the relay takes.
     let open = outbox.db.client().await;
     let open_id = open_row(&open).await;
@@ -1056,12 +1040,7 @@ async fn a_graceful_stop_vouches_for_a_commit_it_delivered_before_it_became_visi
 /// and the final position of a stop, until the standby came back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hole_closes_and_pairs_are_stored_while_a_synchronous_standby_is_away() {
-    let cluster = std::sync::Arc::new(
-        tokio::task::spawn_blocking(harness::Cluster::start)
-            .await
-            .unwrap(),
-    );
-    let outbox = Outbox::on(&cluster).await;
+    let (_cluster, outbox) = private().await;
     // Begun before the boundary hole's snapshot: the hole stays open while
     // it is in progress, so it closes only once the standby is away.
     let early = outbox.db.client().await;
@@ -1129,6 +1108,29 @@ async fn open_row(client: &tokio_postgres::Client) -> String {
         .get(0)
 }
 
+/// A database on a cluster of its own (the test changes the server's
+/// settings or restarts it), and the cluster, which lives as long as it is
+/// held.
+async fn private() -> (std::sync::Arc<harness::Cluster>, Outbox) {
+    let cluster = std::sync::Arc::new(
+        tokio::task::spawn_blocking(harness::Cluster::start)
+            .await
+            .unwrap(),
+    );
+    let outbox = Outbox::on(&cluster).await;
+    (cluster, outbox)
+}
+
+/// A relay on `outbox` under the derived lifecycle without the poller,
+/// streaming; what it delivers, and two rows it has vouched for.
+async fn vouching_without_poller(outbox: &Outbox) -> (Collect, Running, Vec<String>) {
+    let config = format!("{DERIVE}[poller]\nenabled = false\n");
+    let (sink, relay) = outbox.streaming(&config).await;
+    let before = outbox.insert_many(1, 2, 1).await;
+    all_derived(outbox, &before, "the rows before are derived published").await;
+    (sink, relay, before)
+}
+
 /// Commit `client`'s open transaction with a local synchronous commit (a
 /// ghost standby holds every other commit).
 async fn commit_locally(client: &tokio_postgres::Client) {
@@ -1182,12 +1184,7 @@ async fn log_running_xacts(outbox: &Outbox) {
 /// the visible ones, so the row is the poller's, never derived published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_written_before_the_slot_was_consistent_and_visible_only_after_is_the_pollers() {
-    let cluster = std::sync::Arc::new(
-        tokio::task::spawn_blocking(harness::Cluster::start)
-            .await
-            .unwrap(),
-    );
-    let outbox = Outbox::on(&cluster).await;
+    let (_cluster, outbox) = private().await;
     outbox.drop_slot().await;
     standby(&outbox, "SET synchronous_standby_names = 'ghost'").await;
 
@@ -1683,12 +1680,7 @@ const PAGE_ROW: &str = "INSERT INTO outbox (aggregate_type, aggregate_id, event_
 /// size seen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_taken_when_the_wal_ends_at_a_page_boundary_is_stored_on_an_idle_server() {
-    let cluster = std::sync::Arc::new(
-        tokio::task::spawn_blocking(harness::Cluster::start)
-            .await
-            .unwrap(),
-    );
-    let outbox = Outbox::on(&cluster).await;
+    let (_cluster, outbox) = private().await;
     let (_sink, relay) = outbox
         .streaming(&format!("{DERIVE}[poller]\nenabled = false\n"))
         .await;
