@@ -99,6 +99,17 @@ async fn boundary_hole(outbox: &Outbox) -> Vec<(String, String)> {
     .await
 }
 
+/// Wait until the slot's row holds no hole (`what` names it).
+async fn holes_closed(outbox: &Outbox, within: Duration, what: &str) {
+    wait_until(within, what, || async {
+        position(outbox)
+            .await
+            .and_then(|p| p.holes)
+            .is_some_and(|h| h.is_empty())
+    })
+    .await;
+}
+
 /// Wait until every id of `ids` is derived published.
 async fn all_derived(outbox: &Outbox, ids: &[String], what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -177,17 +188,7 @@ async fn derive_publishes_every_row_and_writes_none_of_them() {
         assert_eq!(from, "1:1:", "the first hole is the slot's boundary");
     }
     // The boundary held no row with an id: it closes at the first look.
-    wait_until(
-        Duration::from_secs(20),
-        "the boundary hole closes",
-        || async {
-            position(&outbox)
-                .await
-                .and_then(|p| p.holes)
-                .is_some_and(|h| h.is_empty())
-        },
-    )
-    .await;
+    holes_closed(&outbox, Duration::from_secs(20), "the boundary hole closes").await;
     // An idle relay writes nothing: the row stays as it is.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before: String = outbox
@@ -242,17 +243,7 @@ async fn a_row_in_the_boundary_hole_is_marked_by_the_stream_and_not_polled_again
         );
     }
     // With no PENDING row left in it, the boundary closes (first look 5 s in).
-    wait_until(
-        Duration::from_secs(20),
-        "the boundary hole closes",
-        || async {
-            position(&outbox)
-                .await
-                .and_then(|p| p.holes)
-                .is_some_and(|h| h.is_empty())
-        },
-    )
-    .await;
+    holes_closed(&outbox, Duration::from_secs(20), "the boundary hole closes").await;
     relay.stop().await;
 }
 
@@ -1063,15 +1054,10 @@ async fn a_hole_closes_and_pairs_are_stored_while_a_synchronous_standby_is_away(
     commit_locally(&early).await;
     // The first look at the holes comes 5 s into the session, the next a
     // minute later.
-    wait_until(
+    holes_closed(
+        &outbox,
         Duration::from_secs(90),
         "the boundary hole closes while the standby is away",
-        || async {
-            position(&outbox)
-                .await
-                .and_then(|p| p.holes)
-                .is_some_and(|h| h.is_empty())
-        },
     )
     .await;
     let writer = outbox.db.client().await;
