@@ -720,8 +720,13 @@ pub(crate) async fn suspend(
 
 /// SQL array literal of `snapshots`.
 fn snapshot_array(snapshots: impl Iterator<Item = String>) -> String {
-    let items: Vec<String> = snapshots.map(|s| quote_literal(&s)).collect();
-    format!("ARRAY[{}]::pg_snapshot[]", items.join(", "))
+    literal_array(snapshots, "pg_snapshot")
+}
+
+/// An array of `items` as SQL literals, of type `element[]`.
+fn literal_array(items: impl Iterator<Item = String>, element: &str) -> String {
+    let items: Vec<String> = items.map(|s| quote_literal(&s)).collect();
+    format!("ARRAY[{}]::{element}[]", items.join(", "))
 }
 
 /// Write `holes` into `slot`'s row (created when missing, at `confirmed`,
@@ -1683,10 +1688,6 @@ async fn close_holes(
     // that took the slot over, may have opened a hole meanwhile; writing the
     // arrays read before it would erase that hole. Compared as text, which
     // PostgreSQL prints as the relay parses and prints it.
-    let text_array = |items: Vec<String>| {
-        let items: Vec<String> = items.iter().map(|s| quote_literal(s)).collect();
-        format!("ARRAY[{}]::text[]", items.join(", "))
-    };
     let (was_from, was_to): (Vec<String>, Vec<String>) = holes
         .0
         .iter()
@@ -1702,8 +1703,8 @@ async fn close_holes(
              WHERE slot_name = {slot} AND hole_from::text[] = {was_from} AND hole_to::text[] = {was_to}; \
              COMMIT",
             slot = quote_literal(slot),
-            was_from = text_array(was_from),
-            was_to = text_array(was_to),
+            was_from = literal_array(was_from.into_iter(), "text"),
+            was_to = literal_array(was_to.into_iter(), "text"),
         ))
         .await?
         .iter()
